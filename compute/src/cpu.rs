@@ -1,0 +1,308 @@
+//! The CPU reference backend. GEMM goes through the `gemm` crate (packed, vectorised);
+//! the element-wise kernels are plain loops the compiler vectorises.
+
+use crate::{Backend, ComputeError, Gemm};
+
+/// The CPU backend. Single-threaded per instance: Rudra's parallelism is one learner per
+/// thread, so kernels never spawn threads of their own.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuBackend;
+
+/// `y += alpha · x`.
+///
+/// # Panics
+/// If the slices differ in length (a caller bug, never input-dependent).
+pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
+    assert_eq!(x.len(), y.len(), "axpy operands differ in length");
+    for (y, x) in y.iter_mut().zip(x) {
+        *y += alpha * x;
+    }
+}
+
+/// `y *= alpha`.
+pub fn scale(alpha: f32, y: &mut [f32]) {
+    for y in y {
+        *y *= alpha;
+    }
+}
+
+fn span(len: usize, offset: usize, n: usize, what: &str) -> Result<std::ops::Range<usize>, ComputeError> {
+    match offset.checked_add(n) {
+        Some(end) if end <= len => Ok(offset..end),
+        _ => Err(ComputeError::Shape(format!(
+            "{what}: {n} elements at offset {offset} exceed a buffer of {len}"
+        ))),
+    }
+}
+
+/// `buf[offset..offset + n]`, or a shape error naming `what`.
+fn at<'a>(buf: &'a [f32], offset: usize, n: usize, what: &str) -> Result<&'a [f32], ComputeError> {
+    Ok(&buf[span(buf.len(), offset, n, what)?])
+}
+
+/// `&mut buf[offset..offset + n]`, or a shape error naming `what`.
+fn at_mut<'a>(
+    buf: &'a mut [f32],
+    offset: usize,
+    n: usize,
+    what: &str,
+) -> Result<&'a mut [f32], ComputeError> {
+    let r = span(buf.len(), offset, n, what)?;
+    Ok(&mut buf[r])
+}
+
+/// Row-major strides `(row stride, column stride)` of an operand stored `rows×cols`,
+/// read as its transpose when `t`.
+fn strides(cols: usize, t: bool) -> (isize, isize) {
+    if t { (1, cols as isize) } else { (cols as isize, 1) }
+}
+
+impl Backend for CpuBackend {
+    type Buffer = Vec<f32>;
+
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn alloc(&self, len: usize) -> Result<Vec<f32>, ComputeError> {
+        Ok(vec![0.0; len])
+    }
+
+    fn write(&self, dst: &mut Vec<f32>, offset: usize, src: &[f32]) -> Result<(), ComputeError> {
+        at_mut(dst, offset, src.len(), "write")?.copy_from_slice(src);
+        Ok(())
+    }
+
+    fn read(&self, src: &Vec<f32>, offset: usize, dst: &mut [f32]) -> Result<(), ComputeError> {
+        dst.copy_from_slice(at(src, offset, dst.len(), "read")?);
+        Ok(())
+    }
+
+    fn gemm(
+        &self,
+        g: Gemm,
+        (a, ao): (&Vec<f32>, usize),
+        (b, bo): (&Vec<f32>, usize),
+        (c, co): (&mut Vec<f32>, usize),
+    ) -> Result<(), ComputeError> {
+        let a = at(a, ao, g.m * g.k, "gemm a")?;
+        let b = at(b, bo, g.k * g.n, "gemm b")?;
+        let c = at_mut(c, co, g.m * g.n, "gemm c")?;
+        let (a_rs, a_cs) = strides(if g.a_t { g.m } else { g.k }, g.a_t);
+        let (b_rs, b_cs) = strides(if g.b_t { g.k } else { g.n }, g.b_t);
+        // SAFETY: the three spans were bounds-checked above for exactly m·k, k·n and m·n
+        // elements, and the strides address only inside them; `c` is uniquely borrowed.
+        unsafe {
+            gemm::gemm(
+                g.m,
+                g.n,
+                g.k,
+                c.as_mut_ptr(),
+                1,
+                g.n as isize,
+                g.beta != 0.0,
+                a.as_ptr(),
+                a_cs,
+                a_rs,
+                b.as_ptr(),
+                b_cs,
+                b_rs,
+                g.beta,
+                g.alpha,
+                false,
+                false,
+                false,
+                gemm::Parallelism::None,
+            );
+        }
+        Ok(())
+    }
+
+    fn add_bias(
+        &self,
+        x: &mut Vec<f32>,
+        rows: usize,
+        cols: usize,
+        (bias, bo): (&Vec<f32>, usize),
+    ) -> Result<(), ComputeError> {
+        let bias = at(bias, bo, cols, "bias")?;
+        let x = at_mut(x, 0, rows * cols, "add_bias")?;
+        for row in x.chunks_exact_mut(cols) {
+            for (v, b) in row.iter_mut().zip(bias) {
+                *v += b;
+            }
+        }
+        Ok(())
+    }
+
+    fn relu(&self, x: &mut Vec<f32>, len: usize) -> Result<(), ComputeError> {
+        for v in at_mut(x, 0, len, "relu")? {
+            *v = v.max(0.0);
+        }
+        Ok(())
+    }
+
+    fn relu_backward(
+        &self,
+        grad: &mut Vec<f32>,
+        activation: &Vec<f32>,
+        len: usize,
+    ) -> Result<(), ComputeError> {
+        let a = at(activation, 0, len, "relu_backward activation")?;
+        for (g, a) in at_mut(grad, 0, len, "relu_backward grad")?.iter_mut().zip(a) {
+            if *a <= 0.0 {
+                *g = 0.0;
+            }
+        }
+        Ok(())
+    }
+
+    fn sum_rows(
+        &self,
+        x: &Vec<f32>,
+        rows: usize,
+        cols: usize,
+        (out, oo): (&mut Vec<f32>, usize),
+    ) -> Result<(), ComputeError> {
+        let x = at(x, 0, rows * cols, "sum_rows")?;
+        let out = at_mut(out, oo, cols, "sum_rows out")?;
+        out.fill(0.0);
+        for row in x.chunks_exact(cols) {
+            for (o, v) in out.iter_mut().zip(row) {
+                *o += v;
+            }
+        }
+        Ok(())
+    }
+
+    fn softmax_cross_entropy(
+        &self,
+        logits: &Vec<f32>,
+        labels: &[u8],
+        cols: usize,
+        grad: &mut Vec<f32>,
+    ) -> Result<f32, ComputeError> {
+        let rows = labels.len();
+        let l = at(logits, 0, rows * cols, "softmax logits")?;
+        let g = at_mut(grad, 0, rows * cols, "softmax grad")?;
+        let inv_rows = 1.0 / rows as f32;
+        let mut loss = 0.0f64;
+        for ((row, out), &label) in l.chunks_exact(cols).zip(g.chunks_exact_mut(cols)).zip(labels) {
+            let label = label_index(label, cols)?;
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0.0f32;
+            for (o, &v) in out.iter_mut().zip(row) {
+                *o = (v - max).exp();
+                sum += *o;
+            }
+            loss += f64::from(sum.ln() - (row[label] - max));
+            let inv = inv_rows / sum;
+            for o in out.iter_mut() {
+                *o *= inv;
+            }
+            out[label] -= inv_rows;
+        }
+        Ok((loss / rows as f64) as f32)
+    }
+
+    fn evaluate_logits(
+        &self,
+        logits: &Vec<f32>,
+        labels: &[u8],
+        cols: usize,
+    ) -> Result<(f64, usize), ComputeError> {
+        let l = at(logits, 0, labels.len() * cols, "evaluate logits")?;
+        let mut loss = 0.0f64;
+        let mut correct = 0;
+        for (row, &label) in l.chunks_exact(cols).zip(labels) {
+            let label = label_index(label, cols)?;
+            let (arg, max) = row
+                .iter()
+                .copied()
+                .enumerate()
+                .fold((0, f32::NEG_INFINITY), |best, (i, v)| if v > best.1 { (i, v) } else { best });
+            let sum: f32 = row.iter().map(|v| (v - max).exp()).sum();
+            loss += f64::from(sum.ln() - (row[label] - max));
+            correct += usize::from(arg == label);
+        }
+        Ok((loss, correct))
+    }
+
+    fn axpy(&self, alpha: f32, x: &Vec<f32>, y: &mut Vec<f32>, len: usize) -> Result<(), ComputeError> {
+        axpy(alpha, at(x, 0, len, "axpy x")?, at_mut(y, 0, len, "axpy y")?);
+        Ok(())
+    }
+}
+
+fn label_index(label: u8, cols: usize) -> Result<usize, ComputeError> {
+    let label = usize::from(label);
+    if label < cols {
+        Ok(label)
+    } else {
+        Err(ComputeError::Shape(format!("label {label} is not below the {cols} classes")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn naive(g: Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
+        for i in 0..g.m {
+            for j in 0..g.n {
+                let mut s = 0.0;
+                for p in 0..g.k {
+                    let av = if g.a_t { a[p * g.m + i] } else { a[i * g.k + p] };
+                    let bv = if g.b_t { b[j * g.k + p] } else { b[p * g.n + j] };
+                    s += av * bv;
+                }
+                c[i * g.n + j] = g.alpha * s + g.beta * c[i * g.n + j];
+            }
+        }
+    }
+
+    #[test]
+    fn gemm_matches_definition_for_every_transpose() {
+        let (m, n, k) = (5, 7, 3);
+        let a: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin()).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| (i as f32 * 0.11).cos()).collect();
+        for (a_t, b_t) in [(false, false), (true, false), (false, true), (true, true)] {
+            for beta in [0.0, 0.5] {
+                let g = Gemm { m, n, k, a_t, b_t, alpha: 1.5, beta };
+                let mut want: Vec<f32> = (0..m * n).map(|i| i as f32).collect();
+                let mut got = want.clone();
+                naive(g, &a, &b, &mut want);
+                CpuBackend.gemm(g, (&a, 0), (&b, 0), (&mut got, 0)).unwrap();
+                for (w, g) in want.iter().zip(&got) {
+                    assert!((w - g).abs() < 1e-5, "a_t={a_t} b_t={b_t}: {w} vs {g}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn out_of_bounds_is_an_error_not_a_panic() {
+        let g = Gemm { m: 4, n: 4, k: 4, a_t: false, b_t: false, alpha: 1.0, beta: 0.0 };
+        let small = vec![0.0; 8];
+        let mut c = vec![0.0; 16];
+        assert!(matches!(
+            CpuBackend.gemm(g, (&small, 0), (&small, 0), (&mut c, 0)),
+            Err(ComputeError::Shape(_))
+        ));
+        let mut grad = vec![0.0; 4];
+        assert!(CpuBackend.softmax_cross_entropy(&vec![0.0; 4], &[7, 0], 2, &mut grad).is_err());
+    }
+
+    #[test]
+    fn softmax_cross_entropy_of_uniform_logits_is_log_classes() {
+        let logits = vec![0.0; 2 * 4];
+        let mut grad = vec![0.0; 8];
+        let loss = CpuBackend.softmax_cross_entropy(&logits, &[1, 3], 4, &mut grad).unwrap();
+        assert!((loss - 4f32.ln()).abs() < 1e-6);
+        assert!((grad[1] - (0.25 - 1.0) / 2.0).abs() < 1e-7);
+        assert!((grad[0] - 0.25 / 2.0).abs() < 1e-7);
+        let (sum, correct) = CpuBackend.evaluate_logits(&logits, &[0, 3], 4).unwrap();
+        assert!((sum - 2.0 * 4f64.ln()).abs() < 1e-6);
+        assert_eq!(correct, 1, "ties go to the first class");
+    }
+}

@@ -1,0 +1,28 @@
+//! The error type of `rudra-compute`.
+
+use std::io;
+use std::path::PathBuf;
+
+/// Everything that can go wrong in compute and data loading.
+#[derive(Debug, thiserror::Error)]
+pub enum ComputeError {
+    /// A dataset file could not be opened or read.
+    #[error("cannot read dataset file {path}: {source}; check that the path exists and is readable")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What the operating system said.
+        source: io::Error,
+    },
+    /// A dataset file is not in the format expected of it.
+    #[error("dataset file {path} is invalid: {reason}")]
+    Format {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Buffers or inputs passed to an operation do not have the sizes it needs.
+    #[error("shape mismatch: {0}")]
+    Shape(String),
+}

@@ -1,0 +1,89 @@
+//! Identity and time newtypes shared by every Rudra component.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// Index of a parameter shard, `0..cluster.shards`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ShardId(pub u32);
+
+/// Index of a learner, `0..cluster.learners`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct LearnerId(pub u32);
+
+/// A shard's weights timestamp `i`: 0 at start, +1 on every update the shard applies.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Clock(pub u64);
+
+/// Age `σ = i − j` of a gradient computed on weights `j` and applied at clock `i`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Staleness(pub u64);
+
+impl Clock {
+    /// The next timestamp.
+    #[must_use]
+    pub fn next(self) -> Self {
+        Self(self.0 + 1)
+    }
+
+    /// Staleness of a gradient computed on weights `computed_on` if applied at `self`;
+    /// `None` when `computed_on` lies in the future of this clock.
+    #[must_use]
+    pub fn staleness_of(self, computed_on: Clock) -> Option<Staleness> {
+        self.0.checked_sub(computed_on.0).map(Staleness)
+    }
+}
+
+impl ShardId {
+    /// The id as an index into per-shard tables.
+    #[must_use]
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl LearnerId {
+    /// The id as an index into per-learner tables.
+    #[must_use]
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl fmt::Display for ShardId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "shard-{}", self.0)
+    }
+}
+
+impl fmt::Display for LearnerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "learner-{}", self.0)
+    }
+}
+
+impl fmt::Display for Clock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl fmt::Display for Staleness {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staleness_is_clock_difference_and_never_negative() {
+        assert_eq!(Clock(7).staleness_of(Clock(3)), Some(Staleness(4)));
+        assert_eq!(Clock(3).staleness_of(Clock(3)), Some(Staleness(0)));
+        assert_eq!(Clock(3).staleness_of(Clock(4)), None);
+        assert_eq!(Clock(3).next(), Clock(4));
+    }
+}
