@@ -1,0 +1,166 @@
+//! The learner actor: a thin shell over [`LearnerCore`] that computes gradients with a
+//! [`Model`] on its own partition of the training set.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use actix::prelude::*;
+use rudra_compute::{BatchStream, CpuBackend, Dataset, Model};
+
+use crate::ActorError;
+use crate::protocol::{LearnerCore, LearnerEvent};
+use crate::scheduler::{LearnerDone, Progress};
+use crate::shard::{Pull, Push, Served};
+
+/// Begin the loop.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct StartLearner;
+
+/// Stop the actor.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct StopLearner;
+
+/// How a learner reaches one shard.
+#[derive(Clone)]
+pub struct ShardLink {
+    /// The shard's parameter range in the flat vector.
+    pub range: Range<usize>,
+    /// Where pulls go.
+    pub pull: Recipient<Pull>,
+    /// Where pushes go.
+    pub push: Recipient<Push>,
+}
+
+/// Where a learner reports.
+#[derive(Clone)]
+pub struct SchedulerLink {
+    /// Per-step progress.
+    pub progress: Recipient<Progress>,
+    /// Completion or failure.
+    pub done: Recipient<LearnerDone>,
+}
+
+/// The learner actor.
+pub struct LearnerActor {
+    core: LearnerCore,
+    model: Model<CpuBackend>,
+    data: Arc<Dataset>,
+    stream: BatchStream,
+    shards: Vec<ShardLink>,
+    scheduler: SchedulerLink,
+    x: Vec<f32>,
+    y: Vec<u8>,
+    grad: Arc<Vec<f32>>,
+}
+
+impl LearnerActor {
+    /// A learner that computes on `model` over `stream`'s minibatches of `data`.
+    #[must_use]
+    pub fn new(
+        core: LearnerCore,
+        model: Model<CpuBackend>,
+        data: Arc<Dataset>,
+        stream: BatchStream,
+        shards: Vec<ShardLink>,
+        scheduler: SchedulerLink,
+    ) -> Self {
+        let grad = Arc::new(vec![0.0; model.layout().len]);
+        Self { core, model, data, stream, shards, scheduler, x: Vec::new(), y: Vec::new(), grad }
+    }
+
+    fn carry_out(&mut self, events: Vec<LearnerEvent>, ctx: &mut Context<Self>) {
+        for event in events {
+            match event {
+                LearnerEvent::Pull(s) => self.shards[s.index()]
+                    .pull
+                    .do_send(Pull { learner: self.core.id(), reply_to: ctx.address().recipient() }),
+                LearnerEvent::Push { shard, computed_on } => {
+                    let link = &self.shards[shard.index()];
+                    link.push.do_send(Push {
+                        learner: self.core.id(),
+                        computed_on,
+                        values: Arc::clone(&self.grad),
+                        range: link.range.clone(),
+                    });
+                }
+                LearnerEvent::Compute => match self.compute() {
+                    Ok(more) => self.carry_out(more, ctx),
+                    Err(e) => {
+                        self.scheduler
+                            .done
+                            .do_send(LearnerDone { learner: self.core.id(), error: Some(e.to_string()) });
+                        ctx.stop();
+                    }
+                },
+                LearnerEvent::Finished => {
+                    self.scheduler.done.do_send(LearnerDone { learner: self.core.id(), error: None });
+                }
+            }
+        }
+    }
+
+    /// One gradient on the next minibatch; its pushes and next pulls.
+    fn compute(&mut self) -> Result<Vec<LearnerEvent>, ActorError> {
+        self.data.gather(self.stream.next_batch(), &mut self.x, &mut self.y);
+        let loss = self.model.loss_and_gradient(&self.x, &self.y)?;
+        // The shards dropped last step's gradient before answering this step's pulls, so the
+        // buffer is normally unshared and reused in place.
+        self.model.read_gradient(0, Arc::make_mut(&mut self.grad).as_mut_slice())?;
+        self.scheduler.progress.do_send(Progress {
+            learner: self.core.id(),
+            samples: self.y.len() as u64,
+            loss,
+        });
+        self.core.on_computed()
+    }
+}
+
+impl Actor for LearnerActor {
+    type Context = Context<Self>;
+}
+
+impl Handler<StartLearner> for LearnerActor {
+    type Result = ();
+    fn handle(&mut self, _: StartLearner, ctx: &mut Context<Self>) {
+        let events = self.core.on_start();
+        self.carry_out(events, ctx);
+    }
+}
+
+impl Handler<Served> for LearnerActor {
+    type Result = ();
+    fn handle(&mut self, Served(w): Served, ctx: &mut Context<Self>) {
+        let Some(link) = self.shards.get(w.shard.index()) else {
+            tracing::warn!(learner = %self.core.id(), "weights from unknown {}", w.shard);
+            return;
+        };
+        if let Err(e) = self.model.write_params(link.range.start, &w.values) {
+            tracing::warn!(learner = %self.core.id(), "weights from {} rejected: {e}", w.shard);
+            return;
+        }
+        match self.core.on_weights(w.shard, w.clock) {
+            Ok(Some(event)) => {
+                drop(w);
+                self.carry_out(vec![event], ctx);
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(learner = %self.core.id(), "{e}"),
+        }
+    }
+}
+
+impl Handler<StopLearner> for LearnerActor {
+    type Result = ();
+    fn handle(&mut self, _: StopLearner, ctx: &mut Context<Self>) {
+        ctx.stop();
+    }
+}
+
+/// The ranges of `shards` contiguous, near-equal parts of a vector of `len` values.
+#[must_use]
+pub fn shard_ranges(len: usize, shards: usize) -> Vec<Range<usize>> {
+    let shards = shards.max(1);
+    (0..shards).map(|s| (s * len / shards)..((s + 1) * len / shards)).collect()
+}

@@ -1,0 +1,23 @@
+//! The protocols as pure state machines: inputs through `on_*` methods, effects out through
+//! `poll_event`. No actix, threads, sockets or clocks in here, so the same cores run inside the
+//! actors and under a deterministic driver.
+//!
+//! - [`shard`]: the SGD shard behaviours of Rudra (hardsync, n-softsync, async), with the
+//!   staleness bound and learning-rate modulation.
+//! - [`learner`]: the learner loop (pull → compute → push).
+//! - [`staleness`]: staleness statistics (histogram, mean, max, dropped), shared by shards and
+//!   the tracker.
+//! - [`scheduler`]: registration, learning-rate schedule, evaluation points and the stop.
+//! - [`modulation`]: `α(σ)`.
+
+pub mod learner;
+pub mod modulation;
+pub mod scheduler;
+pub mod shard;
+pub mod staleness;
+
+pub use learner::{LearnerCore, LearnerEvent};
+pub use modulation::LrModulation;
+pub use scheduler::{LrSchedule, SchedulerCore, SchedulerEvent};
+pub use shard::{DropReason, GradientRecord, Outcome, SgdShard, ShardEvent, SyncRule, UpdateRecord, Weights};
+pub use staleness::{StalenessStats, StalenessSummary};

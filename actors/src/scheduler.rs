@@ -1,0 +1,297 @@
+//! The scheduler actor: a thin shell over [`SchedulerCore`] that also evaluates the model at
+//! epoch boundaries and assembles the [`RunReport`].
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use rudra_compute::{CpuBackend, Dataset, Model, ModelSpec};
+use rudra_transport::{LearnerId, ShardId};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::ActorError;
+use crate::cluster::{MetricsRow, ProgressSnapshot, RunEvent, RunReport};
+use crate::learner::{LearnerActor, StartLearner, StopLearner};
+use crate::protocol::{SchedulerCore, SchedulerEvent};
+use crate::shard::{SetLearningRate, ShardActor, Snapshot, StopShard};
+use crate::tracker::{GetStats, StalenessTracker, TrackerReport};
+
+/// A node joined the run.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub enum Joined {
+    /// A shard.
+    Shard(ShardId),
+    /// A learner.
+    Learner(LearnerId),
+}
+
+/// A learner computed one gradient on `samples` examples with mean loss `loss`.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Progress {
+    /// Who.
+    pub learner: LearnerId,
+    /// Examples in the minibatch.
+    pub samples: u64,
+    /// Its mean training loss.
+    pub loss: f32,
+}
+
+/// A learner finished its steps, or failed with `error`.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct LearnerDone {
+    /// Who.
+    pub learner: LearnerId,
+    /// Why it stopped early, if it did.
+    pub error: Option<String>,
+}
+
+/// The nodes the scheduler drives.
+pub struct Members {
+    /// Shards, in id order.
+    pub shards: Vec<Addr<ShardActor>>,
+    /// Learners, in id order.
+    pub learners: Vec<Addr<LearnerActor>>,
+    /// The staleness tracker.
+    pub tracker: Addr<StalenessTracker>,
+}
+
+/// How often progress is sent to the observer.
+const PROGRESS_EVERY: Duration = Duration::from_millis(200);
+/// Test examples evaluated per forward pass.
+const EVAL_CHUNK: usize = 1000;
+
+/// The scheduler actor.
+pub struct SchedulerActor {
+    core: SchedulerCore,
+    members: Members,
+    model: ModelSpec,
+    test: Arc<Dataset>,
+    total_samples: u64,
+    started: Option<Instant>,
+    loss_window: (f64, u64),
+    last_progress: Instant,
+    rows: Vec<MetricsRow>,
+    observer: Option<mpsc::UnboundedSender<RunEvent>>,
+    report: Option<oneshot::Sender<Result<RunReport, ActorError>>>,
+}
+
+/// What one evaluation measured.
+struct Evaluation {
+    params: Vec<f32>,
+    tracker: TrackerReport,
+    test_loss: f64,
+    test_accuracy: f64,
+}
+
+impl SchedulerActor {
+    /// A scheduler over `members`, evaluating `model` on `test`, reporting through `report`.
+    #[must_use]
+    pub fn new(
+        core: SchedulerCore,
+        members: Members,
+        (model, test): (ModelSpec, Arc<Dataset>),
+        total_samples: u64,
+        observer: Option<mpsc::UnboundedSender<RunEvent>>,
+        report: oneshot::Sender<Result<RunReport, ActorError>>,
+    ) -> Self {
+        Self {
+            core,
+            members,
+            model,
+            test,
+            total_samples,
+            started: None,
+            loss_window: (0.0, 0),
+            last_progress: Instant::now(),
+            rows: Vec::new(),
+            observer,
+            report: Some(report),
+        }
+    }
+
+    fn elapsed(&self) -> f64 {
+        self.started.map_or(0.0, |t| t.elapsed().as_secs_f64())
+    }
+
+    fn emit(&self, event: RunEvent) {
+        if let Some(tx) = &self.observer {
+            // A dropped receiver only means nobody is watching.
+            let _ = tx.send(event);
+        }
+    }
+
+    fn carry_out(&mut self, events: Vec<SchedulerEvent>, ctx: &mut Context<Self>) {
+        for event in events {
+            match event {
+                SchedulerEvent::Start => {
+                    self.started = Some(Instant::now());
+                    for l in &self.members.learners {
+                        l.do_send(StartLearner);
+                    }
+                }
+                SchedulerEvent::SetLearningRate(lr) => {
+                    tracing::debug!(lr, "learning rate");
+                    for s in &self.members.shards {
+                        s.do_send(SetLearningRate(lr));
+                    }
+                }
+                SchedulerEvent::Evaluate { final_, .. } => self.evaluate(final_, ctx),
+                // The final evaluation, queued just before, stops the nodes once it is done.
+                SchedulerEvent::Stop => {}
+            }
+        }
+    }
+
+    fn evaluate(&mut self, final_: bool, ctx: &mut Context<Self>) {
+        let shards = self.members.shards.clone();
+        let tracker = self.members.tracker.clone();
+        let (spec, test) = (self.model.clone(), Arc::clone(&self.test));
+        let window = std::mem::take(&mut self.loss_window);
+        let at = (self.elapsed(), self.core.samples(), self.core.epochs());
+        let fut = async move {
+            let mut params = Vec::new();
+            for s in &shards {
+                params.extend_from_slice(&s.send(Snapshot).await?.values);
+            }
+            let tracker = tracker.send(GetStats).await?;
+            let (params, test_loss, test_accuracy) =
+                tokio::task::spawn_blocking(move || evaluate_on(spec, &test, params))
+                    .await
+                    .map_err(|e| ActorError::Protocol(format!("evaluation task failed: {e}")))??;
+            Ok::<_, ActorError>(Evaluation { params, tracker, test_loss, test_accuracy })
+        };
+        // `wait` keeps evaluations in order: the next message is handled after this one ends.
+        ctx.wait(fut.into_actor(self).map(move |result, act, ctx| match result {
+            Ok(eval) => act.on_evaluated(eval, window, at, final_, ctx),
+            Err(e) => act.finish(Err(e), ctx),
+        }));
+    }
+
+    fn on_evaluated(
+        &mut self,
+        eval: Evaluation,
+        (loss_sum, loss_n): (f64, u64),
+        (wall, samples, epochs): (f64, u64, f64),
+        final_: bool,
+        ctx: &mut Context<Self>,
+    ) {
+        let row = MetricsRow {
+            wall_seconds: wall,
+            epoch: epochs,
+            updates: eval.tracker.updates,
+            samples,
+            train_loss: if loss_n == 0 { f64::NAN } else { loss_sum / loss_n as f64 },
+            test_loss: eval.test_loss,
+            test_accuracy: eval.test_accuracy,
+            mean_staleness: eval.tracker.staleness.mean,
+            samples_per_second: if wall > 0.0 { samples as f64 / wall } else { 0.0 },
+        };
+        tracing::info!(
+            epoch = format!("{:.2}", row.epoch),
+            updates = row.updates,
+            train_loss = format!("{:.4}", row.train_loss),
+            test_accuracy = format!("{:.4}", row.test_accuracy),
+            mean_staleness = format!("{:.2}", row.mean_staleness),
+            samples_per_second = format!("{:.0}", row.samples_per_second),
+            "evaluated"
+        );
+        self.emit(RunEvent::Evaluated(row.clone()));
+        self.rows.push(row.clone());
+        if final_ {
+            let report = RunReport {
+                metrics: std::mem::take(&mut self.rows),
+                params: eval.params,
+                staleness: eval.tracker.staleness,
+                updates: eval.tracker.updates,
+                samples,
+                wall_seconds: wall,
+                final_test_accuracy: row.test_accuracy,
+                final_train_loss: row.train_loss,
+            };
+            self.finish(Ok(report), ctx);
+        }
+    }
+
+    fn finish(&mut self, result: Result<RunReport, ActorError>, ctx: &mut Context<Self>) {
+        for s in &self.members.shards {
+            s.do_send(StopShard);
+        }
+        for l in &self.members.learners {
+            l.do_send(StopLearner);
+        }
+        if let Some(tx) = self.report.take() {
+            // The receiver is gone only if the caller stopped waiting.
+            let _ = tx.send(result);
+        }
+        ctx.stop();
+    }
+}
+
+/// Test loss and accuracy of `params`; gives the parameters back for the report.
+fn evaluate_on(
+    spec: ModelSpec,
+    test: &Dataset,
+    params: Vec<f32>,
+) -> Result<(Vec<f32>, f64, f64), ActorError> {
+    let mut model = Model::new(CpuBackend, spec)?;
+    model.write_params(0, &params)?;
+    let (mut loss, mut correct) = (0.0, 0);
+    for (x, y) in test.chunks(EVAL_CHUNK) {
+        let (l, c) = model.evaluate(x, y)?;
+        loss += l;
+        correct += c;
+    }
+    let n = test.len().max(1) as f64;
+    Ok((params, loss / n, correct as f64 / n))
+}
+
+impl Actor for SchedulerActor {
+    type Context = Context<Self>;
+}
+
+impl Handler<Joined> for SchedulerActor {
+    type Result = ();
+    fn handle(&mut self, msg: Joined, ctx: &mut Context<Self>) {
+        let events = match msg {
+            Joined::Shard(s) => self.core.on_shard_joined(s),
+            Joined::Learner(l) => self.core.on_learner_joined(l),
+        };
+        self.carry_out(events, ctx);
+    }
+}
+
+impl Handler<Progress> for SchedulerActor {
+    type Result = ();
+    fn handle(&mut self, msg: Progress, ctx: &mut Context<Self>) {
+        self.loss_window.0 += f64::from(msg.loss);
+        self.loss_window.1 += 1;
+        let events = self.core.on_progress(msg.samples);
+        if self.last_progress.elapsed() >= PROGRESS_EVERY {
+            self.last_progress = Instant::now();
+            self.emit(RunEvent::Progress(ProgressSnapshot {
+                samples: self.core.samples(),
+                total_samples: self.total_samples,
+                epoch: self.core.epochs(),
+                last_loss: msg.loss,
+                wall_seconds: self.elapsed(),
+            }));
+        }
+        self.carry_out(events, ctx);
+    }
+}
+
+impl Handler<LearnerDone> for SchedulerActor {
+    type Result = ();
+    fn handle(&mut self, msg: LearnerDone, ctx: &mut Context<Self>) {
+        if let Some(error) = msg.error {
+            tracing::error!(learner = %msg.learner, "learner failed: {error}");
+            self.finish(Err(ActorError::LearnerFailed(msg.learner, error)), ctx);
+            return;
+        }
+        let events = self.core.on_learner_finished(msg.learner);
+        self.carry_out(events, ctx);
+    }
+}

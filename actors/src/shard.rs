@@ -1,0 +1,150 @@
+//! The shard actor: a thin shell over [`SgdShard`].
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::Arc;
+
+use actix::prelude::*;
+use rudra_transport::{Clock, LearnerId};
+
+use crate::protocol::{SgdShard, ShardEvent, Weights};
+use crate::tracker::Records;
+
+/// A learner asks for the shard's weights; they are sent to `reply_to`, maybe later.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Pull {
+    /// Who asks.
+    pub learner: LearnerId,
+    /// Where the weights go.
+    pub reply_to: Recipient<Served>,
+}
+
+/// Weights served to a learner.
+#[derive(Message, Clone, Debug)]
+#[rtype(result = "()")]
+pub struct Served(pub Weights);
+
+/// A learner's gradient for this shard's range. `values` is shared with the other shards'
+/// pushes of the same gradient; this shard reads `values[range]`.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Push {
+    /// Who computed it.
+    pub learner: LearnerId,
+    /// The clock of this shard's weights it was computed on.
+    pub computed_on: Clock,
+    /// The whole gradient.
+    pub values: Arc<Vec<f32>>,
+    /// This shard's part of it.
+    pub range: Range<usize>,
+}
+
+/// New base learning rate.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SetLearningRate(pub f32);
+
+/// The current weights, without gating, for evaluation and checkpoints.
+#[derive(Message)]
+#[rtype(result = "Weights")]
+pub struct Snapshot;
+
+/// Flush reports and stop.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct StopShard;
+
+/// Records are sent to the tracker in batches of this many (and on every snapshot and stop).
+const REPORT_BATCH: usize = 256;
+
+/// The shard actor.
+pub struct ShardActor {
+    core: SgdShard,
+    tracker: Recipient<Records>,
+    replies: BTreeMap<LearnerId, Recipient<Served>>,
+    pending: Records,
+}
+
+impl ShardActor {
+    /// A shard actor around `core`, reporting to `tracker`.
+    #[must_use]
+    pub fn new(core: SgdShard, tracker: Recipient<Records>) -> Self {
+        Self { core, tracker, replies: BTreeMap::new(), pending: Records::default() }
+    }
+
+    fn drain(&mut self) {
+        while let Some(event) = self.core.poll_event() {
+            match event {
+                ShardEvent::Serve { learner, weights } => {
+                    if let Some(to) = self.replies.get(&learner) {
+                        to.do_send(Served(weights));
+                    }
+                }
+                ShardEvent::Gradient(g) => self.pending.gradients.push(g),
+                ShardEvent::Update(u) => self.pending.updates.push(u),
+            }
+        }
+        if self.pending.gradients.len() >= REPORT_BATCH {
+            self.flush();
+        }
+    }
+
+    fn flush(&mut self) {
+        if !self.pending.gradients.is_empty() || !self.pending.updates.is_empty() {
+            self.tracker.do_send(std::mem::take(&mut self.pending));
+        }
+    }
+}
+
+impl Actor for ShardActor {
+    type Context = Context<Self>;
+}
+
+impl Handler<Pull> for ShardActor {
+    type Result = ();
+    fn handle(&mut self, msg: Pull, _: &mut Context<Self>) {
+        self.replies.insert(msg.learner, msg.reply_to);
+        match self.core.on_pull(msg.learner) {
+            Ok(()) => self.drain(),
+            Err(e) => tracing::warn!(shard = %self.core.id(), "rejected pull: {e}"),
+        }
+    }
+}
+
+impl Handler<Push> for ShardActor {
+    type Result = ();
+    fn handle(&mut self, msg: Push, _: &mut Context<Self>) {
+        let Some(grad) = msg.values.get(msg.range.clone()) else {
+            tracing::warn!(shard = %self.core.id(), "rejected push from {}: range {:?} outside the gradient", msg.learner, msg.range);
+            return;
+        };
+        match self.core.on_push(msg.learner, msg.computed_on, grad) {
+            Ok(()) => self.drain(),
+            Err(e) => tracing::warn!(shard = %self.core.id(), "rejected push: {e}"),
+        }
+    }
+}
+
+impl Handler<SetLearningRate> for ShardActor {
+    type Result = ();
+    fn handle(&mut self, msg: SetLearningRate, _: &mut Context<Self>) {
+        self.core.set_learning_rate(msg.0);
+    }
+}
+
+impl Handler<Snapshot> for ShardActor {
+    type Result = MessageResult<Snapshot>;
+    fn handle(&mut self, _: Snapshot, _: &mut Context<Self>) -> Self::Result {
+        self.flush();
+        MessageResult(self.core.snapshot())
+    }
+}
+
+impl Handler<StopShard> for ShardActor {
+    type Result = ();
+    fn handle(&mut self, _: StopShard, ctx: &mut Context<Self>) {
+        self.flush();
+        ctx.stop();
+    }
+}

@@ -1,0 +1,73 @@
+//! The staleness tracker actor: gathers every shard's gradient and update records into the
+//! run's staleness statistics.
+
+use actix::prelude::*;
+
+use crate::protocol::{GradientRecord, Outcome, StalenessStats, StalenessSummary, UpdateRecord};
+
+/// A batch of records from one shard.
+#[derive(Message, Default, Debug)]
+#[rtype(result = "()")]
+pub struct Records {
+    /// Gradients applied or dropped.
+    pub gradients: Vec<GradientRecord>,
+    /// Updates applied.
+    pub updates: Vec<UpdateRecord>,
+}
+
+/// Ask for the statistics so far.
+#[derive(Message)]
+#[rtype(result = "TrackerReport")]
+pub struct GetStats;
+
+/// What the tracker knows.
+#[derive(Clone, Debug, Default)]
+pub struct TrackerReport {
+    /// Staleness over all shards' gradients.
+    pub staleness: StalenessSummary,
+    /// Updates applied by the shard that applied the most (shards advance together).
+    pub updates: u64,
+}
+
+/// The tracker actor.
+#[derive(Default)]
+pub struct StalenessTracker {
+    stats: StalenessStats,
+    updates: Vec<u64>,
+}
+
+impl Actor for StalenessTracker {
+    type Context = Context<Self>;
+}
+
+impl Handler<Records> for StalenessTracker {
+    type Result = ();
+    fn handle(&mut self, msg: Records, _: &mut Context<Self>) {
+        for g in &msg.gradients {
+            match g.outcome {
+                Outcome::Applied { .. } => self.stats.record_applied(g.staleness),
+                Outcome::Dropped(reason) => {
+                    tracing::debug!(shard = %g.shard, learner = %g.learner, sigma = g.staleness.0, ?reason, "gradient dropped");
+                    self.stats.record_dropped();
+                }
+            }
+        }
+        for u in &msg.updates {
+            let i = u.shard.index();
+            if self.updates.len() <= i {
+                self.updates.resize(i + 1, 0);
+            }
+            self.updates[i] = self.updates[i].max(u.clock.0);
+        }
+    }
+}
+
+impl Handler<GetStats> for StalenessTracker {
+    type Result = MessageResult<GetStats>;
+    fn handle(&mut self, _: GetStats, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(TrackerReport {
+            staleness: self.stats.summary(),
+            updates: self.updates.iter().copied().max().unwrap_or(0),
+        })
+    }
+}

@@ -1,0 +1,50 @@
+//! The error type of `rudra-runtime`.
+
+use std::path::PathBuf;
+
+use rudra_actors::ActorError;
+use rudra_compute::ComputeError;
+
+/// Everything that can stop a node.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// The configuration could not be read (syntax, types, unknown keys, a bad `--set`).
+    #[error("configuration error: {0}")]
+    Config(String),
+    /// A configuration value is out of range; `key` names it.
+    #[error("invalid setting `{key}`: {message}")]
+    Invalid {
+        /// The configuration key.
+        key: &'static str,
+        /// What is wrong and what is allowed.
+        message: String,
+    },
+    /// The cluster failed.
+    #[error(transparent)]
+    Actor(#[from] ActorError),
+    /// Data loading or compute failed.
+    #[error(transparent)]
+    Compute(#[from] ComputeError),
+    /// A run-directory file could not be written.
+    #[error("cannot write {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What the operating system said.
+        source: std::io::Error,
+    },
+}
+
+impl RuntimeError {
+    /// The process exit code: 2 for bad configuration or input data, 1 for failures.
+    #[must_use]
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Self::Config(_)
+            | Self::Invalid { .. }
+            | Self::Actor(ActorError::Spec { .. })
+            | Self::Compute(_) => 2,
+            Self::Actor(_) | Self::Io { .. } => 1,
+        }
+    }
+}

@@ -1,0 +1,95 @@
+//! `rudra-node local`: the whole cluster in this process, with progress shown while it runs.
+
+use std::io::IsTerminal;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use rudra_actors::{Cluster, RunEvent, RunReport, TrainingData};
+use tokio::sync::mpsc;
+
+use crate::{Config, RuntimeError};
+
+/// How progress is shown.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProgressMode {
+    /// A progress bar (stderr is a terminal).
+    Bar,
+    /// A log line at every evaluation and every tenth of the run.
+    Log,
+    /// Nothing (benchmarks, tests).
+    Quiet,
+}
+
+impl ProgressMode {
+    /// A bar when stderr is a terminal, log lines otherwise.
+    #[must_use]
+    pub fn detect() -> Self {
+        if std::io::stderr().is_terminal() { Self::Bar } else { Self::Log }
+    }
+}
+
+/// Run `config`'s cluster on `data` in this process and return its report.
+pub fn run_local(
+    config: &Config,
+    data: TrainingData,
+    progress: ProgressMode,
+) -> Result<RunReport, RuntimeError> {
+    let cluster = Cluster::new(config.cluster.clone(), data)?;
+    actix::System::new().block_on(async move {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let handle = cluster.observe(tx).start();
+        let shown = actix::spawn(show_progress(rx, progress));
+        let report = handle.wait().await;
+        // The observer channel closes with the scheduler; the display task then ends.
+        let _ = shown.await;
+        Ok(report?)
+    })
+}
+
+async fn show_progress(mut rx: mpsc::UnboundedReceiver<RunEvent>, mode: ProgressMode) {
+    let mut bar: Option<ProgressBar> = None;
+    let mut next_log = 0.1;
+    let mut last_acc = f64::NAN;
+    while let Some(event) = rx.recv().await {
+        match (event, mode) {
+            (_, ProgressMode::Quiet) => {}
+            (RunEvent::Evaluated(row), ProgressMode::Bar) => last_acc = row.test_accuracy,
+            (RunEvent::Evaluated(_), ProgressMode::Log) => {} // the scheduler logs evaluations
+            (RunEvent::Progress(p), ProgressMode::Bar) => {
+                let bar = bar.get_or_insert_with(|| {
+                    let b = ProgressBar::new(p.total_samples);
+                    b.set_style(
+                        ProgressStyle::with_template(
+                            "{bar:30} {percent:>3}% {msg} [{elapsed_precise}<{eta_precise}]",
+                        )
+                        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+                    );
+                    b
+                });
+                bar.set_position(p.samples);
+                bar.set_message(format!(
+                    "epoch {:.2} loss {:.4} test acc {:.4} {:.0} samples/s",
+                    p.epoch,
+                    p.last_loss,
+                    last_acc,
+                    p.samples as f64 / p.wall_seconds.max(1e-9)
+                ));
+            }
+            (RunEvent::Progress(p), ProgressMode::Log) => {
+                let done = p.samples as f64 / p.total_samples.max(1) as f64;
+                if done >= next_log {
+                    next_log = (done * 10.0).floor() / 10.0 + 0.1;
+                    tracing::info!(
+                        "{:>3.0}% epoch {:.2} loss {:.4} {:.0} samples/s",
+                        done * 100.0,
+                        p.epoch,
+                        p.last_loss,
+                        p.samples as f64 / p.wall_seconds.max(1e-9)
+                    );
+                }
+            }
+        }
+    }
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+}
