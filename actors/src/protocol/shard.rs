@@ -185,6 +185,12 @@ impl SgdShard {
         &self.stats
     }
 
+    /// Gradients received and accepted but waiting for the next update.
+    #[must_use]
+    pub fn held(&self) -> usize {
+        self.held.len()
+    }
+
     /// Gradients needed per update: `λ` for hardsync, `⌊λ/n⌋` (at least 1) for softsync.
     #[must_use]
     pub fn gradients_per_update(&self) -> usize {
@@ -339,5 +345,211 @@ impl SgdShard {
             clock: self.clock,
             gradients: c,
         }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const L: [LearnerId; 4] = [LearnerId(0), LearnerId(1), LearnerId(2), LearnerId(3)];
+
+    fn shard(rule: SyncRule, modulation: LrModulation, bound: Option<u64>, learners: usize) -> SgdShard {
+        let cfg =
+            SgdShardConfig { id: ShardId(0), rule, modulation, max_staleness: bound, learning_rate: 0.5 };
+        SgdShard::new(cfg, vec![1.0, 2.0, 3.0], L[..learners].iter().copied().collect())
+    }
+
+    /// Drain events; returns (served learners with clocks, records, updates).
+    fn drain(s: &mut SgdShard) -> (Vec<(LearnerId, Clock)>, Vec<GradientRecord>, Vec<UpdateRecord>) {
+        let (mut served, mut grads, mut updates) = (Vec::new(), Vec::new(), Vec::new());
+        while let Some(e) = s.poll_event() {
+            match e {
+                ShardEvent::Serve { learner, weights } => served.push((learner, weights.clock)),
+                ShardEvent::Gradient(g) => grads.push(g),
+                ShardEvent::Update(u) => updates.push(u),
+            }
+        }
+        (served, grads, updates)
+    }
+
+    fn values(s: &SgdShard) -> Vec<f32> {
+        s.snapshot().values.to_vec()
+    }
+
+    fn close(a: &[f32], b: &[f32]) {
+        for (x, y) in a.iter().zip(b) {
+            assert!((x - y).abs() < 1e-6, "{a:?} != {b:?}");
+        }
+    }
+
+    #[test]
+    fn c_is_lambda_over_n_at_least_one() {
+        for (n, c) in [(1, 4), (2, 2), (3, 1), (4, 1)] {
+            assert_eq!(
+                shard(SyncRule::Softsync { n }, LrModulation::None, None, 4).gradients_per_update(),
+                c
+            );
+        }
+        assert_eq!(shard(SyncRule::Hardsync, LrModulation::None, None, 4).gradients_per_update(), 4);
+    }
+
+    #[test]
+    fn softsync_applies_mean_of_modulated_gradients_every_c() {
+        // λ = 4, n = 2: c = 2. Per-gradient modulation, α0 = 0.5.
+        let mut s = shard(SyncRule::Softsync { n: 2 }, LrModulation::PerGradient, None, 4);
+        for l in L {
+            s.on_pull(l).unwrap();
+        }
+        assert_eq!(drain(&mut s).0.len(), 4, "no barrier: all served at once");
+        let (g0, g1, g2, g3) = ([1.0, 0.0, 0.0], [0.0, 2.0, 0.0], [0.0, 0.0, 4.0], [8.0, 0.0, 0.0]);
+        s.on_push(L[0], Clock(0), &g0).unwrap();
+        assert_eq!(s.clock(), Clock(0), "one gradient is not enough");
+        s.on_push(L[1], Clock(0), &g1).unwrap();
+        assert_eq!(s.clock(), Clock(1));
+        // θ ← θ − (1/2)(0.5·g0 + 0.5·g1)
+        close(&values(&s), &[1.0 - 0.25, 2.0 - 0.5, 3.0]);
+        s.on_pull(L[0]).unwrap();
+        s.on_push(L[2], Clock(0), &g2).unwrap(); // σ = 1: α = 0.5
+        s.on_push(L[0], Clock(1), &g0).unwrap(); // σ = 0: α = 0.5
+        close(&values(&s), &[0.75 - 0.25, 1.5, 3.0 - 1.0]);
+        s.on_push(L[3], Clock(0), &g3).unwrap(); // σ = 2: α = 0.25
+        s.on_pull(L[1]).unwrap();
+        s.on_push(L[1], Clock(2), &g1).unwrap(); // σ = 0
+        close(&values(&s), &[0.5 - 0.5 * 0.25 * 8.0, 1.5 - 0.5 * 0.5 * 2.0, 2.0]);
+        let (_, grads, updates) = drain(&mut s);
+        assert_eq!(updates.len(), 3);
+        assert_eq!(updates.iter().map(|u| u.clock.0).collect::<Vec<_>>(), vec![1, 2, 3]);
+        let sigmas: Vec<u64> = grads.iter().map(|g| g.staleness.0).collect();
+        assert_eq!(sigmas, vec![0, 0, 1, 0, 2, 0]);
+        let alphas: Vec<f32> = grads
+            .iter()
+            .map(|g| match g.outcome {
+                Outcome::Applied { alpha } => alpha,
+                Outcome::Dropped(r) => panic!("dropped: {r:?}"),
+            })
+            .collect();
+        assert_eq!(alphas, vec![0.5, 0.5, 0.5, 0.5, 0.25, 0.5]);
+    }
+
+    #[test]
+    fn mean_modulation_scales_the_whole_update_by_running_mean() {
+        // 1-softsync, λ = 2 (c = 2): ⟨σ⟩ = 0 → α = α0 / max(0, 1) = 0.5 for the update.
+        let mut s = shard(SyncRule::Softsync { n: 1 }, LrModulation::Mean, None, 2);
+        s.on_pull(L[0]).unwrap();
+        s.on_pull(L[1]).unwrap();
+        s.on_push(L[0], Clock(0), &[1.0, 1.0, 1.0]).unwrap();
+        s.on_push(L[1], Clock(0), &[3.0, 3.0, 3.0]).unwrap();
+        close(&values(&s), &[0.0, 1.0, 2.0]); // θ − 0.5 · (1 + 3) / 2
+        // Async, λ = 3: L0 runs four steps while L1 and L2 compute on clock 0.
+        let mut s = shard(SyncRule::Softsync { n: 3 }, LrModulation::Mean, None, 3);
+        for l in &L[..3] {
+            s.on_pull(*l).unwrap();
+        }
+        for j in 0..4 {
+            s.on_push(L[0], Clock(j), &[1.0; 3]).unwrap();
+            s.on_pull(L[0]).unwrap();
+        }
+        close(&values(&s), &[-1.0, 0.0, 1.0]);
+        s.on_push(L[1], Clock(0), &[0.0; 3]).unwrap(); // σ = 4, ⟨σ⟩ = 4/5
+        s.on_push(L[2], Clock(0), &[3.0, 0.0, 0.0]).unwrap(); // σ = 5, ⟨σ⟩ = 9/6 → α = 0.5 / 1.5
+        close(&values(&s), &[-2.0, 0.0, 1.0]);
+        let (_, grads, _) = drain(&mut s);
+        let last = grads.last().unwrap();
+        assert_eq!(last.staleness, Staleness(5));
+        assert!(matches!(last.outcome, Outcome::Applied { alpha } if (alpha - 1.0 / 3.0).abs() < 1e-7));
+    }
+
+    #[test]
+    fn async_applies_every_gradient_on_arrival() {
+        let mut s = shard(SyncRule::Softsync { n: 3 }, LrModulation::None, None, 3);
+        for l in &L[..3] {
+            s.on_pull(*l).unwrap();
+        }
+        for (k, l) in L[..3].iter().enumerate() {
+            s.on_push(*l, Clock(0), &[1.0, 0.0, 0.0]).unwrap();
+            assert_eq!(s.clock(), Clock(k as u64 + 1));
+        }
+        close(&values(&s), &[1.0 - 1.5, 2.0, 3.0]);
+    }
+
+    #[test]
+    fn hardsync_waits_for_everyone_and_defers_early_pulls() {
+        let mut s = shard(SyncRule::Hardsync, LrModulation::PerGradient, None, 2);
+        s.on_pull(L[0]).unwrap();
+        s.on_pull(L[1]).unwrap();
+        drain(&mut s);
+        s.on_push(L[0], Clock(0), &[2.0, 0.0, 0.0]).unwrap();
+        s.on_pull(L[0]).unwrap();
+        assert!(drain(&mut s).0.is_empty(), "the barrier defers L0 until the round ends");
+        s.on_push(L[1], Clock(0), &[0.0, 4.0, 0.0]).unwrap();
+        let (served, grads, _) = drain(&mut s);
+        assert_eq!(served, vec![(L[0], Clock(1))]);
+        assert!(grads.iter().all(|g| g.staleness == Staleness(0)));
+        close(&values(&s), &[1.0 - 0.5, 2.0 - 1.0, 3.0]);
+    }
+
+    #[test]
+    fn bad_pushes_are_rejected_and_change_nothing() {
+        let mut s = shard(SyncRule::Softsync { n: 1 }, LrModulation::None, None, 2);
+        s.on_pull(L[0]).unwrap();
+        let before = values(&s);
+        assert!(s.on_push(L[0], Clock(0), &[1.0]).is_err(), "wrong length");
+        assert!(s.on_push(L[1], Clock(0), &[1.0; 3]).is_err(), "never served");
+        assert!(s.on_push(L[3], Clock(0), &[1.0; 3]).is_err(), "unknown learner");
+        assert!(s.on_pull(L[3]).is_err(), "unknown learner");
+        assert!(s.on_push(L[0], Clock(5), &[1.0; 3]).is_err(), "wrong clock");
+        assert_eq!(values(&s), before);
+        assert_eq!(s.clock(), Clock(0));
+        s.on_push(L[0], Clock(0), &[1.0; 3]).unwrap();
+        assert!(s.on_push(L[0], Clock(0), &[1.0; 3]).is_err(), "a duplicate push is not applied twice");
+    }
+
+    #[test]
+    fn gradients_over_the_bound_are_dropped_and_reported() {
+        // Async, s = 1. L0 and L1 both served at 0; L1's gradient is applied; L0's is σ = 1;
+        // then L2 (served at 0 before the gate closed) arrives with σ = 2 and is dropped.
+        let mut s = shard(SyncRule::Softsync { n: 3 }, LrModulation::None, Some(1), 3);
+        s.on_pull(L[0]).unwrap();
+        s.on_pull(L[1]).unwrap();
+        s.on_pull(L[2]).unwrap();
+        s.on_push(L[1], Clock(0), &[1.0; 3]).unwrap();
+        s.on_push(L[0], Clock(0), &[1.0; 3]).unwrap();
+        let before = values(&s);
+        s.on_push(L[2], Clock(0), &[1.0; 3]).unwrap();
+        assert_eq!(values(&s), before, "a dropped gradient changes nothing");
+        let (_, grads, _) = drain(&mut s);
+        assert_eq!(grads.last().unwrap().outcome, Outcome::Dropped(DropReason::TooStale));
+        assert_eq!(s.stats().summary().dropped, 1);
+        assert_eq!(s.stats().summary().max, 1);
+    }
+
+    #[test]
+    fn the_bound_defers_pulls_while_an_old_gradient_is_outstanding() {
+        let mut s = shard(SyncRule::Softsync { n: 2 }, LrModulation::None, Some(1), 2);
+        s.on_pull(L[0]).unwrap();
+        s.on_pull(L[1]).unwrap();
+        s.on_push(L[1], Clock(0), &[1.0; 3]).unwrap(); // clock 1, L0 outstanding at 0
+        drain(&mut s);
+        s.on_pull(L[1]).unwrap();
+        assert!(drain(&mut s).0.is_empty(), "i − j = 1 is not below s = 1: wait");
+        s.on_push(L[0], Clock(0), &[1.0; 3]).unwrap(); // σ = 1, applied
+        let (served, grads, _) = drain(&mut s);
+        assert_eq!(served, vec![(L[1], Clock(2))]);
+        assert_eq!(grads[0].staleness, Staleness(1));
+    }
+
+    #[test]
+    fn losing_a_learner_completes_the_hardsync_round() {
+        let mut s = shard(SyncRule::Hardsync, LrModulation::None, None, 3);
+        for l in &L[..3] {
+            s.on_pull(*l).unwrap();
+        }
+        s.on_push(L[0], Clock(0), &[3.0, 0.0, 0.0]).unwrap();
+        s.on_push(L[1], Clock(0), &[3.0, 0.0, 0.0]).unwrap();
+        assert_eq!(s.clock(), Clock(0));
+        s.on_membership(L[..2].iter().copied().collect());
+        assert_eq!(s.clock(), Clock(1));
+        close(&values(&s), &[1.0 - 1.5, 2.0, 3.0]);
     }
 }
