@@ -100,8 +100,8 @@ pub struct ProgressSnapshot {
     pub total_samples: u64,
     /// Epochs so far.
     pub epoch: f64,
-    /// Loss of the latest minibatch.
-    pub last_loss: f32,
+    /// Mean loss of the latest minibatches.
+    pub recent_loss: f64,
     /// Seconds since the learners started.
     pub wall_seconds: f64,
 }

@@ -53,7 +53,11 @@ pub struct LearnerActor {
     x: Vec<f32>,
     y: Vec<u8>,
     grad: Arc<Vec<f32>>,
+    unreported: Progress,
 }
+
+/// Progress is reported to the scheduler every this many steps (and at the end).
+const REPORT_EVERY: u64 = 8;
 
 impl LearnerActor {
     /// A learner that computes on `model` over `stream`'s minibatches of `data`.
@@ -67,7 +71,8 @@ impl LearnerActor {
         scheduler: SchedulerLink,
     ) -> Self {
         let grad = Arc::new(vec![0.0; model.layout().len]);
-        Self { core, model, data, stream, shards, scheduler, x: Vec::new(), y: Vec::new(), grad }
+        let (x, y, unreported) = (Vec::new(), Vec::new(), Progress::default());
+        Self { core, model, data, stream, shards, scheduler, x, y, grad, unreported }
     }
 
     fn carry_out(&mut self, events: Vec<LearnerEvent>, ctx: &mut Context<Self>) {
@@ -95,6 +100,7 @@ impl LearnerActor {
                     }
                 },
                 LearnerEvent::Finished => {
+                    self.scheduler.progress.do_send(std::mem::take(&mut self.unreported));
                     self.scheduler.done.do_send(LearnerDone { learner: self.core.id(), error: None });
                 }
             }
@@ -106,13 +112,14 @@ impl LearnerActor {
         self.data.gather(self.stream.next_batch(), &mut self.x, &mut self.y);
         let loss = self.model.loss_and_gradient(&self.x, &self.y)?;
         // The shards dropped last step's gradient before answering this step's pulls, so the
-        // buffer is normally unshared and reused in place.
-        self.model.read_gradient(0, Arc::make_mut(&mut self.grad).as_mut_slice())?;
-        self.scheduler.progress.do_send(Progress {
-            learner: self.core.id(),
-            samples: self.y.len() as u64,
-            loss,
-        });
+        // buffer is normally unshared: it is swapped with the model's, not copied.
+        self.model.take_gradient(Arc::make_mut(&mut self.grad))?;
+        let p = &mut self.unreported;
+        (p.samples, p.steps, p.loss_sum) =
+            (p.samples + self.y.len() as u64, p.steps + 1, p.loss_sum + f64::from(loss));
+        if p.steps >= REPORT_EVERY {
+            self.scheduler.progress.do_send(std::mem::take(p));
+        }
         self.core.on_computed()
     }
 }

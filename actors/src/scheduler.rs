@@ -26,16 +26,16 @@ pub enum Joined {
     Learner(LearnerId),
 }
 
-/// A learner computed one gradient on `samples` examples with mean loss `loss`.
-#[derive(Message)]
+/// A learner computed `steps` more gradients on `samples` examples in all.
+#[derive(Message, Clone, Debug, Default)]
 #[rtype(result = "()")]
 pub struct Progress {
-    /// Who.
-    pub learner: LearnerId,
-    /// Examples in the minibatch.
+    /// Examples in those minibatches.
     pub samples: u64,
-    /// Its mean training loss.
-    pub loss: f32,
+    /// Gradients computed.
+    pub steps: u64,
+    /// Sum of the minibatches' mean training losses.
+    pub loss_sum: f64,
 }
 
 /// A learner finished its steps, or failed with `error`.
@@ -266,8 +266,8 @@ impl Handler<Joined> for SchedulerActor {
 impl Handler<Progress> for SchedulerActor {
     type Result = ();
     fn handle(&mut self, msg: Progress, ctx: &mut Context<Self>) {
-        self.loss_window.0 += f64::from(msg.loss);
-        self.loss_window.1 += 1;
+        self.loss_window.0 += msg.loss_sum;
+        self.loss_window.1 += msg.steps;
         let events = self.core.on_progress(msg.samples);
         if self.last_progress.elapsed() >= PROGRESS_EVERY {
             self.last_progress = Instant::now();
@@ -275,7 +275,7 @@ impl Handler<Progress> for SchedulerActor {
                 samples: self.core.samples(),
                 total_samples: self.total_samples,
                 epoch: self.core.epochs(),
-                last_loss: msg.loss,
+                recent_loss: msg.loss_sum / msg.steps.max(1) as f64,
                 wall_seconds: self.elapsed(),
             }));
         }

@@ -39,6 +39,11 @@ pub trait Backend: Send + 'static {
     fn write(&self, dst: &mut Self::Buffer, offset: usize, src: &[f32]) -> Result<(), ComputeError>;
     /// Copy `dst.len()` values out of `src` starting at `offset`.
     fn read(&self, src: &Self::Buffer, offset: usize, dst: &mut [f32]) -> Result<(), ComputeError>;
+    /// Move the contents of `src` into `host`, a vector of the same length, leaving `src`
+    /// with unspecified contents. The default copies; host-memory backends swap instead.
+    fn take(&self, src: &mut Self::Buffer, host: &mut Vec<f32>) -> Result<(), ComputeError> {
+        self.read(src, 0, host)
+    }
     /// `c = alpha · op(a) · op(b) + beta · c`, see [`Gemm`].
     fn gemm(
         &self,

@@ -19,6 +19,18 @@ pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
+/// `y += alpha · x`, then `x = 0`, in one pass.
+///
+/// # Panics
+/// If the slices differ in length (a caller bug, never input-dependent).
+pub fn axpy_drain(alpha: f32, x: &mut [f32], y: &mut [f32]) {
+    assert_eq!(x.len(), y.len(), "axpy_drain operands differ in length");
+    for (y, x) in y.iter_mut().zip(x) {
+        *y += alpha * *x;
+        *x = 0.0;
+    }
+}
+
 /// `y *= alpha`.
 pub fn scale(alpha: f32, y: &mut [f32]) {
     for y in y {
@@ -75,6 +87,18 @@ impl Backend for CpuBackend {
 
     fn read(&self, src: &Vec<f32>, offset: usize, dst: &mut [f32]) -> Result<(), ComputeError> {
         dst.copy_from_slice(at(src, offset, dst.len(), "read")?);
+        Ok(())
+    }
+
+    fn take(&self, src: &mut Vec<f32>, host: &mut Vec<f32>) -> Result<(), ComputeError> {
+        if src.len() != host.len() {
+            return Err(ComputeError::Shape(format!(
+                "take: {} values into a vector of {}",
+                src.len(),
+                host.len()
+            )));
+        }
+        std::mem::swap(src, host);
         Ok(())
     }
 

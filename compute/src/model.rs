@@ -141,6 +141,13 @@ impl<B: Backend> Model<B> {
         self.backend.read(&self.grad, offset, out)
     }
 
+    /// Move the last computed gradient into `out` (of the parameter count), without a copy
+    /// where the backend allows; the model's own gradient is then undefined until the next
+    /// [`Model::loss_and_gradient`].
+    pub fn take_gradient(&mut self, out: &mut Vec<f32>) -> Result<(), ComputeError> {
+        self.backend.take(&mut self.grad, out)
+    }
+
     /// `params += alpha · gradient`: one plain SGD step with `alpha = −η`.
     pub fn apply_gradient(&mut self, alpha: f32) -> Result<(), ComputeError> {
         self.backend.axpy(alpha, &self.grad, &mut self.params, self.layout.len)

@@ -43,12 +43,15 @@ fn bare_sgd(spec: &ClusterSpec, data: &TrainingData, steps: usize) -> Result<f64
     Ok((steps * spec.batch_size) as f64 / start.elapsed().as_secs_f64())
 }
 
+/// A cluster shape: λ, shards, protocol.
+type Shape = (u32, u32, SyncRule);
+
 /// The cluster of `config` with `learners`, `shards` and `rule`, each learner doing `steps`
 /// steps (one epoch over a training subset sized for that).
 fn cluster(
     config: &Config,
     data: &TrainingData,
-    (learners, shards, rule): (u32, u32, SyncRule),
+    (learners, shards, rule): Shape,
     steps: usize,
 ) -> Result<f64, RuntimeError> {
     let mut c = config.clone();
@@ -74,7 +77,7 @@ pub fn run(
     config.cluster.protocol.modulation = LrModulation::None;
     let c = &config.cluster;
     let lambda = c.learners;
-    let settings: Vec<(String, Option<(u32, u32, SyncRule)>)> = vec![
+    let settings: Vec<(String, Option<Shape>)> = vec![
         ("bare SGD loop (1 thread)".into(), None),
         ("local λ=1, 1 shard".into(), Some((1, 1, SyncRule::Softsync { n: 1 }))),
         ("local λ=2, 1 shard, async".into(), Some((2, 1, SyncRule::Softsync { n: 2 }))),

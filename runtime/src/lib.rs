@@ -7,7 +7,7 @@
 //! - [`config`]: raw and typed configuration.
 //! - [`local`]: the in-process cluster and its progress display.
 //! - [`rundir`]: `config.toml`, `metrics.csv`, `summary.json`.
-//! - [`bench`]: the `rudra-node bench` measurements.
+//! - [`bench`](mod@bench): the `rudra-node bench` measurements.
 //! - [`error`]: the crate's error type.
 
 pub mod bench;

@@ -69,7 +69,7 @@ async fn show_progress(mut rx: mpsc::UnboundedReceiver<RunEvent>, mode: Progress
                 bar.set_message(format!(
                     "epoch {:.2} loss {:.4} test acc {:.4} {:.0} samples/s",
                     p.epoch,
-                    p.last_loss,
+                    p.recent_loss,
                     last_acc,
                     p.samples as f64 / p.wall_seconds.max(1e-9)
                 ));
@@ -82,7 +82,7 @@ async fn show_progress(mut rx: mpsc::UnboundedReceiver<RunEvent>, mode: Progress
                         "{:>3.0}% epoch {:.2} loss {:.4} {:.0} samples/s",
                         done * 100.0,
                         p.epoch,
-                        p.last_loss,
+                        p.recent_loss,
                         p.samples as f64 / p.wall_seconds.max(1e-9)
                     );
                 }

@@ -39,7 +39,7 @@ enum Command {
     Local {
         #[command(flatten)]
         config: ConfigArgs,
-        /// Run directory (default: runs/<timestamp>-<protocol>).
+        /// Run directory (default: `runs/<timestamp>-<protocol>`).
         #[arg(long)]
         out: Option<PathBuf>,
     },

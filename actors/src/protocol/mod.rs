@@ -8,7 +8,7 @@
 //! - [`staleness`]: staleness statistics (histogram, mean, max, dropped), shared by shards and
 //!   the tracker.
 //! - [`scheduler`]: registration, learning-rate schedule, evaluation points and the stop.
-//! - [`modulation`]: `α(σ)`.
+//! - [`modulation`]: the staleness-dependent learning rate α(σ).
 
 pub mod learner;
 pub mod modulation;

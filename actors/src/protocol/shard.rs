@@ -268,10 +268,11 @@ impl SgdShard {
             self.stats.record_applied(staleness);
             let alpha = self.cfg.modulation.alpha(self.cfg.learning_rate, staleness, self.stats.mean());
             let weight = if self.cfg.modulation.is_per_gradient() { alpha } else { 1.0 };
-            cpu::axpy(weight, grad, &mut self.acc);
             self.held.push(Held { learner, computed_on, staleness, alpha });
             if self.held.len() >= self.gradients_per_update() {
-                self.apply();
+                self.apply(Some((weight, grad)));
+            } else {
+                cpu::axpy(weight, grad, &mut self.acc);
             }
         }
         self.release_deferred();
@@ -285,7 +286,7 @@ impl SgdShard {
         self.deferred.retain(|l| active.contains(l));
         self.active = active;
         if !self.held.is_empty() && self.held.len() >= self.gradients_per_update() {
-            self.apply();
+            self.apply(None);
         }
         self.release_deferred();
     }
@@ -323,13 +324,20 @@ impl SgdShard {
         }
     }
 
-    fn apply(&mut self) {
+    /// Apply the held gradients: those summed in `acc`, plus `last` (weight, gradient) when
+    /// the update is triggered by a gradient that has not been accumulated.
+    fn apply(&mut self, last: Option<(f32, &[f32])>) {
         let c = self.held.len();
         let alpha_update = (!self.cfg.modulation.is_per_gradient())
             .then(|| self.cfg.modulation.alpha(self.cfg.learning_rate, Staleness(0), self.stats.mean()));
+        let scale = -alpha_update.unwrap_or(1.0) / c as f32;
         let params = Arc::make_mut(&mut self.params);
-        cpu::axpy(-alpha_update.unwrap_or(1.0) / c as f32, &self.acc, params);
-        self.acc.fill(0.0);
+        if c > usize::from(last.is_some()) {
+            cpu::axpy_drain(scale, &mut self.acc, params);
+        }
+        if let Some((weight, grad)) = last {
+            cpu::axpy(scale * weight, grad, params);
+        }
         for h in self.held.drain(..) {
             self.events.push_back(ShardEvent::Gradient(GradientRecord {
                 shard: self.cfg.id,

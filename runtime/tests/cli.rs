@@ -1,0 +1,119 @@
+//! `rudra-node` as users run it: a short real MNIST run, its run directory, and clear
+//! failures with exit code 2 for bad configuration.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn node(args: &[&str], env: &[(&str, &str)]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rudra-node"))
+        .args(args)
+        .envs(env.iter().copied())
+        .env("RUST_LOG", "warn")
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
+        .output()
+        .expect("rudra-node runs")
+}
+
+fn summary(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap()
+}
+
+#[test]
+fn a_short_local_run_learns_mnist_and_writes_its_run_directory() {
+    let out = tempfile::tempdir().unwrap();
+    let dir = out.path().join("run");
+    let args = ["local", "--set", "training.train_examples=16000", "--set", "training.epochs=2", "--out"];
+    let o = node(&[&args[..], &[dir.to_str().unwrap()]].concat(), &[]);
+    assert!(o.status.success(), "stderr: {}", String::from_utf8_lossy(&o.stderr));
+    let s = summary(&dir);
+    for key in [
+        "protocol",
+        "n",
+        "learners",
+        "shards",
+        "batch_size",
+        "lr_modulation",
+        "updates",
+        "gradients_applied",
+        "gradients_dropped",
+        "samples",
+        "wall_seconds",
+        "samples_per_second",
+        "final_test_accuracy",
+        "final_train_loss",
+    ] {
+        assert!(s.get(key).is_some(), "summary.json lacks {key}");
+    }
+    for key in ["mean", "max", "histogram"] {
+        assert!(s["staleness"].get(key).is_some(), "summary.json lacks staleness.{key}");
+    }
+    assert_eq!(s["protocol"], "softsync");
+    assert_eq!(s["lr_modulation"], "per-gradient");
+    let acc = s["final_test_accuracy"].as_f64().unwrap();
+    assert!(acc >= 0.90, "test accuracy {acc} after a short run");
+    // 16000 examples over 4 learners, μ = 32: 125 steps per epoch, 250 per learner. 4-softsync
+    // with λ = 4 is async (c = 1): every gradient is an update, 1000 per shard.
+    assert_eq!(s["updates"], 1000);
+    assert_eq!(s["samples"], 32000);
+    let applied = s["gradients_applied"].as_u64().unwrap();
+    assert_eq!(applied + s["gradients_dropped"].as_u64().unwrap(), 2000, "2 shards × 1000 gradients");
+    let hist: Vec<u64> =
+        s["staleness"]["histogram"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    assert_eq!(hist.iter().sum::<u64>(), applied);
+
+    let csv = std::fs::read_to_string(dir.join("metrics.csv")).unwrap();
+    let mut lines = csv.lines();
+    assert!(lines.next().unwrap().starts_with("wall_seconds,epoch,updates,samples,train_loss"));
+    assert_eq!(lines.count(), 2, "one evaluation per epoch");
+    let config: toml::Table =
+        toml::from_str(&std::fs::read_to_string(dir.join("config.toml")).unwrap()).unwrap();
+    assert_eq!(config["training"]["train_examples"].as_integer(), Some(16000));
+}
+
+#[test]
+fn bad_configuration_exits_2_naming_the_key() {
+    for (set, key) in [
+        ("protocol.kind=paxos", "protocol.kind"),
+        ("protocol.n=9", "protocol.n"),
+        ("cluster.learners=0", "cluster.learners"),
+        ("training.batch_size=0", "training.batch_size"),
+        ("training.data_dir=/nonexistent", "training.data_dir"),
+        ("compute.device=tpu", "compute.device"),
+        ("training.nonsense=1", "nonsense"),
+    ] {
+        let o = node(&["local", "--set", set], &[]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{set}: {err}");
+        assert!(err.contains(key), "{set}: the error does not name {key}: {err}");
+    }
+    let o = node(&["local", "--config", "/no/such/file.toml"], &[]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("/no/such/file.toml"));
+}
+
+#[test]
+fn environment_overrides_defaults_and_set_overrides_the_environment() {
+    let out = tempfile::tempdir().unwrap();
+    let dir = out.path().join("run");
+    let o = node(
+        &[
+            "local",
+            "--set",
+            "training.epochs=1",
+            "--set",
+            "cluster.shards=1",
+            "--set",
+            "training.train_examples=2000",
+            "--set",
+            "training.test_examples=500",
+            "--out",
+            dir.to_str().unwrap(),
+        ],
+        &[("RUDRA__CLUSTER__LEARNERS", "2"), ("RUDRA__CLUSTER__SHARDS", "3"), ("RUDRA__PROTOCOL__N", "2")],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let s = summary(&dir);
+    assert_eq!(s["learners"], 2, "from the environment");
+    assert_eq!(s["n"], 2, "from the environment");
+    assert_eq!(s["shards"], 1, "--set beats the environment");
+}
