@@ -53,6 +53,8 @@ pub struct LearnerActor {
     x: Vec<f32>,
     y: Vec<u8>,
     grad: Arc<Vec<f32>>,
+    /// With a single shard, its weights are computed on in place rather than copied.
+    shared: Option<Arc<Vec<f32>>>,
     unreported: Progress,
 }
 
@@ -72,7 +74,7 @@ impl LearnerActor {
     ) -> Self {
         let grad = Arc::new(vec![0.0; model.layout().len]);
         let (x, y, unreported) = (Vec::new(), Vec::new(), Progress::default());
-        Self { core, model, data, stream, shards, scheduler, x, y, grad, unreported }
+        Self { core, model, data, stream, shards, scheduler, x, y, grad, shared: None, unreported }
     }
 
     fn carry_out(&mut self, events: Vec<LearnerEvent>, ctx: &mut Context<Self>) {
@@ -110,7 +112,10 @@ impl LearnerActor {
     /// One gradient on the next minibatch; its pushes and next pulls.
     fn compute(&mut self) -> Result<Vec<LearnerEvent>, ActorError> {
         self.data.gather(self.stream.next_batch(), &mut self.x, &mut self.y);
-        let loss = self.model.loss_and_gradient(&self.x, &self.y)?;
+        let loss = match self.shared.take() {
+            Some(params) => self.model.loss_and_gradient_at(&params, &self.x, &self.y)?,
+            None => self.model.loss_and_gradient(&self.x, &self.y)?,
+        };
         // The shards dropped last step's gradient before answering this step's pulls, so the
         // buffer is normally unshared: it is swapped with the model's, not copied.
         self.model.take_gradient(Arc::make_mut(&mut self.grad))?;
@@ -143,7 +148,9 @@ impl Handler<Served> for LearnerActor {
             tracing::warn!(learner = %self.core.id(), "weights from unknown {}", w.shard);
             return;
         };
-        if let Err(e) = self.model.write_params(link.range.start, &w.values) {
+        if self.shards.len() == 1 && w.values.len() == self.model.layout().len {
+            self.shared = Some(Arc::clone(&w.values));
+        } else if let Err(e) = self.model.write_params(link.range.start, &w.values) {
             tracing::warn!(learner = %self.core.id(), "weights from {} rejected: {e}", w.shard);
             return;
         }

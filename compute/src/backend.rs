@@ -39,6 +39,12 @@ pub trait Backend: Send + 'static {
     fn write(&self, dst: &mut Self::Buffer, offset: usize, src: &[f32]) -> Result<(), ComputeError>;
     /// Copy `dst.len()` values out of `src` starting at `offset`.
     fn read(&self, src: &Self::Buffer, offset: usize, dst: &mut [f32]) -> Result<(), ComputeError>;
+    /// A buffer that refers to `host` without copying it, for backends that compute on host
+    /// memory; `None` for device backends.
+    fn view_host(&self, host: &std::sync::Arc<Vec<f32>>) -> Option<Self::Buffer> {
+        let _ = host;
+        None
+    }
     /// Move the contents of `src` into `host`, a vector of the same length, leaving `src`
     /// with unspecified contents. The default copies; host-memory backends swap instead.
     fn take(&self, src: &mut Self::Buffer, host: &mut Vec<f32>) -> Result<(), ComputeError> {

@@ -1,5 +1,11 @@
 //! The CPU reference backend. GEMM goes through the `gemm` crate (packed, vectorised);
 //! the element-wise kernels are plain loops the compiler vectorises.
+//!
+//! Buffers are host vectors behind an `Arc`, so a model can compute directly on parameters
+//! it shares with a shard ([`Backend::share`]); a buffer is copied only when written while
+//! shared.
+
+use std::sync::Arc;
 
 use crate::{Backend, ComputeError, Gemm};
 
@@ -52,15 +58,15 @@ fn at<'a>(buf: &'a [f32], offset: usize, n: usize, what: &str) -> Result<&'a [f3
     Ok(&buf[span(buf.len(), offset, n, what)?])
 }
 
-/// `&mut buf[offset..offset + n]`, or a shape error naming `what`.
+/// `&mut buf[offset..offset + n]`, unsharing the buffer first, or a shape error naming `what`.
 fn at_mut<'a>(
-    buf: &'a mut [f32],
+    buf: &'a mut Arc<Vec<f32>>,
     offset: usize,
     n: usize,
     what: &str,
 ) -> Result<&'a mut [f32], ComputeError> {
     let r = span(buf.len(), offset, n, what)?;
-    Ok(&mut buf[r])
+    Ok(&mut Arc::make_mut(buf)[r])
 }
 
 /// Row-major strides `(row stride, column stride)` of an operand stored `rows×cols`,
@@ -70,27 +76,31 @@ fn strides(cols: usize, t: bool) -> (isize, isize) {
 }
 
 impl Backend for CpuBackend {
-    type Buffer = Vec<f32>;
+    type Buffer = Arc<Vec<f32>>;
 
     fn name(&self) -> &'static str {
         "cpu"
     }
 
-    fn alloc(&self, len: usize) -> Result<Vec<f32>, ComputeError> {
-        Ok(vec![0.0; len])
+    fn alloc(&self, len: usize) -> Result<Arc<Vec<f32>>, ComputeError> {
+        Ok(Arc::new(vec![0.0; len]))
     }
 
-    fn write(&self, dst: &mut Vec<f32>, offset: usize, src: &[f32]) -> Result<(), ComputeError> {
+    fn write(&self, dst: &mut Arc<Vec<f32>>, offset: usize, src: &[f32]) -> Result<(), ComputeError> {
         at_mut(dst, offset, src.len(), "write")?.copy_from_slice(src);
         Ok(())
     }
 
-    fn read(&self, src: &Vec<f32>, offset: usize, dst: &mut [f32]) -> Result<(), ComputeError> {
+    fn read(&self, src: &Arc<Vec<f32>>, offset: usize, dst: &mut [f32]) -> Result<(), ComputeError> {
         dst.copy_from_slice(at(src, offset, dst.len(), "read")?);
         Ok(())
     }
 
-    fn take(&self, src: &mut Vec<f32>, host: &mut Vec<f32>) -> Result<(), ComputeError> {
+    fn view_host(&self, host: &Arc<Vec<f32>>) -> Option<Arc<Vec<f32>>> {
+        Some(Arc::clone(host))
+    }
+
+    fn take(&self, src: &mut Arc<Vec<f32>>, host: &mut Vec<f32>) -> Result<(), ComputeError> {
         if src.len() != host.len() {
             return Err(ComputeError::Shape(format!(
                 "take: {} values into a vector of {}",
@@ -98,16 +108,16 @@ impl Backend for CpuBackend {
                 host.len()
             )));
         }
-        std::mem::swap(src, host);
+        std::mem::swap(Arc::make_mut(src), host);
         Ok(())
     }
 
     fn gemm(
         &self,
         g: Gemm,
-        (a, ao): (&Vec<f32>, usize),
-        (b, bo): (&Vec<f32>, usize),
-        (c, co): (&mut Vec<f32>, usize),
+        (a, ao): (&Arc<Vec<f32>>, usize),
+        (b, bo): (&Arc<Vec<f32>>, usize),
+        (c, co): (&mut Arc<Vec<f32>>, usize),
     ) -> Result<(), ComputeError> {
         let a = at(a, ao, g.m * g.k, "gemm a")?;
         let b = at(b, bo, g.k * g.n, "gemm b")?;
@@ -144,10 +154,10 @@ impl Backend for CpuBackend {
 
     fn add_bias(
         &self,
-        x: &mut Vec<f32>,
+        x: &mut Arc<Vec<f32>>,
         rows: usize,
         cols: usize,
-        (bias, bo): (&Vec<f32>, usize),
+        (bias, bo): (&Arc<Vec<f32>>, usize),
     ) -> Result<(), ComputeError> {
         let bias = at(bias, bo, cols, "bias")?;
         let x = at_mut(x, 0, rows * cols, "add_bias")?;
@@ -159,7 +169,7 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn relu(&self, x: &mut Vec<f32>, len: usize) -> Result<(), ComputeError> {
+    fn relu(&self, x: &mut Arc<Vec<f32>>, len: usize) -> Result<(), ComputeError> {
         for v in at_mut(x, 0, len, "relu")? {
             *v = v.max(0.0);
         }
@@ -168,8 +178,8 @@ impl Backend for CpuBackend {
 
     fn relu_backward(
         &self,
-        grad: &mut Vec<f32>,
-        activation: &Vec<f32>,
+        grad: &mut Arc<Vec<f32>>,
+        activation: &Arc<Vec<f32>>,
         len: usize,
     ) -> Result<(), ComputeError> {
         let a = at(activation, 0, len, "relu_backward activation")?;
@@ -183,10 +193,10 @@ impl Backend for CpuBackend {
 
     fn sum_rows(
         &self,
-        x: &Vec<f32>,
+        x: &Arc<Vec<f32>>,
         rows: usize,
         cols: usize,
-        (out, oo): (&mut Vec<f32>, usize),
+        (out, oo): (&mut Arc<Vec<f32>>, usize),
     ) -> Result<(), ComputeError> {
         let x = at(x, 0, rows * cols, "sum_rows")?;
         let out = at_mut(out, oo, cols, "sum_rows out")?;
@@ -201,10 +211,10 @@ impl Backend for CpuBackend {
 
     fn softmax_cross_entropy(
         &self,
-        logits: &Vec<f32>,
+        logits: &Arc<Vec<f32>>,
         labels: &[u8],
         cols: usize,
-        grad: &mut Vec<f32>,
+        grad: &mut Arc<Vec<f32>>,
     ) -> Result<f32, ComputeError> {
         let rows = labels.len();
         let l = at(logits, 0, rows * cols, "softmax logits")?;
@@ -231,7 +241,7 @@ impl Backend for CpuBackend {
 
     fn evaluate_logits(
         &self,
-        logits: &Vec<f32>,
+        logits: &Arc<Vec<f32>>,
         labels: &[u8],
         cols: usize,
     ) -> Result<(f64, usize), ComputeError> {
@@ -252,7 +262,13 @@ impl Backend for CpuBackend {
         Ok((loss, correct))
     }
 
-    fn axpy(&self, alpha: f32, x: &Vec<f32>, y: &mut Vec<f32>, len: usize) -> Result<(), ComputeError> {
+    fn axpy(
+        &self,
+        alpha: f32,
+        x: &Arc<Vec<f32>>,
+        y: &mut Arc<Vec<f32>>,
+        len: usize,
+    ) -> Result<(), ComputeError> {
         axpy(alpha, at(x, 0, len, "axpy x")?, at_mut(y, 0, len, "axpy y")?);
         Ok(())
     }
@@ -296,7 +312,11 @@ mod tests {
                 let mut want: Vec<f32> = (0..m * n).map(|i| i as f32).collect();
                 let mut got = want.clone();
                 naive(g, &a, &b, &mut want);
-                CpuBackend.gemm(g, (&a, 0), (&b, 0), (&mut got, 0)).unwrap();
+                let mut c = Arc::new(got.clone());
+                CpuBackend
+                    .gemm(g, (&Arc::new(a.clone()), 0), (&Arc::new(b.clone()), 0), (&mut c, 0))
+                    .unwrap();
+                got = c.to_vec();
                 for (w, g) in want.iter().zip(&got) {
                     assert!((w - g).abs() < 1e-5, "a_t={a_t} b_t={b_t}: {w} vs {g}");
                 }
@@ -307,20 +327,20 @@ mod tests {
     #[test]
     fn out_of_bounds_is_an_error_not_a_panic() {
         let g = Gemm { m: 4, n: 4, k: 4, a_t: false, b_t: false, alpha: 1.0, beta: 0.0 };
-        let small = vec![0.0; 8];
-        let mut c = vec![0.0; 16];
+        let small = Arc::new(vec![0.0; 8]);
+        let mut c = Arc::new(vec![0.0; 16]);
         assert!(matches!(
             CpuBackend.gemm(g, (&small, 0), (&small, 0), (&mut c, 0)),
             Err(ComputeError::Shape(_))
         ));
-        let mut grad = vec![0.0; 4];
-        assert!(CpuBackend.softmax_cross_entropy(&vec![0.0; 4], &[7, 0], 2, &mut grad).is_err());
+        let mut grad = Arc::new(vec![0.0; 4]);
+        assert!(CpuBackend.softmax_cross_entropy(&Arc::new(vec![0.0; 4]), &[7, 0], 2, &mut grad).is_err());
     }
 
     #[test]
     fn softmax_cross_entropy_of_uniform_logits_is_log_classes() {
-        let logits = vec![0.0; 2 * 4];
-        let mut grad = vec![0.0; 8];
+        let logits = Arc::new(vec![0.0; 2 * 4]);
+        let mut grad = Arc::new(vec![0.0; 8]);
         let loss = CpuBackend.softmax_cross_entropy(&logits, &[1, 3], 4, &mut grad).unwrap();
         assert!((loss - 4f32.ln()).abs() < 1e-6);
         assert!((grad[1] - (0.25 - 1.0) / 2.0).abs() < 1e-7);

@@ -210,6 +210,33 @@ impl<B: Backend> Model<B> {
         result
     }
 
+    /// [`Model::loss_and_gradient`] at `params`, a whole parameter vector shared with its
+    /// owner (a shard's weights). Backends over host memory read it in place and keep no
+    /// reference afterwards, so the owner can keep updating it without a copy; device
+    /// backends upload it.
+    pub fn loss_and_gradient_at(
+        &mut self,
+        params: &std::sync::Arc<Vec<f32>>,
+        x: &[f32],
+        labels: &[u8],
+    ) -> Result<f32, ComputeError> {
+        if params.len() != self.layout.len {
+            return Err(ComputeError::Shape(format!(
+                "{} parameters for a model of {}",
+                params.len(),
+                self.layout.len
+            )));
+        }
+        let Some(view) = self.backend.view_host(params) else {
+            self.write_params(0, params)?;
+            return self.loss_and_gradient(x, labels);
+        };
+        let own = std::mem::replace(&mut self.params, view);
+        let result = self.loss_and_gradient(x, labels);
+        self.params = own;
+        result
+    }
+
     fn backward(
         &mut self,
         w: &mut Workspace<B>,
@@ -313,6 +340,25 @@ mod tests {
         assert_eq!(layout.len, 784 * 256 + 256 + 256 * 10 + 10);
         assert_eq!(layout.tensors[2].range.start, 784 * 256 + 256);
         assert_eq!(layout.tensors[0].shape, vec![256, 784]);
+    }
+
+    #[test]
+    fn shared_parameters_give_the_same_gradient_and_are_released() {
+        let spec = ModelSpec { inputs: 5, hidden: vec![4], classes: 3 };
+        let shared = std::sync::Arc::new(spec.init(2));
+        let x: Vec<f32> = (0..10).map(|i| i as f32 / 10.0).collect();
+        let mut a = Model::new(CpuBackend, spec.clone()).unwrap();
+        a.write_params(0, &shared).unwrap();
+        let la = a.loss_and_gradient(&x, &[0, 2]).unwrap();
+        let mut ga = vec![0.0; shared.len()];
+        a.read_gradient(0, &mut ga).unwrap();
+        let mut b = Model::new(CpuBackend, spec).unwrap();
+        let lb = b.loss_and_gradient_at(&shared, &x, &[0, 2]).unwrap();
+        let mut gb = vec![0.0; shared.len()];
+        b.take_gradient(&mut gb).unwrap();
+        assert_eq!((la, ga), (lb, gb));
+        assert_eq!(std::sync::Arc::strong_count(&shared), 1, "the model keeps no reference");
+        assert!(b.loss_and_gradient_at(&std::sync::Arc::new(vec![0.0; 3]), &x, &[0, 2]).is_err());
     }
 
     #[test]
