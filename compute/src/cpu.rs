@@ -2,7 +2,7 @@
 //! the element-wise kernels are plain loops the compiler vectorises.
 //!
 //! Buffers are host vectors behind an `Arc`, so a model can compute directly on parameters
-//! it shares with a shard ([`Backend::share`]); a buffer is copied only when written while
+//! it shares with a shard ([`Backend::view_host`]); a buffer is copied only when written while
 //! shared.
 
 use std::sync::Arc;

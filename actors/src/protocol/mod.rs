@@ -10,6 +10,7 @@
 //! - [`scheduler`]: registration, learning-rate schedule, evaluation points and the stop.
 //! - [`modulation`]: the staleness-dependent learning rate α(σ).
 
+pub mod elastic;
 pub mod learner;
 pub mod modulation;
 pub mod scheduler;

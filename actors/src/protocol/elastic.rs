@@ -1,0 +1,559 @@
+//! The EASGD family (Zhang, Choromanska, LeCun): the center variable x̃ at the shards and the
+//! local variables x^i at the learners, plus the DOWNPOUR and MDOWNPOUR baselines.
+//!
+//! Exchange rules (ALGORITHMS.md):
+//! - async EASGD / EAMSGD: the shard answers with its current x̃ and moves it by
+//!   `d = α (x^i − x̃)`; the learner moves by `−d` with the same x̃.
+//! - sync EASGD: a round gathers every active learner's x^i; each gets the x̃ from before the
+//!   round, and then `x̃ ← (1 − β) x̃ + β · mean_i x^i`.
+//! - DOWNPOUR: the shard adds the learner's accumulated `v` to x̃ and answers with the new x̃.
+//! - MDOWNPOUR: the shard keeps Nesterov momentum `u ← δu − η g; x̃ ← x̃ + δu − η g`.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::Arc;
+
+use rudra_compute::cpu;
+use rudra_transport::{Clock, LearnerId, ShardId};
+
+use super::Weights;
+use crate::ActorError;
+
+/// How a center shard combines what learners send.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum CenterRule {
+    /// Async EASGD / EAMSGD: `x̃ ← x̃ + α (x^i − x̃)` at every exchange.
+    ElasticAsync {
+        /// The moving rate α.
+        alpha: f32,
+    },
+    /// Sync EASGD: a barrier round over all learners, `x̃ ← (1 − β) x̃ + β · mean x^i`.
+    ElasticSync {
+        /// The center rate β.
+        beta: f32,
+    },
+    /// DOWNPOUR: `x̃ ← x̃ + v` with the learner's accumulated update `v`.
+    Downpour,
+    /// MDOWNPOUR: a gradient `g` moves x̃ with Nesterov momentum δ and rate η.
+    MDownpour {
+        /// Momentum δ.
+        momentum: f32,
+        /// Learning rate η.
+        lr: f32,
+    },
+}
+
+/// An effect of a center shard.
+#[derive(Clone, Debug)]
+pub enum CenterEvent {
+    /// Send this learner the center it must use for its side of the exchange.
+    Reply {
+        /// The learner.
+        learner: LearnerId,
+        /// The center: before the exchange for EASGD, after it for DOWNPOUR.
+        center: Weights,
+    },
+}
+
+/// A shard holding the center variable x̃ of its range.
+#[derive(Debug)]
+pub struct CenterShard {
+    id: ShardId,
+    rule: CenterRule,
+    center: Arc<Vec<f32>>,
+    clock: Clock,
+    active: BTreeSet<LearnerId>,
+    /// Sync rounds: the x^i received so far, summed, and who sent them.
+    round_sum: Vec<f32>,
+    round: BTreeSet<LearnerId>,
+    /// MDOWNPOUR's velocity.
+    velocity: Vec<f32>,
+    events: VecDeque<CenterEvent>,
+}
+
+impl CenterShard {
+    /// A center shard of `rule` starting at `center`, for the learners in `active`.
+    #[must_use]
+    pub fn new(id: ShardId, rule: CenterRule, center: Vec<f32>, active: BTreeSet<LearnerId>) -> Self {
+        let len = center.len();
+        let velocity = if matches!(rule, CenterRule::MDownpour { .. }) { vec![0.0; len] } else { Vec::new() };
+        let round_sum =
+            if matches!(rule, CenterRule::ElasticSync { .. }) { vec![0.0; len] } else { Vec::new() };
+        Self {
+            id,
+            rule,
+            center: Arc::new(center),
+            clock: Clock(0),
+            active,
+            round_sum,
+            round: BTreeSet::new(),
+            velocity,
+            events: VecDeque::new(),
+        }
+    }
+
+    /// The center x̃ now.
+    #[must_use]
+    pub fn snapshot(&self) -> Weights {
+        Weights { shard: self.id, clock: self.clock, values: Arc::clone(&self.center) }
+    }
+
+    /// Exchanges (or sync rounds) completed.
+    #[must_use]
+    pub fn clock(&self) -> Clock {
+        self.clock
+    }
+
+    /// The next effect to carry out.
+    pub fn poll_event(&mut self) -> Option<CenterEvent> {
+        self.events.pop_front()
+    }
+
+    /// A learner sends its values for this shard's range: x^i for EASGD, the accumulated `v`
+    /// for DOWNPOUR, a gradient for MDOWNPOUR. Rejected without any change when malformed.
+    pub fn on_exchange(&mut self, learner: LearnerId, values: &[f32]) -> Result<(), ActorError> {
+        if !self.active.contains(&learner) {
+            return Err(ActorError::Protocol(format!("{learner} is not an active learner of {}", self.id)));
+        }
+        if values.len() != self.center.len() {
+            return Err(ActorError::Protocol(format!(
+                "{learner} sent {} values to {}, which holds {}",
+                values.len(),
+                self.id,
+                self.center.len()
+            )));
+        }
+        match self.rule {
+            CenterRule::ElasticAsync { alpha } => {
+                self.reply(learner);
+                let center = Arc::make_mut(&mut self.center);
+                // x̃ ← x̃ + α (x − x̃) = (1 − α) x̃ + α x
+                cpu::scale(1.0 - alpha, center);
+                cpu::axpy(alpha, values, center);
+                self.clock = self.clock.next();
+            }
+            CenterRule::ElasticSync { .. } => {
+                if !self.round.insert(learner) {
+                    return Err(ActorError::Protocol(format!(
+                        "{learner} sent twice in round {}",
+                        self.clock
+                    )));
+                }
+                cpu::axpy(1.0, values, &mut self.round_sum);
+                self.close_round_if_complete();
+            }
+            CenterRule::Downpour => {
+                cpu::axpy(1.0, values, Arc::make_mut(&mut self.center).as_mut_slice());
+                self.clock = self.clock.next();
+                self.reply(learner);
+            }
+            CenterRule::MDownpour { momentum, lr } => {
+                let center = Arc::make_mut(&mut self.center);
+                for ((u, x), g) in self.velocity.iter_mut().zip(center.iter_mut()).zip(values) {
+                    *u = momentum * *u - lr * g;
+                    *x += momentum * *u - lr * g;
+                }
+                self.clock = self.clock.next();
+                self.reply(learner);
+            }
+        }
+        Ok(())
+    }
+
+    /// The active learners changed; a sync round waits only for those still active.
+    pub fn on_membership(&mut self, active: BTreeSet<LearnerId>) {
+        self.active = active;
+        if !self.round.is_empty() {
+            self.close_round_if_complete();
+        }
+    }
+
+    fn reply(&mut self, learner: LearnerId) {
+        let center = self.snapshot();
+        self.events.push_back(CenterEvent::Reply { learner, center });
+    }
+
+    fn close_round_if_complete(&mut self) {
+        let CenterRule::ElasticSync { beta } = self.rule else { return };
+        if !self.active.is_subset(&self.round) {
+            return;
+        }
+        let before = self.snapshot();
+        for &learner in &self.round {
+            self.events.push_back(CenterEvent::Reply { learner, center: before.clone() });
+        }
+        let p = self.round.len() as f32;
+        let center = Arc::make_mut(&mut self.center);
+        // x̃ ← (1 − β) x̃ + β · mean_i x^i
+        cpu::scale(1.0 - beta, center);
+        cpu::axpy_drain(beta / p, &mut self.round_sum, center);
+        self.round.clear();
+        self.clock = self.clock.next();
+    }
+}
+
+/// Settings of an EASGD / EAMSGD learner.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ElasticSettings {
+    /// Communication period τ in local steps.
+    pub tau: u64,
+    /// Moving rate α.
+    pub alpha: f32,
+    /// Learning rate η.
+    pub lr: f32,
+    /// Decay γ of `η_t = η / (1 + γ t)^0.5` on the local clock (0 disables it).
+    pub lr_decay_gamma: f32,
+    /// Nesterov momentum δ (0 for EASGD).
+    pub momentum: f32,
+}
+
+/// The learner side of EASGD / EAMSGD: local SGD (with Nesterov momentum for EAMSGD) and an
+/// elastic pull toward the center every τ steps.
+#[derive(Clone, Debug)]
+pub struct ElasticLearner {
+    s: ElasticSettings,
+    t: u64,
+    velocity: Vec<f32>,
+}
+
+impl ElasticLearner {
+    /// A learner over `len` parameters.
+    #[must_use]
+    pub fn new(settings: ElasticSettings, len: usize) -> Self {
+        Self { s: settings, t: 0, velocity: vec![0.0; len] }
+    }
+
+    /// The local clock t^i.
+    #[must_use]
+    pub fn clock(&self) -> u64 {
+        self.t
+    }
+
+    /// Whether this step begins with an exchange (τ divides t^i).
+    #[must_use]
+    pub fn exchanges_now(&self) -> bool {
+        self.t.is_multiple_of(self.s.tau.max(1))
+    }
+
+    /// `η_t` on the local clock.
+    #[must_use]
+    pub fn lr(&self) -> f32 {
+        self.s.lr / (1.0 + self.s.lr_decay_gamma * self.t as f32).sqrt()
+    }
+
+    /// Where the gradient of this step is taken: `x + δ v` (just `x` for EASGD), with `x`
+    /// the value before any elastic pull.
+    pub fn gradient_point(&self, x: &[f32], out: &mut Vec<f32>) {
+        out.clear();
+        out.extend_from_slice(x);
+        if self.s.momentum != 0.0 {
+            cpu::axpy(self.s.momentum, &self.velocity, out);
+        }
+    }
+
+    /// Finish the step: with `center` (x̃ from this step's exchange) apply the elastic pull
+    /// `x ← x − α (x − x̃)`, then the local update with `g` taken at [`Self::gradient_point`]:
+    /// `v ← δ v − η_t g; x ← x + v`. Advances t^i.
+    pub fn step(&mut self, x: &mut [f32], g: &[f32], center: Option<&[f32]>) {
+        let lr = self.lr();
+        let (alpha, delta) = (self.s.alpha, self.s.momentum);
+        for i in 0..x.len() {
+            let pull = center.map_or(0.0, |c| alpha * (x[i] - c[i]));
+            let v = delta * self.velocity[i] - lr * g[i];
+            self.velocity[i] = v;
+            x[i] += v - pull;
+        }
+        self.t += 1;
+    }
+}
+
+/// The learner side of DOWNPOUR: local SGD that accumulates its updates in `v`; every τ
+/// steps `v` goes to the shards and x^i is replaced by the center they answer with.
+#[derive(Clone, Debug)]
+pub struct DownpourLearner {
+    tau: u64,
+    lr: f32,
+    t: u64,
+    accumulated: Vec<f32>,
+}
+
+impl DownpourLearner {
+    /// A learner over `len` parameters with period `tau` and rate `lr`.
+    #[must_use]
+    pub fn new(tau: u64, lr: f32, len: usize) -> Self {
+        Self { tau: tau.max(1), lr, t: 0, accumulated: vec![0.0; len] }
+    }
+
+    /// Whether this step begins with an exchange (τ divides t^i).
+    #[must_use]
+    pub fn exchanges_now(&self) -> bool {
+        self.t.is_multiple_of(self.tau)
+    }
+
+    /// The accumulated update to send, reset to zero.
+    pub fn take_accumulated(&mut self) -> Vec<f32> {
+        let zeros = vec![0.0; self.accumulated.len()];
+        std::mem::replace(&mut self.accumulated, zeros)
+    }
+
+    /// One local step with the gradient `g` at x^i: `x ← x − η g; v ← v − η g`.
+    pub fn step(&mut self, x: &mut [f32], g: &[f32]) {
+        cpu::axpy(-self.lr, g, x);
+        cpu::axpy(-self.lr, g, &mut self.accumulated);
+        self.t += 1;
+    }
+}
+
+/// Whether sync EASGD's mean dynamics on `f(x) = h x² / 2` are stable (ALGORITHMS.md):
+/// `ηhβ > 0`, `(2 − ηh)(2 − β) > 2α` and `|(1 − ηh)(1 − β) − α| < 1`.
+#[must_use]
+pub fn sync_easgd_is_stable(eta_h: f64, alpha: f64, beta: f64) -> bool {
+    eta_h * beta > 0.0
+        && (2.0 - eta_h) * (2.0 - beta) > 2.0 * alpha
+        && ((1.0 - eta_h) * (1.0 - beta) - alpha).abs() < 1.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::shard::SgdShardConfig;
+    use crate::protocol::{LrModulation, SgdShard, SyncRule};
+
+    const L0: LearnerId = LearnerId(0);
+    const L1: LearnerId = LearnerId(1);
+
+    fn both() -> BTreeSet<LearnerId> {
+        [L0, L1].into_iter().collect()
+    }
+
+    fn replies(s: &mut CenterShard) -> Vec<(LearnerId, Vec<f32>)> {
+        std::iter::from_fn(|| s.poll_event())
+            .map(|CenterEvent::Reply { learner, center }| (learner, center.values.to_vec()))
+            .collect()
+    }
+
+    fn close(a: &[f32], b: &[f32]) {
+        assert_eq!(a.len(), b.len());
+        for (x, y) in a.iter().zip(b) {
+            assert!((x - y).abs() < 1e-6, "{a:?} != {b:?}");
+        }
+    }
+
+    fn easgd(tau: u64, alpha: f32, lr: f32, momentum: f32) -> ElasticSettings {
+        ElasticSettings { tau, alpha, lr, lr_decay_gamma: 0.0, momentum }
+    }
+
+    #[test]
+    fn async_easgd_exchange_is_symmetric_and_gradient_is_taken_before_the_pull() {
+        let mut shard =
+            CenterShard::new(ShardId(0), CenterRule::ElasticAsync { alpha: 0.5 }, vec![1.0, 2.0], both());
+        let mut learner = ElasticLearner::new(easgd(2, 0.5, 0.1, 0.0), 2);
+        let mut x = vec![3.0, 6.0];
+        assert!(learner.exchanges_now());
+        let mut at = Vec::new();
+        learner.gradient_point(&x, &mut at);
+        assert_eq!(at, x, "EASGD: the gradient point is x before the elastic pull");
+        shard.on_exchange(L0, &x).unwrap();
+        let (_, center) = replies(&mut shard).remove(0);
+        assert_eq!(center, vec![1.0, 2.0], "the learner gets x̃ from before the exchange");
+        close(&shard.snapshot().values, &[2.0, 4.0]); // x̃ + α (x − x̃)
+        let g: Vec<f32> = at.iter().map(|v| v * 10.0).collect(); // g(x) = 10 x
+        learner.step(&mut x, &g, Some(&center));
+        // x − α (x − x̃) − η g(x) = [3 − 1 − 3, 6 − 2 − 6]
+        close(&x, &[-1.0, -2.0]);
+        assert_eq!(learner.clock(), 1);
+        assert!(!learner.exchanges_now(), "τ = 2: no exchange at t = 1");
+        learner.step(&mut x, &[1.0, 1.0], None);
+        close(&x, &[-1.1, -2.1]);
+        assert!(learner.exchanges_now());
+    }
+
+    #[test]
+    fn eamsgd_uses_nesterov_momentum_and_delta_zero_is_easgd() {
+        let mut learner = ElasticLearner::new(easgd(1, 0.5, 0.1, 0.9), 1);
+        let mut x = vec![2.0];
+        let mut at = Vec::new();
+        learner.gradient_point(&x, &mut at);
+        assert_eq!(at, vec![2.0], "v = 0 at the start");
+        learner.step(&mut x, &[1.0], Some(&[0.0])); // v = −0.1; x = 2 − 1 − 0.1
+        close(&x, &[0.9]);
+        learner.gradient_point(&x, &mut at);
+        close(&at, &[0.9 - 0.09]); // x + δ v
+        learner.step(&mut x, &[2.0], Some(&[1.0])); // v = 0.9·(−0.1) − 0.2 = −0.29; pull 0.5·(0.9 − 1)
+        close(&x, &[0.9 + 0.05 - 0.29]);
+
+        let (mut a, mut b) = (
+            ElasticLearner::new(easgd(3, 0.3, 0.2, 0.0), 2),
+            ElasticLearner::new(easgd(3, 0.3, 0.2, 0.0), 2),
+        );
+        let (mut xa, mut xb) = (vec![1.0, -1.0], vec![1.0, -1.0]);
+        for step in 0..7 {
+            let g = [0.5 * step as f32, 1.0];
+            let c = [0.2, 0.4];
+            let center = a.exchanges_now().then_some(&c[..]);
+            a.step(&mut xa, &g, center);
+            b.step(&mut xb, &g, center);
+        }
+        assert_eq!(xa, xb);
+    }
+
+    #[test]
+    fn learning_rate_decays_on_the_local_clock() {
+        let mut l =
+            ElasticLearner::new(ElasticSettings { lr_decay_gamma: 0.5, ..easgd(1, 0.1, 0.4, 0.0) }, 1);
+        assert_eq!(l.lr(), 0.4);
+        l.step(&mut [0.0], &[0.0], None);
+        l.step(&mut [0.0], &[0.0], None);
+        assert!((l.lr() - 0.4 / 2f32.sqrt()).abs() < 1e-7);
+    }
+
+    #[test]
+    fn sync_round_uses_every_learners_x_before_the_pull() {
+        let mut s =
+            CenterShard::new(ShardId(0), CenterRule::ElasticSync { beta: 0.5 }, vec![0.0, 4.0], both());
+        s.on_exchange(L0, &[1.0, 0.0]).unwrap();
+        assert!(replies(&mut s).is_empty(), "the round waits for every learner");
+        assert!(s.on_exchange(L0, &[1.0, 0.0]).is_err(), "twice in one round");
+        s.on_exchange(L1, &[3.0, 8.0]).unwrap();
+        let r = replies(&mut s);
+        assert_eq!(r, vec![(L0, vec![0.0, 4.0]), (L1, vec![0.0, 4.0])], "both get x̃ from before the round");
+        close(&s.snapshot().values, &[0.5 * 0.0 + 0.5 * 2.0, 0.5 * 4.0 + 0.5 * 4.0]);
+        assert_eq!(s.clock(), Clock(1));
+        s.on_exchange(L0, &[0.0, 0.0]).unwrap();
+        s.on_membership([L0].into_iter().collect());
+        assert_eq!(replies(&mut s).len(), 1, "a round stops waiting for a learner that left");
+    }
+
+    #[test]
+    fn downpour_adds_v_and_mdownpour_keeps_nesterov_momentum() {
+        let mut d = CenterShard::new(ShardId(0), CenterRule::Downpour, vec![1.0], both());
+        d.on_exchange(L1, &[-0.25]).unwrap();
+        assert_eq!(replies(&mut d), vec![(L1, vec![0.75])], "DOWNPOUR answers with the new center");
+        let mut m =
+            CenterShard::new(ShardId(0), CenterRule::MDownpour { momentum: 0.5, lr: 0.1 }, vec![1.0], both());
+        m.on_exchange(L0, &[2.0]).unwrap(); // u = −0.2; x̃ = 1 + 0.5·(−0.2) − 0.2
+        close(&m.snapshot().values, &[0.7]);
+        m.on_exchange(L0, &[0.0]).unwrap(); // u = −0.1; x̃ = 0.7 − 0.05
+        close(&m.snapshot().values, &[0.65]);
+        assert!(m.on_exchange(L0, &[0.0, 1.0]).is_err(), "wrong length");
+        assert!(m.on_exchange(LearnerId(9), &[0.0]).is_err(), "unknown learner");
+        close(&m.snapshot().values, &[0.65]);
+        let mut dl = DownpourLearner::new(2, 0.5, 1);
+        let mut x = vec![1.0];
+        assert!(dl.exchanges_now());
+        dl.step(&mut x, &[1.0]);
+        dl.step(&mut x, &[1.0]);
+        assert_eq!(x, vec![0.0]);
+        assert_eq!(dl.take_accumulated(), vec![-1.0]);
+        assert_eq!(dl.take_accumulated(), vec![0.0]);
+    }
+
+    /// Sync EASGD on f(x) = h x²/2 with `p` learners, all through the real cores.
+    fn sync_easgd_on_quadratic(eta_h: f32, alpha: f32, beta: f32, rounds: usize) -> f32 {
+        let p = 4;
+        let active: BTreeSet<LearnerId> = (0..p).map(LearnerId).collect();
+        let mut shard = CenterShard::new(ShardId(0), CenterRule::ElasticSync { beta }, vec![1.0], active);
+        let mut learners: Vec<ElasticLearner> =
+            (0..p).map(|_| ElasticLearner::new(easgd(1, alpha, eta_h, 0.0), 1)).collect();
+        let mut xs: Vec<Vec<f32>> = (0..p).map(|i| vec![1.0 + i as f32 * 0.1]).collect();
+        for _ in 0..rounds {
+            for (i, x) in xs.iter().enumerate() {
+                shard.on_exchange(LearnerId(i as u32), x).unwrap();
+            }
+            let centers = replies(&mut shard);
+            for ((l, x), (_, c)) in learners.iter_mut().zip(&mut xs).zip(centers) {
+                let g = vec![x[0]]; // h = 1: g(x) = x, so η is ηh
+                l.step(x, &g, Some(&c));
+            }
+        }
+        // NaN (overflow) counts as divergence.
+        let worst = xs.iter().map(|x| x[0].abs()).fold(shard.snapshot().values[0].abs(), f32::max);
+        if xs.iter().any(|x| x[0].is_nan()) { f32::INFINITY } else { worst }
+    }
+
+    #[test]
+    fn sync_easgd_stability_matches_the_analysis() {
+        assert!(sync_easgd_is_stable(0.5, 0.225, 0.9));
+        assert!(
+            sync_easgd_on_quadratic(0.5, 0.225, 0.9, 400) < 1e-6,
+            "ηh = 0.5, α = 0.225, β = 0.9 converges"
+        );
+        assert!(!sync_easgd_is_stable(1.9, 0.9, 0.9));
+        assert!(sync_easgd_on_quadratic(1.9, 0.9, 0.9, 60) > 1e6, "ηh = 1.9, α = β = 0.9 diverges");
+    }
+
+    #[test]
+    fn stability_inequalities_agree_with_the_spectral_radius() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+        let mut checked = 0;
+        for _ in 0..20_000 {
+            let (eh, a, b) =
+                (rng.random_range(-0.5..2.5), rng.random_range(-0.5..2.0), rng.random_range(-0.5..2.5));
+            // M = [[1 − ηh − α, α], [β, 1 − β]]
+            let (m11, m12, m21, m22): (f64, f64, f64, f64) = (1.0 - eh - a, a, b, 1.0 - b);
+            let (tr, det) = (m11 + m22, m11 * m22 - m12 * m21);
+            let disc = tr * tr - 4.0 * det;
+            let rho = if disc >= 0.0 {
+                ((tr + disc.sqrt()) / 2.0).abs().max(((tr - disc.sqrt()) / 2.0).abs())
+            } else {
+                det.sqrt()
+            };
+            if (rho - 1.0).abs() < 1e-6 {
+                continue;
+            }
+            assert_eq!(sync_easgd_is_stable(eh, a, b), rho < 1.0, "ηh = {eh}, α = {a}, β = {b}: ρ = {rho}");
+            checked += 1;
+        }
+        assert!(checked > 19_000);
+    }
+
+    #[test]
+    fn downpour_with_tau_one_is_async_sgd_without_modulation() {
+        let lr = 0.1;
+        let grad = |x: &[f32]| -> Vec<f32> {
+            x.iter().enumerate().map(|(i, v)| v * (1.0 + i as f32) - 0.5).collect()
+        };
+        let init = vec![1.0, -2.0, 0.5];
+        let cfg = SgdShardConfig {
+            id: ShardId(0),
+            rule: SyncRule::Softsync { n: 2 },
+            modulation: LrModulation::None,
+            max_staleness: None,
+            learning_rate: lr,
+        };
+        let mut sgd = SgdShard::new(cfg, init.clone(), both());
+        let mut center = CenterShard::new(ShardId(0), CenterRule::Downpour, init.clone(), both());
+        let mut learners = [DownpourLearner::new(1, lr, 3), DownpourLearner::new(1, lr, 3)];
+        let mut xs = [init.clone(), init.clone()];
+        let mut pulled: [(Clock, Vec<f32>); 2] = [(Clock(0), init.clone()), (Clock(0), init.clone())];
+        for l in [L0, L1] {
+            sgd.on_pull(l).unwrap();
+        }
+        while sgd.poll_event().is_some() {}
+        // Both DOWNPOUR learners take their first step (the exchange of v = 0 returns x̃₀).
+        for (dl, x) in learners.iter_mut().zip(&mut xs) {
+            let g = grad(x);
+            dl.step(x, &g);
+        }
+        for &who in &[0usize, 1, 1, 0, 0, 0, 1, 0, 1, 1] {
+            let id = LearnerId(who as u32);
+            // Async SGD: push the gradient at the pulled weights, pull again.
+            let (j, w) = &pulled[who];
+            sgd.on_push(id, *j, &grad(w)).unwrap();
+            sgd.on_pull(id).unwrap();
+            while let Some(e) = sgd.poll_event() {
+                if let crate::protocol::ShardEvent::Serve { weights, .. } = e {
+                    pulled[who] = (weights.clock, weights.values.to_vec());
+                }
+            }
+            // DOWNPOUR τ = 1: send v, adopt the new center, take a local step.
+            let v = learners[who].take_accumulated();
+            center.on_exchange(id, &v).unwrap();
+            let (_, c) = replies(&mut center).remove(0);
+            xs[who] = c;
+            let g = grad(&xs[who]);
+            learners[who].step(&mut xs[who], &g);
+            assert_eq!(center.snapshot().values, sgd.snapshot().values);
+        }
+    }
+}
