@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use actix::prelude::*;
-use rudra_compute::{BatchStream, CpuBackend, Dataset, Model, ModelSpec, Partition};
+use rudra_compute::{BatchStream, CpuBackend, Dataset, Minibatches, Model, ModelSpec, Partition};
 use rudra_transport::{LearnerId, ShardId};
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
@@ -295,12 +295,12 @@ impl Cluster {
                     let id = LearnerId(l as u32);
                     let stream = BatchStream::new(part, spec.batch_size, spec.seed, u64::from(id.0));
                     let core = LearnerCore::new(id, links.len(), steps);
-                    let (model, train, links, link) =
-                        (spec.model.clone(), Arc::clone(&data.train), links.clone(), link.clone());
+                    let batches = Minibatches::new(Arc::clone(&data.train), stream);
+                    let (model, links, link) = (spec.model.clone(), links.clone(), link.clone());
                     let arbiter = Arbiter::new();
                     let addr = LearnerActor::start_in_arbiter(&arbiter.handle(), move |_| {
                         let model = Model::new(CpuBackend, model).expect("CPU allocation cannot fail");
-                        LearnerActor::new(core, model, train, stream, links, link)
+                        LearnerActor::new(core, model, batches, links, link)
                     });
                     arbiters.push(arbiter);
                     addr

@@ -5,7 +5,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use actix::prelude::*;
-use rudra_compute::{BatchStream, CpuBackend, Dataset, Model};
+use rudra_compute::{CpuBackend, Minibatches, Model};
 
 use crate::ActorError;
 use crate::protocol::{LearnerCore, LearnerEvent};
@@ -46,12 +46,9 @@ pub struct SchedulerLink {
 pub struct LearnerActor {
     core: LearnerCore,
     model: Model<CpuBackend>,
-    data: Arc<Dataset>,
-    stream: BatchStream,
+    batches: Minibatches,
     shards: Vec<ShardLink>,
     scheduler: SchedulerLink,
-    x: Vec<f32>,
-    y: Vec<u8>,
     grad: Arc<Vec<f32>>,
     /// With a single shard, its weights are computed on in place rather than copied.
     shared: Option<Arc<Vec<f32>>>,
@@ -62,19 +59,17 @@ pub struct LearnerActor {
 const REPORT_EVERY: u64 = 8;
 
 impl LearnerActor {
-    /// A learner that computes on `model` over `stream`'s minibatches of `data`.
+    /// A learner that computes on `model` over `batches`.
     #[must_use]
     pub fn new(
         core: LearnerCore,
         model: Model<CpuBackend>,
-        data: Arc<Dataset>,
-        stream: BatchStream,
+        batches: Minibatches,
         shards: Vec<ShardLink>,
         scheduler: SchedulerLink,
     ) -> Self {
         let grad = Arc::new(vec![0.0; model.layout().len]);
-        let (x, y, unreported) = (Vec::new(), Vec::new(), Progress::default());
-        Self { core, model, data, stream, shards, scheduler, x, y, grad, shared: None, unreported }
+        Self { core, model, batches, shards, scheduler, grad, shared: None, unreported: Progress::default() }
     }
 
     fn carry_out(&mut self, events: Vec<LearnerEvent>, ctx: &mut Context<Self>) {
@@ -111,17 +106,17 @@ impl LearnerActor {
 
     /// One gradient on the next minibatch; its pushes and next pulls.
     fn compute(&mut self) -> Result<Vec<LearnerEvent>, ActorError> {
-        self.data.gather(self.stream.next_batch(), &mut self.x, &mut self.y);
+        let (x, y) = self.batches.next_batch();
+        let samples = y.len() as u64;
         let loss = match self.shared.take() {
-            Some(params) => self.model.loss_and_gradient_at(&params, &self.x, &self.y)?,
-            None => self.model.loss_and_gradient(&self.x, &self.y)?,
+            Some(params) => self.model.loss_and_gradient_at(&params, x, y)?,
+            None => self.model.loss_and_gradient(x, y)?,
         };
         // The shards dropped last step's gradient before answering this step's pulls, so the
         // buffer is normally unshared: it is swapped with the model's, not copied.
         self.model.take_gradient(Arc::make_mut(&mut self.grad))?;
         let p = &mut self.unreported;
-        (p.samples, p.steps, p.loss_sum) =
-            (p.samples + self.y.len() as u64, p.steps + 1, p.loss_sum + f64::from(loss));
+        (p.samples, p.steps, p.loss_sum) = (p.samples + samples, p.steps + 1, p.loss_sum + f64::from(loss));
         if p.steps >= REPORT_EVERY {
             self.scheduler.progress.do_send(std::mem::take(p));
         }

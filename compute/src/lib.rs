@@ -20,6 +20,6 @@ pub mod model;
 
 pub use backend::{Backend, Gemm};
 pub use cpu::CpuBackend;
-pub use data::{BatchStream, Dataset, Partition};
+pub use data::{BatchStream, Dataset, Minibatches, Partition};
 pub use error::ComputeError;
 pub use model::{Model, ModelSpec, ParamLayout, TensorInfo};

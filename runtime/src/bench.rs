@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use rudra_actors::protocol::{LrModulation, SyncRule};
 use rudra_actors::{ClusterSpec, TrainingData};
-use rudra_compute::{BatchStream, CpuBackend, Model, Partition};
+use rudra_compute::{BatchStream, CpuBackend, Minibatches, Model, Partition};
 
 use crate::local::{ProgressMode, run_local};
 use crate::{Config, RuntimeError};
@@ -32,12 +32,12 @@ fn bare_sgd(spec: &ClusterSpec, data: &TrainingData, steps: usize) -> Result<f64
     let mut model = Model::new(CpuBackend, spec.model.clone())?;
     model.write_params(0, &spec.model.init(spec.seed))?;
     let part = Partition::split(data.train.len(), 1, spec.seed).remove(0);
-    let mut stream = BatchStream::new(part, spec.batch_size, spec.seed, 0);
-    let (mut x, mut y) = (Vec::new(), Vec::new());
+    let mut batches =
+        Minibatches::new(Arc::clone(&data.train), BatchStream::new(part, spec.batch_size, spec.seed, 0));
     let start = Instant::now();
     for _ in 0..steps {
-        data.train.gather(stream.next_batch(), &mut x, &mut y);
-        model.loss_and_gradient(&x, &y)?;
+        let (x, y) = batches.next_batch();
+        model.loss_and_gradient(x, y)?;
         model.apply_gradient(-spec.schedule.base)?;
     }
     Ok((steps * spec.batch_size) as f64 / start.elapsed().as_secs_f64())

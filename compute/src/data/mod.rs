@@ -6,7 +6,7 @@ mod partition;
 use std::path::{Path, PathBuf};
 
 pub use idx::{IdxArray, read_idx};
-pub use partition::{BatchStream, Partition};
+pub use partition::{BatchStream, Minibatches, Partition};
 
 use crate::ComputeError;
 

@@ -1,8 +1,12 @@
 //! Per-learner partitions of a training set and their minibatch streams.
 
+use std::sync::Arc;
+
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
+
+use super::Dataset;
 
 /// The examples one learner owns: a fixed share of a seeded permutation of the dataset.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -92,6 +96,29 @@ impl BatchStream {
         let b = &self.order[self.pos..self.pos + self.batch];
         self.pos += self.batch;
         b
+    }
+}
+
+/// A learner's minibatches, gathered from the dataset into reusable buffers.
+#[derive(Clone, Debug)]
+pub struct Minibatches {
+    data: Arc<Dataset>,
+    stream: BatchStream,
+    x: Vec<f32>,
+    y: Vec<u8>,
+}
+
+impl Minibatches {
+    /// The minibatches of `stream` over `data`.
+    #[must_use]
+    pub fn new(data: Arc<Dataset>, stream: BatchStream) -> Self {
+        Self { data, stream, x: Vec::new(), y: Vec::new() }
+    }
+
+    /// The next minibatch: features (row-major) and labels.
+    pub fn next_batch(&mut self) -> (&[f32], &[u8]) {
+        self.data.gather(self.stream.next_batch(), &mut self.x, &mut self.y);
+        (&self.x, &self.y)
     }
 }
 
