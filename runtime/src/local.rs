@@ -66,11 +66,11 @@ async fn show_progress(mut rx: mpsc::UnboundedReceiver<RunEvent>, mode: Progress
                     b
                 });
                 bar.set_position(p.samples);
+                let acc = if last_acc.is_nan() { "-".to_owned() } else { format!("{last_acc:.4}") };
                 bar.set_message(format!(
-                    "epoch {:.2} loss {:.4} test acc {:.4} {:.0} samples/s",
+                    "epoch {:.2} loss {:.4} test acc {acc} {:.0} samples/s",
                     p.epoch,
                     p.recent_loss,
-                    last_acc,
                     p.samples as f64 / p.wall_seconds.max(1e-9)
                 ));
             }
