@@ -6,7 +6,17 @@
 //!
 //! # Layout
 //! - [`ids`]: identity and time newtypes.
+//! - [`wire`]: the messages (rkyv) and their validated views.
+//! - [`frame`]: the frame header, checked before any allocation.
+//! - [`error`]: the crate's error type.
 
+pub mod error;
+pub mod frame;
 pub mod ids;
+// rkyv generates public archived and resolver types whose fields carry no docs.
+#[allow(missing_docs)]
+pub mod wire;
 
+pub use error::TransportError;
 pub use ids::{Clock, LearnerId, ShardId, Staleness};
+pub use wire::{FloatView, Inbound, Kind, Msg, Role};

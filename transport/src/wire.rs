@@ -1,0 +1,536 @@
+//! The messages Rudra's nodes exchange, archived with rkyv, and their validated views.
+//!
+//! A received body is validated once ([`Inbound::decode`]); control messages are then small
+//! owned values, and a weights or gradient payload is a [`FloatView`] into the receive buffer,
+//! never copied element by element.
+
+use std::sync::Arc;
+
+use rkyv::rancor::BoxedError;
+use rkyv::rend::f32_le;
+use rkyv::util::AlignedVec;
+use rkyv::vec::ArchivedVec;
+use rkyv::{Archive, Deserialize, Serialize};
+
+use crate::frame::{HEADER_LEN, Header};
+use crate::{Clock, LearnerId, ShardId, TransportError};
+
+#[cfg(not(target_endian = "little"))]
+compile_error!("Rudra's zero-copy payload views need a little-endian target");
+
+/// The role a node plays; also the prefix of its certificate name (`shard-0`).
+#[derive(Archive, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[rkyv(derive(Debug))]
+pub enum Role {
+    /// Membership, schedule, evaluation, the run directory.
+    Scheduler,
+    /// Holds a parameter range.
+    Shard,
+    /// Computes gradients.
+    Learner,
+}
+
+impl Role {
+    /// The name prefix of this role's certificates.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Scheduler => "scheduler",
+            Self::Shard => "shard",
+            Self::Learner => "learner",
+        }
+    }
+
+    /// The role a certificate name such as `learner-3` belongs to.
+    #[must_use]
+    pub fn of_name(name: &str) -> Option<Self> {
+        let prefix = name.split_once('-').map_or(name, |(p, _)| p);
+        [Self::Scheduler, Self::Shard, Self::Learner].into_iter().find(|r| r.as_str() == prefix)
+    }
+}
+
+/// One gradient's fate, as a shard reports it to the scheduler's tracker.
+#[derive(Archive, Serialize, Deserialize, Clone, Copy, Debug, PartialEq)]
+#[rkyv(derive(Debug))]
+pub struct GradientReport {
+    /// The learner.
+    pub learner: u32,
+    /// σ.
+    pub staleness: u64,
+    /// Whether it was applied (else dropped).
+    pub applied: bool,
+}
+
+/// Every message of the wire protocol.
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[rkyv(derive(Debug))]
+pub enum Msg {
+    /// Node → scheduler: I am `name`; learners reach me (a shard) at `data_addr`.
+    Join {
+        /// Role claimed (checked against the certificate).
+        role: Role,
+        /// Node name (checked against the certificate).
+        name: String,
+        /// Where this shard accepts learners; empty for learners.
+        data_addr: String,
+    },
+    /// Scheduler → node: your id, the run configuration, and the shards' addresses.
+    Welcome {
+        /// Shard or learner id.
+        id: u32,
+        /// The resolved run configuration, TOML.
+        config_toml: String,
+        /// `shard_addrs[s]` is shard `s`'s data address (for learners).
+        shard_addrs: Vec<String>,
+    },
+    /// Scheduler → learners: begin.
+    Start,
+    /// Scheduler → everyone: the run is over; exit.
+    Stop,
+    /// Scheduler → shards: new base learning rate.
+    SetLearningRate {
+        /// α0.
+        lr: f32,
+    },
+    /// Learner → scheduler: more gradients computed.
+    Progress {
+        /// Examples.
+        samples: u64,
+        /// Gradients.
+        steps: u64,
+        /// Sum of minibatch losses.
+        loss_sum: f64,
+    },
+    /// Learner → scheduler: all steps done, or failed.
+    LearnerDone {
+        /// Why it stopped early.
+        error: Option<String>,
+    },
+    /// Shard → scheduler: gradient and update records.
+    Records {
+        /// Gradients applied or dropped.
+        gradients: Vec<GradientReport>,
+        /// Clocks reached by updates.
+        updates: Vec<u64>,
+    },
+    /// Scheduler → shard: send your current weights.
+    SnapshotRequest {
+        /// Echoed in the answer.
+        request: u64,
+    },
+    /// Shard → scheduler: the weights asked for.
+    Snapshot {
+        /// The request answered.
+        request: u64,
+        /// Shard clock.
+        clock: u64,
+        /// The shard's parameter range.
+        values: Vec<f32>,
+    },
+    /// Anyone: I am alive.
+    Heartbeat,
+    /// Learner → shard, first on a connection: I am learner `learner`.
+    Hello {
+        /// The learner id the scheduler assigned.
+        learner: u32,
+    },
+    /// Learner → shard: send me your weights.
+    Pull {
+        /// Who.
+        learner: u32,
+    },
+    /// Shard → learner: weights.
+    Weights {
+        /// From which shard.
+        shard: u32,
+        /// Their clock.
+        clock: u64,
+        /// The values.
+        values: Vec<f32>,
+    },
+    /// Learner → shard: a gradient slice.
+    Push {
+        /// Who.
+        learner: u32,
+        /// The clock of the weights it was computed on.
+        computed_on: u64,
+        /// The values.
+        values: Vec<f32>,
+    },
+}
+
+/// Message kinds, as written in frame headers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u16)]
+#[allow(missing_docs)]
+pub enum Kind {
+    Join = 1,
+    Welcome,
+    Start,
+    Stop,
+    SetLearningRate,
+    Progress,
+    LearnerDone,
+    Records,
+    SnapshotRequest,
+    Snapshot,
+    Heartbeat,
+    Hello,
+    Pull,
+    Weights,
+    Push,
+}
+
+const KINDS: [Kind; 15] = [
+    Kind::Join,
+    Kind::Welcome,
+    Kind::Start,
+    Kind::Stop,
+    Kind::SetLearningRate,
+    Kind::Progress,
+    Kind::LearnerDone,
+    Kind::Records,
+    Kind::SnapshotRequest,
+    Kind::Snapshot,
+    Kind::Heartbeat,
+    Kind::Hello,
+    Kind::Pull,
+    Kind::Weights,
+    Kind::Push,
+];
+
+impl Kind {
+    /// The kind with this header code.
+    #[must_use]
+    pub fn from_u16(code: u16) -> Option<Self> {
+        KINDS.iter().copied().find(|k| *k as u16 == code)
+    }
+
+    /// The roles allowed to send this kind.
+    #[must_use]
+    pub fn senders(self) -> &'static [Role] {
+        match self {
+            Self::Join | Self::Heartbeat => &[Role::Shard, Role::Learner, Role::Scheduler],
+            Self::Welcome | Self::Start | Self::Stop | Self::SetLearningRate | Self::SnapshotRequest => {
+                &[Role::Scheduler]
+            }
+            Self::Progress | Self::LearnerDone | Self::Hello | Self::Pull | Self::Push => &[Role::Learner],
+            Self::Records | Self::Snapshot | Self::Weights => &[Role::Shard],
+        }
+    }
+}
+
+impl Msg {
+    /// This message's kind.
+    #[must_use]
+    pub fn kind(&self) -> Kind {
+        match self {
+            Self::Join { .. } => Kind::Join,
+            Self::Welcome { .. } => Kind::Welcome,
+            Self::Start => Kind::Start,
+            Self::Stop => Kind::Stop,
+            Self::SetLearningRate { .. } => Kind::SetLearningRate,
+            Self::Progress { .. } => Kind::Progress,
+            Self::LearnerDone { .. } => Kind::LearnerDone,
+            Self::Records { .. } => Kind::Records,
+            Self::SnapshotRequest { .. } => Kind::SnapshotRequest,
+            Self::Snapshot { .. } => Kind::Snapshot,
+            Self::Heartbeat => Kind::Heartbeat,
+            Self::Hello { .. } => Kind::Hello,
+            Self::Pull { .. } => Kind::Pull,
+            Self::Weights { .. } => Kind::Weights,
+            Self::Push { .. } => Kind::Push,
+        }
+    }
+
+    /// Header and archived body, ready to write to a stream.
+    pub fn encode(&self) -> Result<Vec<u8>, TransportError> {
+        let body = rkyv::to_bytes::<BoxedError>(self).map_err(|e| TransportError::Encode(e.to_string()))?;
+        let body_len = u32::try_from(body.len()).map_err(|_| {
+            TransportError::Encode(format!("a {:?} of {} bytes is too large", self.kind(), body.len()))
+        })?;
+        let mut out = Vec::with_capacity(HEADER_LEN + body.len());
+        out.extend_from_slice(&Header { kind: self.kind(), body_len }.encode());
+        out.extend_from_slice(&body);
+        Ok(out)
+    }
+}
+
+/// `f32` values inside a validated receive buffer, viewed in place.
+#[derive(Clone)]
+pub struct FloatView {
+    buf: Arc<AlignedVec>,
+    offset: usize,
+    len: usize,
+}
+
+impl FloatView {
+    fn new(buf: &Arc<AlignedVec>, values: &ArchivedVec<f32_le>) -> Self {
+        let offset = values.as_ptr() as usize - buf.as_ptr() as usize;
+        Self { buf: Arc::clone(buf), offset, len: values.len() }
+    }
+
+    /// The values.
+    #[must_use]
+    pub fn as_slice(&self) -> &[f32] {
+        let bytes = &self.buf[self.offset..self.offset + 4 * self.len];
+        // SAFETY: `bytes` is the storage of an `ArchivedVec<f32_le>` that rkyv validated in
+        // this buffer (in bounds, 4-aligned); `f32_le` is `repr(C)` over `f32` and holds the
+        // native value on this little-endian target; the buffer is immutable behind the Arc.
+        unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<f32>(), self.len) }
+    }
+}
+
+impl std::fmt::Debug for FloatView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "FloatView({} values)", self.len)
+    }
+}
+
+/// A validated incoming message: small messages owned, payloads viewed in place.
+#[derive(Clone, Debug)]
+pub enum Inbound {
+    /// Anything without a float payload, deserialized.
+    Control(Msg),
+    /// Weights from a shard.
+    Weights {
+        /// The shard.
+        shard: ShardId,
+        /// Their clock.
+        clock: Clock,
+        /// The values.
+        values: FloatView,
+    },
+    /// A gradient slice from a learner.
+    Push {
+        /// The learner.
+        learner: LearnerId,
+        /// The clock it was computed on.
+        computed_on: Clock,
+        /// The values.
+        values: FloatView,
+    },
+    /// A shard's weights for the scheduler.
+    Snapshot {
+        /// The request answered.
+        request: u64,
+        /// The shard clock.
+        clock: Clock,
+        /// The values.
+        values: FloatView,
+    },
+}
+
+impl Inbound {
+    /// Validate `body` (exactly the body bytes, 16-byte aligned) as a message of `kind`.
+    pub fn decode(kind: Kind, body: AlignedVec) -> Result<Self, TransportError> {
+        let buf = Arc::new(body);
+        let archived = rkyv::access::<ArchivedMsg, BoxedError>(&buf)
+            .map_err(|e| TransportError::BadFrame(format!("{kind:?} body failed validation: {e}")))?;
+        let inbound = match archived {
+            ArchivedMsg::Weights { shard, clock, values } => Self::Weights {
+                shard: ShardId(shard.to_native()),
+                clock: Clock(clock.to_native()),
+                values: FloatView::new(&buf, values),
+            },
+            ArchivedMsg::Push { learner, computed_on, values } => Self::Push {
+                learner: LearnerId(learner.to_native()),
+                computed_on: Clock(computed_on.to_native()),
+                values: FloatView::new(&buf, values),
+            },
+            ArchivedMsg::Snapshot { request, clock, values } => Self::Snapshot {
+                request: request.to_native(),
+                clock: Clock(clock.to_native()),
+                values: FloatView::new(&buf, values),
+            },
+            other => Self::Control(
+                rkyv::deserialize::<Msg, BoxedError>(other)
+                    .map_err(|e| TransportError::BadFrame(format!("{kind:?} body: {e}")))?,
+            ),
+        };
+        if inbound.kind() != kind {
+            return Err(TransportError::BadFrame(format!(
+                "header says {kind:?} but the body holds {:?}",
+                inbound.kind()
+            )));
+        }
+        Ok(inbound)
+    }
+
+    /// The message kind.
+    #[must_use]
+    pub fn kind(&self) -> Kind {
+        match self {
+            Self::Control(m) => m.kind(),
+            Self::Weights { .. } => Kind::Weights,
+            Self::Push { .. } => Kind::Push,
+            Self::Snapshot { .. } => Kind::Snapshot,
+        }
+    }
+}
+
+/// Decode one whole frame (header and body) from bytes, as a receiver would; for tests and
+/// the fuzzer.
+pub fn decode_frame(bytes: &[u8], max_body: u32) -> Result<Inbound, TransportError> {
+    let header: &[u8; HEADER_LEN] = bytes
+        .get(..HEADER_LEN)
+        .and_then(|h| h.try_into().ok())
+        .ok_or_else(|| TransportError::BadFrame(format!("truncated header: {} bytes", bytes.len())))?;
+    let h = Header::decode(header, max_body)?;
+    let body = &bytes[HEADER_LEN..];
+    if body.len() != h.body_len as usize {
+        return Err(TransportError::BadFrame(format!(
+            "truncated or padded frame: header says {} body bytes, found {}",
+            h.body_len,
+            body.len()
+        )));
+    }
+    let mut aligned = AlignedVec::with_capacity(body.len());
+    aligned.extend_from_slice(body);
+    Inbound::decode(h.kind, aligned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::{MAGIC, VERSION};
+
+    const MAX: u32 = 64 << 20;
+
+    fn all_messages() -> Vec<Msg> {
+        vec![
+            Msg::Join { role: Role::Shard, name: "shard-0".into(), data_addr: "127.0.0.1:7071".into() },
+            Msg::Welcome {
+                id: 3,
+                config_toml: "[cluster]\nlearners = 4\n".into(),
+                shard_addrs: vec!["a:1".into()],
+            },
+            Msg::Start,
+            Msg::Stop,
+            Msg::SetLearningRate { lr: 0.25 },
+            Msg::Progress { samples: 256, steps: 8, loss_sum: 3.5 },
+            Msg::LearnerDone { error: Some("out of memory".into()) },
+            Msg::Records {
+                gradients: vec![GradientReport { learner: 1, staleness: 2, applied: true }],
+                updates: vec![7, 8],
+            },
+            Msg::SnapshotRequest { request: 9 },
+            Msg::Snapshot { request: 9, clock: 4, values: vec![1.0, 2.0] },
+            Msg::Heartbeat,
+            Msg::Hello { learner: 2 },
+            Msg::Pull { learner: 2 },
+            Msg::Weights { shard: 1, clock: 5, values: vec![0.5; 1000] },
+            Msg::Push { learner: 2, computed_on: 5, values: (0..777).map(|i| i as f32).collect() },
+        ]
+    }
+
+    #[test]
+    fn every_message_round_trips() {
+        for msg in all_messages() {
+            let bytes = msg.encode().unwrap();
+            let back = decode_frame(&bytes, MAX).unwrap();
+            assert_eq!(back.kind(), msg.kind());
+            match (&back, &msg) {
+                (Inbound::Control(m), _) => assert_eq!(m, &msg),
+                (
+                    Inbound::Weights { shard, clock, values },
+                    Msg::Weights { shard: s, clock: c, values: v },
+                ) => {
+                    assert_eq!((shard.0, clock.0, values.as_slice()), (*s, *c, &v[..]));
+                }
+                (
+                    Inbound::Push { learner, computed_on, values },
+                    Msg::Push { learner: l, computed_on: c, values: v },
+                ) => {
+                    assert_eq!((learner.0, computed_on.0, values.as_slice()), (*l, *c, &v[..]));
+                }
+                (
+                    Inbound::Snapshot { request, clock, values },
+                    Msg::Snapshot { request: r, clock: c, values: v },
+                ) => {
+                    assert_eq!((*request, clock.0, values.as_slice()), (*r, *c, &v[..]));
+                }
+                other => panic!("decoded to the wrong shape: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn payloads_are_viewed_in_the_receive_buffer() {
+        let bytes = Msg::Push { learner: 0, computed_on: 0, values: vec![3.0; 4096] }.encode().unwrap();
+        let mut body = AlignedVec::new();
+        body.extend_from_slice(&bytes[HEADER_LEN..]);
+        let range = body.as_ptr_range();
+        let Inbound::Push { values, .. } = Inbound::decode(Kind::Push, body).unwrap() else { panic!() };
+        let view = values.as_slice().as_ptr_range();
+        assert!(range.start as usize <= view.start as usize && view.end as usize <= range.end as usize);
+    }
+
+    fn rejected(bytes: &[u8], max: u32) -> String {
+        match decode_frame(bytes, max) {
+            Err(TransportError::BadFrame(why)) => why,
+            other => panic!("accepted a bad frame: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn bad_frames_are_rejected_with_a_reason() {
+        let good = Msg::Push { learner: 1, computed_on: 2, values: vec![1.0; 64] }.encode().unwrap();
+        assert!(rejected(&good[..10], MAX).contains("truncated header"));
+        assert!(rejected(&good[..good.len() - 3], MAX).contains("truncated"));
+        assert!(rejected(&good, 100).contains("exceeds"));
+        let mut bad = good.clone();
+        bad[0] = b'X';
+        assert!(rejected(&bad, MAX).contains("magic"));
+        let mut bad = good.clone();
+        bad[4..6].copy_from_slice(&(VERSION + 1).to_le_bytes());
+        assert!(rejected(&bad, MAX).contains("version"));
+        let mut bad = good.clone();
+        bad[6..8].copy_from_slice(&999u16.to_le_bytes());
+        assert!(rejected(&bad, MAX).contains("unknown message kind"));
+        let mut bad = good.clone();
+        bad[6..8].copy_from_slice(&(Kind::Weights as u16).to_le_bytes());
+        assert!(rejected(&bad, MAX).contains("header says Weights"));
+        let mut bad = good.clone();
+        let n = bad.len();
+        bad[n - 16..].copy_from_slice(&[0xff; 16]); // corrupt the root: the payload pointer and length
+        assert!(rejected(&bad, MAX).contains("validation"));
+    }
+
+    #[test]
+    fn random_bytes_never_panic() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+        let good = Msg::Weights { shard: 0, clock: 1, values: vec![1.0; 16] }.encode().unwrap();
+        for i in 0..20_000 {
+            let mut bytes: Vec<u8> = if i % 2 == 0 {
+                (0..rng.random_range(0..200)).map(|_| rng.random()).collect()
+            } else {
+                let mut b = good.clone();
+                for _ in 0..rng.random_range(1..6) {
+                    let at = rng.random_range(0..b.len());
+                    b[at] = rng.random();
+                }
+                b
+            };
+            if i % 4 == 1 {
+                bytes[..4].copy_from_slice(&MAGIC);
+            }
+            let _ = decode_frame(&bytes, MAX);
+        }
+    }
+
+    #[test]
+    fn kinds_and_roles() {
+        for msg in all_messages() {
+            assert_eq!(Kind::from_u16(msg.kind() as u16), Some(msg.kind()));
+        }
+        assert_eq!(Kind::from_u16(0), None);
+        assert_eq!(Role::of_name("learner-3"), Some(Role::Learner));
+        assert_eq!(Role::of_name("shard-0"), Some(Role::Shard));
+        assert_eq!(Role::of_name("scheduler"), Some(Role::Scheduler));
+        assert_eq!(Role::of_name("mallory-1"), None);
+        assert!(!Kind::Push.senders().contains(&Role::Shard));
+        assert!(Kind::Weights.senders().contains(&Role::Shard));
+    }
+}
