@@ -7,6 +7,15 @@ pub enum TransportError {
     /// a kind the receiver does not accept. The stream is closed; the node carries on.
     #[error("rejected frame: {0}")]
     BadFrame(String),
+    /// Certificates are missing or invalid, or a peer failed authentication.
+    #[error("tls: {0}")]
+    Tls(String),
+    /// A connection could not be made or broke.
+    #[error("connection: {0}")]
+    Connection(String),
+    /// A socket could not be bound or used.
+    #[error("network: {0}")]
+    Io(String),
     /// A message could not be serialized.
     #[error("cannot encode message: {0}")]
     Encode(String),

@@ -8,11 +8,15 @@
 //! - [`ids`]: identity and time newtypes.
 //! - [`wire`]: the messages (rkyv) and their validated views.
 //! - [`frame`]: the frame header, checked before any allocation.
+//! - [`quic`]: QUIC endpoints and authenticated peers.
+//! - [`tls`]: the cluster CA, node certificates, mutual-TLS settings.
 //! - [`error`]: the crate's error type.
 
 pub mod error;
 pub mod frame;
 pub mod ids;
+pub mod quic;
+pub mod tls;
 // rkyv generates public archived and resolver types whose fields carry no docs.
 #[allow(missing_docs)]
 pub mod wire;

@@ -220,6 +220,30 @@ impl Kind {
     }
 }
 
+impl Kind {
+    /// The roles allowed to receive this kind.
+    #[must_use]
+    pub fn receivers(self) -> &'static [Role] {
+        match self {
+            Self::Join | Self::Progress | Self::LearnerDone | Self::Records | Self::Snapshot => {
+                &[Role::Scheduler]
+            }
+            Self::Heartbeat | Self::Stop => &[Role::Shard, Role::Learner, Role::Scheduler],
+            Self::Welcome | Self::Start => &[Role::Shard, Role::Learner],
+            Self::SetLearningRate | Self::SnapshotRequest | Self::Hello | Self::Pull | Self::Push => {
+                &[Role::Shard]
+            }
+            Self::Weights => &[Role::Learner],
+        }
+    }
+
+    /// Whether this kind carries a large float payload (and gets a stream of its own).
+    #[must_use]
+    pub fn is_payload(self) -> bool {
+        matches!(self, Self::Weights | Self::Push | Self::Snapshot)
+    }
+}
+
 impl Msg {
     /// This message's kind.
     #[must_use]

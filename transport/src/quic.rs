@@ -1,0 +1,303 @@
+//! QUIC endpoints (quinn) with mutual TLS, carrying framed messages.
+//!
+//! Between two nodes there is one connection. Control messages travel in order on one
+//! long-lived stream per direction; every weights, gradient or snapshot payload gets a stream
+//! of its own, so control never waits behind a large payload. Flow-control windows bound what
+//! a sender may have in flight: a slow receiver pushes back instead of buffering without bound.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::Arc;
+use std::time::Duration;
+
+use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
+use quinn::{IdleTimeout, TokioRuntime, TransportConfig, VarInt};
+use rkyv::util::AlignedVec;
+use rustls::pki_types::CertificateDer;
+use tokio::sync::{Mutex, mpsc};
+
+use crate::TransportError;
+use crate::frame::{HEADER_LEN, Header};
+use crate::tls::{Identity, peer_name};
+use crate::wire::{Inbound, Kind, Msg, Role};
+
+/// Transport settings (the `[transport]` configuration section).
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuicSettings {
+    /// Largest frame body accepted, in bytes; checked before anything is allocated.
+    pub max_frame_bytes: u32,
+    /// UDP socket send and receive buffer size requested from the kernel.
+    pub socket_buffer: usize,
+    /// Per-stream receive window.
+    pub stream_window: u32,
+    /// Per-connection receive and send window.
+    pub connection_window: u32,
+    /// Keep-alive interval.
+    pub keep_alive: Duration,
+    /// A connection silent for this long is closed.
+    pub idle_timeout: Duration,
+}
+
+impl Default for QuicSettings {
+    fn default() -> Self {
+        Self {
+            max_frame_bytes: 256 << 20,
+            socket_buffer: 4 << 20,
+            stream_window: 16 << 20,
+            connection_window: 64 << 20,
+            keep_alive: Duration::from_secs(2),
+            idle_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl QuicSettings {
+    fn transport(&self) -> Result<Arc<TransportConfig>, TransportError> {
+        let mut t = TransportConfig::default();
+        t.stream_receive_window(VarInt::from_u32(self.stream_window))
+            .receive_window(VarInt::from_u32(self.connection_window))
+            .send_window(u64::from(self.connection_window))
+            .max_concurrent_uni_streams(VarInt::from_u32(256))
+            .max_concurrent_bidi_streams(VarInt::from_u32(0))
+            .keep_alive_interval(Some(self.keep_alive))
+            .max_idle_timeout(Some(
+                IdleTimeout::try_from(self.idle_timeout)
+                    .map_err(|e| TransportError::Tls(format!("idle timeout: {e}")))?,
+            ));
+        Ok(Arc::new(t))
+    }
+}
+
+/// Error code sent when closing a stream that carried a bad frame.
+const BAD_FRAME: u32 = 1;
+
+/// This node's QUIC endpoint: accepts peers and connects to them.
+#[derive(Clone)]
+pub struct QuicEndpoint {
+    endpoint: quinn::Endpoint,
+    identity: Arc<Identity>,
+    settings: QuicSettings,
+}
+
+impl QuicEndpoint {
+    /// Bind to `addr` with `identity`. Must run inside a tokio runtime (an actix System is one).
+    pub fn bind(
+        addr: SocketAddr,
+        identity: Identity,
+        settings: QuicSettings,
+    ) -> Result<Self, TransportError> {
+        let io = |e: std::io::Error| TransportError::Io(format!("cannot bind {addr}: {e}"));
+        let socket = UdpSocket::bind(addr).map_err(io)?;
+        let state = quinn::udp::UdpSocketState::new((&socket).into()).map_err(io)?;
+        // The kernel caps these (net.core.rmem_max); a smaller buffer only costs throughput.
+        let _ = state.set_recv_buffer_size((&socket).into(), settings.socket_buffer);
+        let _ = state.set_send_buffer_size((&socket).into(), settings.socket_buffer);
+        let transport = settings.transport()?;
+        let server_tls = QuicServerConfig::try_from(identity.server_config()?)
+            .map_err(|e| TransportError::Tls(format!("server config: {e}")))?;
+        let mut server = quinn::ServerConfig::with_crypto(Arc::new(server_tls));
+        server.transport_config(Arc::clone(&transport));
+        let client_tls = QuicClientConfig::try_from(identity.client_config()?)
+            .map_err(|e| TransportError::Tls(format!("client config: {e}")))?;
+        let mut client = quinn::ClientConfig::new(Arc::new(client_tls));
+        client.transport_config(transport);
+        let mut endpoint = quinn::Endpoint::new(
+            quinn::EndpointConfig::default(),
+            Some(server),
+            socket,
+            Arc::new(TokioRuntime),
+        )
+        .map_err(io)?;
+        endpoint.set_default_client_config(client);
+        Ok(Self { endpoint, identity: Arc::new(identity), settings })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> Result<SocketAddr, TransportError> {
+        self.endpoint.local_addr().map_err(|e| TransportError::Io(e.to_string()))
+    }
+
+    /// This node's identity.
+    #[must_use]
+    pub fn identity(&self) -> &Identity {
+        &self.identity
+    }
+
+    /// Connect to node `name` at `addr`; its certificate must name it and come from the CA.
+    pub async fn connect(&self, addr: SocketAddr, name: &str) -> Result<Peer, TransportError> {
+        let conn = self
+            .endpoint
+            .connect(addr, name)
+            .map_err(|e| TransportError::Connection(format!("{name} at {addr}: {e}")))?
+            .await
+            .map_err(|e| TransportError::Connection(format!("{name} at {addr}: {e}")))?;
+        self.peer(conn)
+    }
+
+    /// The next peer that connects and presents a certificate from the cluster CA; `None` once
+    /// the endpoint is closed. A peer that fails the handshake is an `Err`; accept again.
+    pub async fn accept(&self) -> Option<Result<Peer, TransportError>> {
+        let incoming = self.endpoint.accept().await?;
+        let addr = incoming.remote_address();
+        Some(match incoming.await {
+            Ok(conn) => self.peer(conn),
+            Err(e) => Err(TransportError::Connection(format!("handshake with {addr} failed: {e}"))),
+        })
+    }
+
+    fn peer(&self, conn: quinn::Connection) -> Result<Peer, TransportError> {
+        let leaf = conn
+            .peer_identity()
+            .and_then(|any| any.downcast::<Vec<CertificateDer<'static>>>().ok())
+            .and_then(|certs| certs.first().cloned())
+            .ok_or_else(|| TransportError::Tls("peer presented no certificate".into()))?;
+        let name = peer_name(&leaf)?;
+        let role = Role::of_name(&name)
+            .ok_or_else(|| TransportError::Tls(format!("peer name {name:?} has no role")))?;
+        Ok(Peer {
+            conn,
+            name,
+            role,
+            local_role: self.identity.role(),
+            control: Arc::new(Mutex::new(None)),
+            max_frame: self.settings.max_frame_bytes,
+        })
+    }
+
+    /// Close every connection and stop accepting.
+    pub fn close(&self) {
+        self.endpoint.close(VarInt::from_u32(0), b"node stopping");
+    }
+
+    /// Wait until every connection has finished closing.
+    pub async fn wait_idle(&self) {
+        self.endpoint.wait_idle().await;
+    }
+}
+
+/// An authenticated connection to another node.
+#[derive(Clone)]
+pub struct Peer {
+    conn: quinn::Connection,
+    name: String,
+    role: Role,
+    local_role: Role,
+    control: Arc<Mutex<Option<quinn::SendStream>>>,
+    max_frame: u32,
+}
+
+impl std::fmt::Debug for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Peer({} at {})", self.name, self.conn.remote_address())
+    }
+}
+
+impl Peer {
+    /// The peer's node name, from its certificate.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The peer's role, from its certificate.
+    #[must_use]
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// Send a message: payloads on a stream of their own, control messages in order on the
+    /// control stream. Waits while flow control says the peer is behind.
+    pub async fn send(&self, msg: &Msg) -> Result<(), TransportError> {
+        self.send_encoded(msg.kind(), &msg.encode()?).await
+    }
+
+    /// Send an already encoded frame of `kind` (see [`Msg::encode`]).
+    pub async fn send_encoded(&self, kind: Kind, frame: &[u8]) -> Result<(), TransportError> {
+        let err = |e: &dyn std::fmt::Display| TransportError::Connection(format!("to {}: {e}", self.name));
+        if kind.is_payload() {
+            let mut s = self.conn.open_uni().await.map_err(|e| err(&e))?;
+            s.write_all(frame).await.map_err(|e| err(&e))?;
+            s.finish().map_err(|e| err(&e))?;
+            return Ok(());
+        }
+        let mut control = self.control.lock().await;
+        if control.is_none() {
+            *control = Some(self.conn.open_uni().await.map_err(|e| err(&e))?);
+        }
+        let stream = control.as_mut().expect("opened above");
+        if let Err(e) = stream.write_all(frame).await {
+            *control = None;
+            return Err(err(&e));
+        }
+        Ok(())
+    }
+
+    /// Start receiving: every valid frame arrives on the returned channel in per-stream
+    /// order. A bad frame closes its stream with a logged reason; the connection and the
+    /// other streams carry on. The channel ends when the connection does.
+    #[must_use]
+    pub fn incoming(&self, capacity: usize) -> mpsc::Receiver<Inbound> {
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        let peer = self.clone();
+        tokio::spawn(async move {
+            while let Ok(stream) = peer.conn.accept_uni().await {
+                let (peer, tx) = (peer.clone(), tx.clone());
+                tokio::spawn(async move { peer.read_stream(stream, tx).await });
+            }
+        });
+        rx
+    }
+
+    async fn read_stream(&self, mut stream: quinn::RecvStream, tx: mpsc::Sender<Inbound>) {
+        loop {
+            match self.read_frame(&mut stream).await {
+                Ok(Some(inbound)) => {
+                    if tx.send(inbound).await.is_err() {
+                        return;
+                    }
+                }
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::warn!(peer = %self.name, "{e}; closing the stream");
+                    let _ = stream.stop(VarInt::from_u32(BAD_FRAME));
+                    return;
+                }
+            }
+        }
+    }
+
+    /// One frame, or `None` at a clean end of stream.
+    async fn read_frame(&self, stream: &mut quinn::RecvStream) -> Result<Option<Inbound>, TransportError> {
+        let mut header = [0u8; HEADER_LEN];
+        match stream.read_exact(&mut header).await {
+            Ok(()) => {}
+            Err(quinn::ReadExactError::FinishedEarly(0)) => return Ok(None),
+            Err(e) => return Err(TransportError::BadFrame(format!("reading a header: {e}"))),
+        }
+        let h = Header::decode(&header, self.max_frame)?;
+        if !h.kind.senders().contains(&self.role) || !h.kind.receivers().contains(&self.local_role) {
+            return Err(TransportError::BadFrame(format!(
+                "a {:?} from {} ({}) is not accepted by a {}",
+                h.kind,
+                self.name,
+                self.role.as_str(),
+                self.local_role.as_str()
+            )));
+        }
+        let mut body = AlignedVec::with_capacity(h.body_len as usize);
+        body.resize(h.body_len as usize, 0);
+        stream.read_exact(&mut body).await.map_err(|e| {
+            TransportError::BadFrame(format!("a {:?} body of {} bytes: {e}", h.kind, h.body_len))
+        })?;
+        Inbound::decode(h.kind, body).map(Some)
+    }
+
+    /// Close the connection with `reason`.
+    pub fn close(&self, reason: &str) {
+        self.conn.close(VarInt::from_u32(0), reason.as_bytes());
+    }
+
+    /// Wait until the connection is closed (by either side or by timeout); returns why.
+    pub async fn closed(&self) -> String {
+        self.conn.closed().await.to_string()
+    }
+}

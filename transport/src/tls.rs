@@ -1,0 +1,241 @@
+//! The cluster's own certificate authority and each node's identity, for mutual TLS.
+//!
+//! A certificate directory holds `ca.pem` and `ca.key` (the CA, made once by
+//! `rudra-node cert init`) and `NAME.pem` / `NAME.key` per node (`rudra-node cert issue`).
+//! A node's name starts with its role (`scheduler`, `shard-0`, `learner-3`); peers are
+//! accepted only with a certificate from the same CA, and their role is read from it.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
+use rustls::RootCertStore;
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+
+use crate::{Role, TransportError};
+
+/// ALPN protocol id of Rudra's QUIC connections.
+pub const ALPN: &[u8] = b"rudra/1";
+
+fn tls_err(what: &str, e: impl std::fmt::Display) -> TransportError {
+    TransportError::Tls(format!("{what}: {e}"))
+}
+
+fn io_err(path: &Path, e: std::io::Error) -> TransportError {
+    TransportError::Tls(format!("{}: {e}", path.display()))
+}
+
+fn write_private(path: &Path, contents: &str) -> Result<(), TransportError> {
+    fs::write(path, contents).map_err(|e| io_err(path, e))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(path, fs::Permissions::from_mode(0o600)).map_err(|e| io_err(path, e))?;
+    }
+    Ok(())
+}
+
+fn read(path: &Path) -> Result<String, TransportError> {
+    fs::read_to_string(path).map_err(|e| {
+        TransportError::Tls(format!(
+            "cannot read {}: {e}; create certificates with `rudra-node cert init` and `rudra-node cert issue`",
+            path.display()
+        ))
+    })
+}
+
+/// Check a node name: a role prefix, then letters, digits, `-` or `_`.
+pub fn check_name(name: &str) -> Result<Role, TransportError> {
+    let ok = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    match Role::of_name(name) {
+        Some(role) if ok => Ok(role),
+        _ => Err(TransportError::Tls(format!(
+            "node name {name:?} must start with scheduler, shard or learner (e.g. shard-0) and use only letters, digits, - and _"
+        ))),
+    }
+}
+
+/// A directory of cluster certificates.
+#[derive(Clone, Debug)]
+pub struct CertDir {
+    dir: PathBuf,
+}
+
+impl CertDir {
+    /// The certificates in `dir`.
+    #[must_use]
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self { dir: dir.into() }
+    }
+
+    fn path(&self, file: &str) -> PathBuf {
+        self.dir.join(file)
+    }
+
+    /// Create the cluster CA (`ca.pem`, `ca.key`). Refuses to replace an existing CA.
+    pub fn init(&self) -> Result<(), TransportError> {
+        fs::create_dir_all(&self.dir).map_err(|e| io_err(&self.dir, e))?;
+        if self.path("ca.key").exists() {
+            return Err(TransportError::Tls(format!(
+                "{} already holds a CA; remove it first to start a new cluster",
+                self.dir.display()
+            )));
+        }
+        let mut params =
+            CertificateParams::new(Vec::<String>::new()).map_err(|e| tls_err("CA parameters", e))?;
+        params.distinguished_name.push(DnType::CommonName, "Rudra cluster CA");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages =
+            vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+        let key = KeyPair::generate().map_err(|e| tls_err("CA key", e))?;
+        let cert = params.self_signed(&key).map_err(|e| tls_err("CA certificate", e))?;
+        write_private(&self.path("ca.key"), &key.serialize_pem())?;
+        fs::write(self.path("ca.pem"), cert.pem()).map_err(|e| io_err(&self.path("ca.pem"), e))
+    }
+
+    /// Issue `NAME.pem` / `NAME.key` for node `name`, signed by the CA.
+    pub fn issue(&self, name: &str) -> Result<(), TransportError> {
+        check_name(name)?;
+        let ca_key = KeyPair::from_pem(&read(&self.path("ca.key"))?).map_err(|e| tls_err("CA key", e))?;
+        let issuer =
+            Issuer::from_ca_cert_pem(&read(&self.path("ca.pem"))?, ca_key).map_err(|e| tls_err("CA", e))?;
+        let mut params =
+            CertificateParams::new(vec![name.to_owned()]).map_err(|e| tls_err("node parameters", e))?;
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.use_authority_key_identifier_extension = true;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages =
+            vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+        let key = KeyPair::generate().map_err(|e| tls_err("node key", e))?;
+        let cert = params.signed_by(&key, &issuer).map_err(|e| tls_err("node certificate", e))?;
+        write_private(&self.path(&format!("{name}.key")), &key.serialize_pem())?;
+        let pem = self.path(&format!("{name}.pem"));
+        fs::write(&pem, cert.pem()).map_err(|e| io_err(&pem, e))
+    }
+
+    /// Load node `name`'s identity.
+    pub fn identity(&self, name: &str) -> Result<Identity, TransportError> {
+        let role = check_name(name)?;
+        let certs = |file: &str| -> Result<Vec<CertificateDer<'static>>, TransportError> {
+            CertificateDer::pem_slice_iter(read(&self.path(file))?.as_bytes())
+                .collect::<Result<_, _>>()
+                .map_err(|e| tls_err(file, e))
+        };
+        let ca = certs("ca.pem")?;
+        let chain = certs(&format!("{name}.pem"))?;
+        let key_file = format!("{name}.key");
+        let key = PrivateKeyDer::from_pem_slice(read(&self.path(&key_file))?.as_bytes())
+            .map_err(|e| tls_err(&key_file, e))?;
+        Ok(Identity { name: name.to_owned(), role, ca, chain, key: Arc::new(key) })
+    }
+}
+
+/// A node's TLS identity: its name and role, its certificate chain and key, the cluster CA.
+#[derive(Clone, Debug)]
+pub struct Identity {
+    name: String,
+    role: Role,
+    ca: Vec<CertificateDer<'static>>,
+    chain: Vec<CertificateDer<'static>>,
+    key: Arc<PrivateKeyDer<'static>>,
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+impl Identity {
+    /// The node name.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The node role.
+    #[must_use]
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    fn roots(&self) -> Result<Arc<RootCertStore>, TransportError> {
+        let mut roots = RootCertStore::empty();
+        for c in &self.ca {
+            roots.add(c.clone()).map_err(|e| tls_err("CA certificate", e))?;
+        }
+        Ok(Arc::new(roots))
+    }
+
+    /// TLS 1.3 server settings that require a client certificate from the cluster CA.
+    pub fn server_config(&self) -> Result<rustls::ServerConfig, TransportError> {
+        let verifier = WebPkiClientVerifier::builder_with_provider(self.roots()?, provider())
+            .build()
+            .map_err(|e| tls_err("client verifier", e))?;
+        let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(|e| tls_err("TLS versions", e))?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(self.chain.clone(), self.key.clone_key())
+            .map_err(|e| tls_err("server certificate", e))?;
+        cfg.alpn_protocols = vec![ALPN.to_vec()];
+        Ok(cfg)
+    }
+
+    /// TLS 1.3 client settings that trust only the cluster CA and present this node's certificate.
+    pub fn client_config(&self) -> Result<rustls::ClientConfig, TransportError> {
+        let mut cfg = rustls::ClientConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(|e| tls_err("TLS versions", e))?
+            .with_root_certificates(self.roots()?)
+            .with_client_auth_cert(self.chain.clone(), self.key.clone_key())
+            .map_err(|e| tls_err("client certificate", e))?;
+        cfg.alpn_protocols = vec![ALPN.to_vec()];
+        Ok(cfg)
+    }
+}
+
+/// The node name in a peer's (already CA-verified) leaf certificate: its first DNS name.
+pub fn peer_name(leaf: &CertificateDer<'_>) -> Result<String, TransportError> {
+    let (_, cert) = x509_parser::parse_x509_certificate(leaf).map_err(|e| tls_err("peer certificate", e))?;
+    let san = cert
+        .subject_alternative_name()
+        .map_err(|e| tls_err("peer certificate names", e))?
+        .ok_or_else(|| TransportError::Tls("peer certificate has no subject alternative name".into()))?;
+    san.value
+        .general_names
+        .iter()
+        .find_map(|n| match n {
+            x509_parser::extensions::GeneralName::DNSName(d) => Some((*d).to_owned()),
+            _ => None,
+        })
+        .ok_or_else(|| TransportError::Tls("peer certificate names no node".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn issue_load_and_read_back_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let certs = CertDir::new(dir.path());
+        certs.init().unwrap();
+        assert!(certs.init().is_err(), "never overwrite a CA");
+        certs.issue("shard-0").unwrap();
+        assert!(certs.issue("mallory").is_err(), "names carry a role");
+        assert!(certs.issue("shard-0/../x").is_err());
+        let id = certs.identity("shard-0").unwrap();
+        assert_eq!((id.name(), id.role()), ("shard-0", Role::Shard));
+        assert_eq!(peer_name(&id.chain[0]).unwrap(), "shard-0");
+        id.server_config().unwrap();
+        id.client_config().unwrap();
+        let missing = certs.identity("learner-9").unwrap_err().to_string();
+        assert!(missing.contains("learner-9.pem") && missing.contains("cert issue"), "{missing}");
+    }
+}
