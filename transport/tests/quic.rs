@@ -79,7 +79,7 @@ async fn a_peer_from_another_ca_is_refused_and_the_node_keeps_serving() {
     let outcome = tokio::time::timeout(Duration::from_secs(10), shard.accept()).await.unwrap().unwrap();
     let refusal = outcome.expect_err("the shard refuses a certificate from another CA").to_string();
     assert!(refusal.contains("handshake"), "{refusal}");
-    let closed = attempt.await.unwrap().map_or_else(|e| e.to_string(), |why| why);
+    let closed = attempt.await.unwrap().unwrap_or_else(|e| e.to_string());
     assert!(closed.contains("invalid peer certificate"), "the intruder is told why: {closed}");
     // A stranger that trusts another CA altogether cannot even verify the shard.
     let (_f, stranger) = cluster(&["learner-1"]);
