@@ -22,6 +22,9 @@ pub enum RuntimeError {
     /// The cluster failed.
     #[error(transparent)]
     Actor(#[from] ActorError),
+    /// The network failed.
+    #[error(transparent)]
+    Transport(#[from] rudra_transport::TransportError),
     /// Data loading or compute failed.
     #[error(transparent)]
     Compute(#[from] ComputeError),
@@ -44,7 +47,7 @@ impl RuntimeError {
             | Self::Invalid { .. }
             | Self::Actor(ActorError::Spec { .. })
             | Self::Compute(_) => 2,
-            Self::Actor(_) | Self::Io { .. } => 1,
+            Self::Actor(_) | Self::Transport(_) | Self::Io { .. } => 1,
         }
     }
 }

@@ -18,6 +18,12 @@ struct Cli {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
+enum Suite {
+    Training,
+    Transport,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
 enum LogFormat {
     Text,
     Json,
@@ -43,13 +49,20 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
-    /// Measure training throughput against a bare SGD loop over the same kernels.
+    /// Measure against baselines in the same run: training throughput against a bare SGD
+    /// loop (`--suite training`), or QUIC against TCP loopback and memcpy (`--suite transport`).
     Bench {
         #[command(flatten)]
         config: ConfigArgs,
-        /// SGD steps per learner in each measurement.
+        /// What to measure.
+        #[arg(long, value_enum, default_value_t = Suite::Training)]
+        suite: Suite,
+        /// SGD steps per learner in each training measurement.
         #[arg(long, default_value_t = 600)]
         steps: usize,
+        /// 4 MiB frames per transport measurement.
+        #[arg(long, default_value_t = 64)]
+        frames: usize,
         /// Measurements per setting; the median is reported.
         #[arg(long, default_value_t = 5)]
         repeats: usize,
@@ -107,14 +120,16 @@ fn run(command: Command) -> Result<(), RuntimeError> {
             );
             Ok(())
         }
-        Command::Bench { config, steps, repeats } => {
-            let config = Config::load(config.config.as_deref(), &config.set)?;
-            let data = config.data.load()?;
-            let rows = bench::run(&config, &data, steps, repeats.max(1))?;
-            println!("{:<45} {:>14} {:>8}", "setting", "samples/s", "ratio");
-            for r in rows {
-                println!("{:<45} {:>14.0} {:>8.3}", r.name, r.samples_per_second, r.ratio);
-            }
+        Command::Bench { config, suite, steps, frames, repeats } => {
+            let rows = match suite {
+                Suite::Training => {
+                    let config = Config::load(config.config.as_deref(), &config.set)?;
+                    let data = config.data.load()?;
+                    bench::training::run(&config, &data, steps, repeats.max(1))?
+                }
+                Suite::Transport => bench::transport::run(frames, repeats)?,
+            };
+            bench::print(&rows);
             Ok(())
         }
     }

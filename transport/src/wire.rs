@@ -348,24 +348,28 @@ pub enum Inbound {
 impl Inbound {
     /// Validate `body` (exactly the body bytes, 16-byte aligned) as a message of `kind`.
     pub fn decode(kind: Kind, body: AlignedVec) -> Result<Self, TransportError> {
-        let buf = Arc::new(body);
-        let archived = rkyv::access::<ArchivedMsg, BoxedError>(&buf)
+        Self::decode_shared(kind, &Arc::new(body))
+    }
+
+    /// [`Inbound::decode`] of a body that may be shared; payload views keep it alive.
+    pub fn decode_shared(kind: Kind, buf: &Arc<AlignedVec>) -> Result<Self, TransportError> {
+        let archived = rkyv::access::<ArchivedMsg, BoxedError>(buf)
             .map_err(|e| TransportError::BadFrame(format!("{kind:?} body failed validation: {e}")))?;
         let inbound = match archived {
             ArchivedMsg::Weights { shard, clock, values } => Self::Weights {
                 shard: ShardId(shard.to_native()),
                 clock: Clock(clock.to_native()),
-                values: FloatView::new(&buf, values),
+                values: FloatView::new(buf, values),
             },
             ArchivedMsg::Push { learner, computed_on, values } => Self::Push {
                 learner: LearnerId(learner.to_native()),
                 computed_on: Clock(computed_on.to_native()),
-                values: FloatView::new(&buf, values),
+                values: FloatView::new(buf, values),
             },
             ArchivedMsg::Snapshot { request, clock, values } => Self::Snapshot {
                 request: request.to_native(),
                 clock: Clock(clock.to_native()),
-                values: FloatView::new(&buf, values),
+                values: FloatView::new(buf, values),
             },
             other => Self::Control(
                 rkyv::deserialize::<Msg, BoxedError>(other)

@@ -1,5 +1,5 @@
-//! `rudra-node bench`: training throughput of in-process clusters against a bare
-//! single-threaded SGD loop over the same kernels, measured in the same run.
+//! Training throughput of in-process clusters against a bare single-threaded SGD loop over
+//! the same kernels, measured in the same run.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -8,24 +8,9 @@ use rudra_actors::protocol::{LrModulation, SyncRule};
 use rudra_actors::{ClusterSpec, TrainingData};
 use rudra_compute::{BatchStream, CpuBackend, Minibatches, Model, Partition};
 
+use super::{BenchRow, median};
 use crate::local::{ProgressMode, run_local};
 use crate::{Config, RuntimeError};
-
-/// One measured setting.
-#[derive(Clone, Debug)]
-pub struct BenchRow {
-    /// What ran.
-    pub name: String,
-    /// Median training samples per second.
-    pub samples_per_second: f64,
-    /// Ratio to the bare loop's median.
-    pub ratio: f64,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
 
 /// The bare loop: one model, one thread, `steps` SGD steps of `spec.batch_size`.
 fn bare_sgd(spec: &ClusterSpec, data: &TrainingData, steps: usize) -> Result<f64, RuntimeError> {
@@ -102,6 +87,11 @@ pub fn run(
     Ok(settings
         .into_iter()
         .zip(&medians)
-        .map(|((name, _), &m)| BenchRow { name, samples_per_second: m, ratio: m / medians[0] })
+        .map(|((name, _), &m)| BenchRow {
+            name,
+            value: m,
+            unit: "samples/s",
+            ratio: Some((m / medians[0], "bare SGD loop".into())),
+        })
         .collect())
 }

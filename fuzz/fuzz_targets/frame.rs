@@ -1,0 +1,17 @@
+//! Fuzz the frame decoder: any bytes must give a message or a clear error, never a panic.
+//!
+//!     cargo +nightly fuzz run frame
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(inbound) = rudra_transport::wire::decode_frame(data, 1 << 20) {
+        // A payload view must be readable in full.
+        if let rudra_transport::Inbound::Push { values, .. } | rudra_transport::Inbound::Weights { values, .. } =
+            &inbound
+        {
+            std::hint::black_box(values.as_slice().iter().sum::<f32>());
+        }
+    }
+});

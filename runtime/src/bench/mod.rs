@@ -1,0 +1,39 @@
+//! `rudra-node bench`: measurements against baselines taken in the same run, reported as
+//! medians and ratios.
+//!
+//! - [`training`]: training throughput of in-process clusters against a bare SGD loop.
+//! - [`transport`]: QUIC push and pull of 4 MiB payloads against TCP loopback and memcpy,
+//!   and validate-and-view of a received frame against copying it.
+
+pub mod training;
+pub mod transport;
+
+/// One measured setting.
+#[derive(Clone, Debug)]
+pub struct BenchRow {
+    /// What ran.
+    pub name: String,
+    /// The median measurement, in `unit`.
+    pub value: f64,
+    /// Its unit.
+    pub unit: &'static str,
+    /// Ratio to the row's baseline, with the baseline's name.
+    pub ratio: Option<(f64, String)>,
+}
+
+/// The median of `v` (which must not be empty).
+#[must_use]
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Print rows as a table.
+pub fn print(rows: &[BenchRow]) {
+    println!("{:<48} {:>14} {:<10} {:>8}  baseline", "setting", "median", "unit", "ratio");
+    for r in rows {
+        let (ratio, base) =
+            r.ratio.as_ref().map_or((String::new(), ""), |(x, b)| (format!("{x:.3}"), b.as_str()));
+        println!("{:<48} {:>14.1} {:<10} {:>8}  {}", r.name, r.value, r.unit, ratio, base);
+    }
+}

@@ -1,0 +1,222 @@
+//! Transport throughput: QUIC (mutual TLS, loopback) against plain TCP loopback and memcpy,
+//! moving the same 4 MiB frames, and the receive-side cost of validating a frame and viewing
+//! its payload against copying it.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use rkyv::util::AlignedVec;
+use rudra_transport::frame::HEADER_LEN;
+use rudra_transport::quic::{Peer, QuicEndpoint, QuicSettings};
+use rudra_transport::tls::CertDir;
+use rudra_transport::{Inbound, Kind, Msg};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::{BenchRow, median};
+use crate::RuntimeError;
+
+/// Floats in one payload: 4 MiB.
+const FLOATS: usize = 1 << 20;
+
+fn io(e: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::Config(format!("transport benchmark: {e}"))
+}
+
+fn mb_per_s(bytes: usize, secs: f64) -> f64 {
+    bytes as f64 / secs / 1e6
+}
+
+fn memcpy(frame: &[u8], frames: usize) -> f64 {
+    let mut dst = vec![0u8; frame.len()];
+    let start = Instant::now();
+    for _ in 0..frames {
+        dst.copy_from_slice(std::hint::black_box(frame));
+        std::hint::black_box(&mut dst);
+    }
+    mb_per_s(frame.len() * frames, start.elapsed().as_secs_f64())
+}
+
+/// TCP: one-way stream of frames (push), and request/response round trips (pull).
+async fn tcp(frame: &[u8], frames: usize) -> Result<(f64, f64), RuntimeError> {
+    let listener = TcpListener::bind("127.0.0.1:0").await.map_err(io)?;
+    let addr = listener.local_addr().map_err(io)?;
+    let len = frame.len();
+    let server = tokio::spawn({
+        let frame = frame.to_vec();
+        async move {
+            let (mut s, _) = listener.accept().await?;
+            s.set_nodelay(true)?;
+            let mut buf = vec![0u8; len];
+            for _ in 0..frames {
+                s.read_exact(&mut buf).await?;
+            }
+            let mut req = [0u8; HEADER_LEN];
+            for _ in 0..frames {
+                s.read_exact(&mut req).await?;
+                s.write_all(&frame).await?;
+            }
+            Ok::<_, std::io::Error>(())
+        }
+    });
+    let mut c = TcpStream::connect(addr).await.map_err(io)?;
+    c.set_nodelay(true).map_err(io)?;
+    let start = Instant::now();
+    for _ in 0..frames {
+        c.write_all(frame).await.map_err(io)?;
+    }
+    // The server reads every push before it answers the first pull.
+    let mut buf = vec![0u8; len];
+    c.write_all(&[0u8; HEADER_LEN]).await.map_err(io)?;
+    c.read_exact(&mut buf).await.map_err(io)?;
+    let push = mb_per_s(len * frames, start.elapsed().as_secs_f64());
+    let start = Instant::now();
+    for _ in 1..frames {
+        c.write_all(&[0u8; HEADER_LEN]).await.map_err(io)?;
+        c.read_exact(&mut buf).await.map_err(io)?;
+    }
+    let pull = mb_per_s(len * (frames - 1), start.elapsed().as_secs_f64());
+    server.await.map_err(io)?.map_err(io)?;
+    Ok((push, pull))
+}
+
+/// QUIC between a learner and a shard: pushes one way, then pull round trips.
+async fn quic(
+    certs: &CertDir,
+    push: &[u8],
+    weights: &[u8],
+    frames: usize,
+) -> Result<(f64, f64), RuntimeError> {
+    let bind = "127.0.0.1:0".parse().map_err(io)?;
+    let shard = QuicEndpoint::bind(bind, certs.identity("shard-0")?, QuicSettings::default())?;
+    let learner = QuicEndpoint::bind(bind, certs.identity("learner-0")?, QuicSettings::default())?;
+    let addr = shard.local_addr()?;
+    let server = tokio::spawn({
+        let weights = weights.to_vec();
+        async move {
+            let peer: Peer = shard.accept().await.ok_or_else(|| io("endpoint closed"))??;
+            let mut rx = peer.incoming(64);
+            let (mut pushes, mut pulls) = (0, 0);
+            while pulls < frames {
+                match rx.recv().await.ok_or_else(|| io("the learner left"))? {
+                    Inbound::Push { values, .. } => {
+                        std::hint::black_box(values.as_slice().len());
+                        pushes += 1;
+                    }
+                    Inbound::Control(Msg::Pull { .. }) => {
+                        peer.send_encoded(Kind::Weights, &weights).await?;
+                        pulls += 1;
+                    }
+                    _ => {}
+                }
+            }
+            Ok::<_, RuntimeError>(pushes)
+        }
+    });
+    let peer = learner.connect(addr, "shard-0").await?;
+    let mut rx = peer.incoming(4);
+    let pull = Msg::Pull { learner: 0 };
+    let start = Instant::now();
+    for _ in 0..frames {
+        peer.send_encoded(Kind::Push, push).await?;
+    }
+    // Control travels on its own stream, so this pull may overtake pushes still in flight;
+    // its answer is awaited after all of them were written, and the last is checked below.
+    peer.send(&pull).await?;
+    rx.recv().await.ok_or_else(|| io("no weights"))?;
+    let push_rate = mb_per_s(push.len() * frames, start.elapsed().as_secs_f64());
+    tracing::debug!(mtu = peer.path_mtu(), "path MTU after the pushes");
+    let start = Instant::now();
+    for _ in 1..frames {
+        peer.send(&pull).await?;
+        match rx.recv().await {
+            Some(Inbound::Weights { values, .. }) => std::hint::black_box(values.as_slice().len()),
+            other => return Err(io(format!("expected weights, got {other:?}"))),
+        };
+    }
+    let pull_rate = mb_per_s(weights.len() * (frames - 1), start.elapsed().as_secs_f64());
+    let pushes = server.await.map_err(io)??;
+    if pushes != frames {
+        return Err(io(format!("the shard received {pushes} of {frames} pushes")));
+    }
+    peer.close("done");
+    learner.close();
+    Ok((push_rate, pull_rate))
+}
+
+/// Nanoseconds to validate a `floats`-float push body and view its payload, and to copy it.
+fn view_and_copy(floats: usize) -> Result<(f64, f64), RuntimeError> {
+    let frame = Msg::Push { learner: 0, computed_on: 0, values: vec![1.5; floats] }.encode()?;
+    let mut body = AlignedVec::new();
+    body.extend_from_slice(&frame[HEADER_LEN..]);
+    let body = Arc::new(body);
+    let rounds = 2000;
+    let start = Instant::now();
+    for _ in 0..rounds {
+        let inbound = Inbound::decode_shared(Kind::Push, std::hint::black_box(&body))?;
+        if let Inbound::Push { values, .. } = inbound {
+            std::hint::black_box(values.as_slice().as_ptr());
+        }
+    }
+    let view = start.elapsed().as_secs_f64() * 1e9 / f64::from(rounds);
+    let rounds = 50;
+    let start = Instant::now();
+    for _ in 0..rounds {
+        std::hint::black_box(std::hint::black_box(&body[..]).to_vec());
+    }
+    let copy = start.elapsed().as_secs_f64() * 1e9 / f64::from(rounds);
+    Ok((view, copy))
+}
+
+/// Run every measurement `repeats` times, interleaved, and report medians and ratios.
+pub fn run(frames: usize, repeats: usize) -> Result<Vec<BenchRow>, RuntimeError> {
+    let frames = frames.max(2);
+    let dir = std::env::temp_dir().join(format!("rudra-bench-certs-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let certs = CertDir::new(&dir);
+    certs.init()?;
+    certs.issue("shard-0")?;
+    certs.issue("learner-0")?;
+    let push = Msg::Push { learner: 0, computed_on: 0, values: vec![0.25; FLOATS] }.encode()?;
+    let weights = Msg::Weights { shard: 0, clock: 0, values: vec![0.5; FLOATS] }.encode()?;
+    let rt =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(io)?;
+    let mut m: [Vec<f64>; 8] = Default::default();
+    for round in 0..repeats.max(1) {
+        m[0].push(memcpy(&push, frames));
+        let (tp, tl) = rt.block_on(tcp(&push, frames))?;
+        let (qp, ql) = rt.block_on(quic(&certs, &push, &weights, frames))?;
+        let (view, copy) = view_and_copy(FLOATS)?;
+        let (small_view, _) = view_and_copy(1024)?;
+        for (i, v) in [tp, tl, qp, ql, view, copy, small_view].into_iter().enumerate() {
+            m[i + 1].push(v);
+        }
+        tracing::info!(
+            round,
+            "tcp {tp:.0}/{tl:.0} MB/s, quic {qp:.0}/{ql:.0} MB/s, view {view:.0} ns, copy {copy:.0} ns"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let [memcpy, tcp_push, tcp_pull, quic_push, quic_pull, view, copy, small_view] = m.map(median);
+    let row = |name: &str, value, unit, ratio: Option<(f64, &str)>| BenchRow {
+        name: name.into(),
+        value,
+        unit,
+        ratio: ratio.map(|(r, b)| (r, b.to_owned())),
+    };
+    Ok(vec![
+        row("memcpy of 4 MiB frames", memcpy, "MB/s", None),
+        row("TCP loopback push, 4 MiB frames", tcp_push, "MB/s", Some((tcp_push / memcpy, "memcpy"))),
+        row(
+            "TCP loopback pull (request, 4 MiB reply)",
+            tcp_pull,
+            "MB/s",
+            Some((tcp_pull / memcpy, "memcpy")),
+        ),
+        row("QUIC push, 4 MiB gradient frames", quic_push, "MB/s", Some((quic_push / tcp_push, "TCP push"))),
+        row("QUIC pull, 4 MiB weights", quic_pull, "MB/s", Some((quic_pull / tcp_pull, "TCP pull"))),
+        row("copy a 4 MiB received body", copy, "ns", None),
+        row("validate + view a 4 MiB body", view, "ns", Some((view / copy, "copy"))),
+        row("validate + view a 4 KiB body", small_view, "ns", Some((small_view / view, "4 MiB view"))),
+    ])
+}
