@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 use rudra_runtime::local::{ProgressMode, run_local};
 use rudra_runtime::{Config, RunDir, RuntimeError, bench};
+use rudra_transport::tls::CertDir;
 
 #[derive(Parser)]
 #[command(name = "rudra-node", version, about = "Rudra parameter-server runtime")]
@@ -41,6 +42,11 @@ struct ConfigArgs {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Make the cluster's certificates: `cert init` once, then `cert issue` per node.
+    Cert {
+        #[command(subcommand)]
+        action: CertAction,
+    },
     /// Run the whole cluster (scheduler, tracker, shards, learners) in this process.
     Local {
         #[command(flatten)]
@@ -69,6 +75,26 @@ enum Command {
     },
 }
 
+#[derive(Subcommand)]
+enum CertAction {
+    /// Create the cluster's certificate authority (ca.pem, ca.key) in DIR.
+    Init {
+        /// Certificate directory.
+        #[arg(long)]
+        dir: PathBuf,
+    },
+    /// Issue NAME.pem and NAME.key, signed by the CA in DIR. NAME starts with the node's
+    /// role: scheduler, shard-N, learner-N.
+    Issue {
+        /// Certificate directory.
+        #[arg(long)]
+        dir: PathBuf,
+        /// Node name.
+        #[arg(long)]
+        name: String,
+    },
+}
+
 fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -85,7 +111,6 @@ fn main() -> ExitCode {
     match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{e}");
             eprintln!("error: {e}");
             ExitCode::from(e.exit_code() as u8)
         }
@@ -94,6 +119,16 @@ fn main() -> ExitCode {
 
 fn run(command: Command) -> Result<(), RuntimeError> {
     match command {
+        Command::Cert { action: CertAction::Init { dir } } => {
+            CertDir::new(&dir).init()?;
+            println!("created the cluster CA in {}", dir.display());
+            Ok(())
+        }
+        Command::Cert { action: CertAction::Issue { dir, name } } => {
+            CertDir::new(&dir).issue(&name)?;
+            println!("issued {}", dir.join(format!("{name}.pem")).display());
+            Ok(())
+        }
         Command::Local { config, out } => {
             let config = Config::load(config.config.as_deref(), &config.set)?;
             let data = config.data.load()?;
