@@ -9,6 +9,7 @@
 //! ```
 
 use std::collections::BTreeSet;
+use std::ops::Range;
 use std::sync::Arc;
 
 use actix::prelude::*;
@@ -23,7 +24,7 @@ use crate::protocol::shard::SgdShardConfig;
 use crate::protocol::{
     LearnerCore, LrModulation, LrSchedule, SchedulerCore, SgdShard, StalenessSummary, SyncRule,
 };
-use crate::scheduler::{Joined, Members, SchedulerActor};
+use crate::scheduler::{Joined, LearnerHandle, Members, SchedulerActor, ShardHandle};
 use crate::shard::ShardActor;
 use crate::tracker::StalenessTracker;
 
@@ -204,6 +205,52 @@ impl ClusterSpec {
         Ok(())
     }
 
+    /// The parameter range of every shard.
+    #[must_use]
+    pub fn shard_ranges(&self) -> Vec<Range<usize>> {
+        shard_ranges(self.model.layout().len, self.shards as usize)
+    }
+
+    /// Shard `s`'s core, holding its range of the initial weights.
+    #[must_use]
+    pub fn shard_core(&self, s: usize) -> SgdShard {
+        let range = self.shard_ranges()[s].clone();
+        let cfg = SgdShardConfig {
+            id: ShardId(s as u32),
+            rule: self.protocol.rule,
+            modulation: self.protocol.modulation,
+            max_staleness: self.protocol.max_staleness,
+            learning_rate: self.schedule.base,
+        };
+        let active: BTreeSet<LearnerId> = (0..self.learners).map(LearnerId).collect();
+        SgdShard::new(cfg, self.model.init(self.seed)[range].to_vec(), active)
+    }
+
+    /// Gradient steps each learner takes over the run, for a training set of `train_len`.
+    #[must_use]
+    pub fn steps_per_learner(&self, train_len: usize) -> u64 {
+        (train_len / self.learners as usize / self.batch_size) as u64 * u64::from(self.epochs)
+    }
+
+    /// Learner `l`'s loop core and minibatches over its partition of `train`.
+    #[must_use]
+    pub fn learner_parts(&self, l: usize, train: Arc<Dataset>) -> (LearnerCore, Minibatches) {
+        let part = Partition::split(train.len(), self.learners as usize, self.seed).swap_remove(l);
+        let stream = BatchStream::new(part, self.batch_size, self.seed, l as u64);
+        let core =
+            LearnerCore::new(LearnerId(l as u32), self.shards as usize, self.steps_per_learner(train.len()));
+        (core, Minibatches::new(train, stream))
+    }
+
+    /// The scheduler's core for a training set of `train_len`.
+    #[must_use]
+    pub fn scheduler_core(&self, train_len: usize) -> SchedulerCore {
+        let per_epoch = self.steps_per_learner(train_len) / u64::from(self.epochs)
+            * self.batch_size as u64
+            * u64::from(self.learners);
+        SchedulerCore::new(self.learners, self.shards, self.schedule, per_epoch, u64::from(self.epochs))
+    }
+
     /// μλ, the examples behind one hardsync update.
     #[must_use]
     pub fn global_batch(&self) -> usize {
@@ -246,22 +293,9 @@ impl Cluster {
         let (tx, rx) = oneshot::channel();
         let mut arbiters = Vec::new();
         let tracker = StalenessTracker::default().start();
-        let init = spec.model.init(spec.seed);
-        let ranges = shard_ranges(init.len(), spec.shards as usize);
-        let active: BTreeSet<LearnerId> = (0..spec.learners).map(LearnerId).collect();
-        let shards: Vec<Addr<ShardActor>> = ranges
-            .iter()
-            .enumerate()
-            .map(|(s, r)| {
-                let cfg = SgdShardConfig {
-                    id: ShardId(s as u32),
-                    rule: spec.protocol.rule,
-                    modulation: spec.protocol.modulation,
-                    max_staleness: spec.protocol.max_staleness,
-                    learning_rate: spec.schedule.base,
-                };
-                let core = SgdShard::new(cfg, init[r.clone()].to_vec(), active.clone());
-                let recipient = tracker.clone().recipient();
+        let shards: Vec<Addr<ShardActor>> = (0..spec.shards as usize)
+            .map(|s| {
+                let (core, recipient) = (spec.shard_core(s), tracker.clone().recipient());
                 let arbiter = Arbiter::new();
                 let addr = ShardActor::start_in_arbiter(&arbiter.handle(), move |_| {
                     ShardActor::new(core, recipient)
@@ -270,32 +304,18 @@ impl Cluster {
                 addr
             })
             .collect();
-        let partitions = Partition::split(data.train.len(), spec.learners as usize, spec.seed);
-        let steps = (partitions[0].len() / spec.batch_size) as u64 * u64::from(spec.epochs);
-        let per_epoch =
-            (partitions[0].len() / spec.batch_size * spec.batch_size) as u64 * u64::from(spec.learners);
-        let total_samples = per_epoch * u64::from(spec.epochs);
         let links: Vec<ShardLink> = shards
             .iter()
-            .zip(&ranges)
-            .map(|(a, r)| ShardLink {
-                range: r.clone(),
-                pull: a.clone().recipient(),
-                push: a.clone().recipient(),
-            })
+            .zip(spec.shard_ranges())
+            .map(|(a, range)| ShardLink { range, pull: a.clone().recipient(), push: a.clone().recipient() })
             .collect();
-        let schedule = spec.schedule;
+        let train_len = data.train.len();
         let scheduler = SchedulerActor::create(|ctx| {
             let me = ctx.address();
             let link = SchedulerLink { progress: me.clone().recipient(), done: me.recipient() };
-            let learners = partitions
-                .into_iter()
-                .enumerate()
-                .map(|(l, part)| {
-                    let id = LearnerId(l as u32);
-                    let stream = BatchStream::new(part, spec.batch_size, spec.seed, u64::from(id.0));
-                    let core = LearnerCore::new(id, links.len(), steps);
-                    let batches = Minibatches::new(Arc::clone(&data.train), stream);
+            let learners: Vec<Addr<LearnerActor>> = (0..spec.learners as usize)
+                .map(|l| {
+                    let (core, batches) = spec.learner_parts(l, Arc::clone(&data.train));
                     let (model, links, link) = (spec.model.clone(), links.clone(), link.clone());
                     let arbiter = Arbiter::new();
                     let addr = LearnerActor::start_in_arbiter(&arbiter.handle(), move |_| {
@@ -306,10 +326,18 @@ impl Cluster {
                     addr
                 })
                 .collect();
-            let core =
-                SchedulerCore::new(spec.learners, spec.shards, schedule, per_epoch, u64::from(spec.epochs));
-            let members = Members { shards, learners, tracker };
-            SchedulerActor::new(core, members, (spec.model.clone(), data.test), total_samples, observer, tx)
+            let members = Members {
+                shards: shards.iter().map(ShardHandle::local).collect(),
+                learners: learners.iter().map(LearnerHandle::local).collect(),
+                tracker,
+            };
+            SchedulerActor::new(
+                spec.scheduler_core(train_len),
+                members,
+                &spec,
+                train_len,
+                (data.test, observer, tx),
+            )
         });
         for s in 0..spec.shards {
             scheduler.do_send(Joined::Shard(ShardId(s)));

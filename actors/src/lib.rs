@@ -8,6 +8,7 @@
 //! # Layout
 //! - [`protocol`]: shard, learner, staleness and scheduler cores.
 //! - [`shard`], [`learner`], [`tracker`], [`scheduler`]: the actix actors and their messages.
+//! - [`remote`]: stand-ins for actors on other nodes, over QUIC.
 //! - [`cluster`]: the spec, the builder that starts everything in one process, the report.
 //! - [`error`]: the crate's error type.
 
@@ -15,6 +16,7 @@ pub mod cluster;
 pub mod error;
 pub mod learner;
 pub mod protocol;
+pub mod remote;
 pub mod scheduler;
 pub mod shard;
 pub mod tracker;

@@ -10,7 +10,7 @@ use rudra_transport::{LearnerId, ShardId};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::ActorError;
-use crate::cluster::{MetricsRow, ProgressSnapshot, RunEvent, RunReport};
+use crate::cluster::{ClusterSpec, MetricsRow, ProgressSnapshot, RunEvent, RunReport};
 use crate::learner::{LearnerActor, StartLearner, StopLearner};
 use crate::protocol::{SchedulerCore, SchedulerEvent};
 use crate::shard::{SetLearningRate, ShardActor, Snapshot, StopShard};
@@ -48,15 +48,58 @@ pub struct LearnerDone {
     pub error: Option<String>,
 }
 
+/// How the scheduler reaches one shard, in this process or across the network.
+#[derive(Clone)]
+pub struct ShardHandle {
+    /// Weights for evaluation.
+    pub snapshot: Recipient<Snapshot>,
+    /// Learning-rate changes.
+    pub set_lr: Recipient<SetLearningRate>,
+    /// The end of the run.
+    pub stop: Recipient<StopShard>,
+}
+
+impl ShardHandle {
+    /// The handle of a shard actor in this process.
+    #[must_use]
+    pub fn local(addr: &Addr<ShardActor>) -> Self {
+        Self {
+            snapshot: addr.clone().recipient(),
+            set_lr: addr.clone().recipient(),
+            stop: addr.clone().recipient(),
+        }
+    }
+}
+
+/// How the scheduler reaches one learner, in this process or across the network.
+#[derive(Clone)]
+pub struct LearnerHandle {
+    /// The start of the run.
+    pub start: Recipient<StartLearner>,
+    /// The end of the run.
+    pub stop: Recipient<StopLearner>,
+}
+
+impl LearnerHandle {
+    /// The handle of a learner actor in this process.
+    #[must_use]
+    pub fn local(addr: &Addr<LearnerActor>) -> Self {
+        Self { start: addr.clone().recipient(), stop: addr.clone().recipient() }
+    }
+}
+
 /// The nodes the scheduler drives.
 pub struct Members {
     /// Shards, in id order.
-    pub shards: Vec<Addr<ShardActor>>,
+    pub shards: Vec<ShardHandle>,
     /// Learners, in id order.
-    pub learners: Vec<Addr<LearnerActor>>,
+    pub learners: Vec<LearnerHandle>,
     /// The staleness tracker.
     pub tracker: Addr<StalenessTracker>,
 }
+
+/// Where the run's report goes.
+pub type ReportSender = oneshot::Sender<Result<RunReport, ActorError>>;
 
 /// How often progress is sent to the observer.
 const PROGRESS_EVERY: Duration = Duration::from_millis(200);
@@ -75,7 +118,7 @@ pub struct SchedulerActor {
     last_progress: Instant,
     rows: Vec<MetricsRow>,
     observer: Option<mpsc::UnboundedSender<RunEvent>>,
-    report: Option<oneshot::Sender<Result<RunReport, ActorError>>>,
+    report: Option<ReportSender>,
 }
 
 /// What one evaluation measured.
@@ -87,20 +130,22 @@ struct Evaluation {
 }
 
 impl SchedulerActor {
-    /// A scheduler over `members`, evaluating `model` on `test`, reporting through `report`.
+    /// A scheduler over `members` for the run `spec` on a training set of `train_len`,
+    /// evaluating on `test`, telling `observer`, reporting through `report`.
     #[must_use]
     pub fn new(
         core: SchedulerCore,
         members: Members,
-        (model, test): (ModelSpec, Arc<Dataset>),
-        total_samples: u64,
-        observer: Option<mpsc::UnboundedSender<RunEvent>>,
-        report: oneshot::Sender<Result<RunReport, ActorError>>,
+        spec: &ClusterSpec,
+        train_len: usize,
+        (test, observer, report): (Arc<Dataset>, Option<mpsc::UnboundedSender<RunEvent>>, ReportSender),
     ) -> Self {
+        let total_samples =
+            spec.steps_per_learner(train_len) * spec.batch_size as u64 * u64::from(spec.learners);
         Self {
             core,
             members,
-            model,
+            model: spec.model.clone(),
             test,
             total_samples,
             started: None,
@@ -129,13 +174,13 @@ impl SchedulerActor {
                 SchedulerEvent::Start => {
                     self.started = Some(Instant::now());
                     for l in &self.members.learners {
-                        l.do_send(StartLearner);
+                        l.start.do_send(StartLearner);
                     }
                 }
                 SchedulerEvent::SetLearningRate(lr) => {
                     tracing::debug!(lr, "learning rate");
                     for s in &self.members.shards {
-                        s.do_send(SetLearningRate(lr));
+                        s.set_lr.do_send(SetLearningRate(lr));
                     }
                 }
                 SchedulerEvent::Evaluate { final_, .. } => self.evaluate(final_, ctx),
@@ -154,7 +199,7 @@ impl SchedulerActor {
         let fut = async move {
             let mut params = Vec::new();
             for s in &shards {
-                params.extend_from_slice(&s.send(Snapshot).await?.values);
+                params.extend_from_slice(&s.snapshot.send(Snapshot).await?.values);
             }
             let tracker = tracker.send(GetStats).await?;
             let (params, test_loss, test_accuracy) =
@@ -217,10 +262,10 @@ impl SchedulerActor {
 
     fn finish(&mut self, result: Result<RunReport, ActorError>, ctx: &mut Context<Self>) {
         for s in &self.members.shards {
-            s.do_send(StopShard);
+            s.stop.do_send(StopShard);
         }
         for l in &self.members.learners {
-            l.do_send(StopLearner);
+            l.stop.do_send(StopLearner);
         }
         if let Some(tx) = self.report.take() {
             // The receiver is gone only if the caller stopped waiting.

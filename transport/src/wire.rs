@@ -55,10 +55,24 @@ impl Role {
 pub struct GradientReport {
     /// The learner.
     pub learner: u32,
+    /// The clock of the weights it was computed on.
+    pub computed_on: u64,
     /// σ.
     pub staleness: u64,
-    /// Whether it was applied (else dropped).
-    pub applied: bool,
+    /// The rate it was applied with (0 when dropped).
+    pub alpha: f32,
+    /// 0: applied; 1: dropped as too stale; 2: dropped as of an earlier hardsync round.
+    pub dropped: u8,
+}
+
+/// One update a shard applied.
+#[derive(Archive, Serialize, Deserialize, Clone, Copy, Debug, PartialEq)]
+#[rkyv(derive(Debug))]
+pub struct UpdateReport {
+    /// The clock after the update.
+    pub clock: u64,
+    /// Gradients combined into it.
+    pub gradients: u32,
 }
 
 /// Every message of the wire protocol.
@@ -82,7 +96,11 @@ pub enum Msg {
         config_toml: String,
         /// `shard_addrs[s]` is shard `s`'s data address (for learners).
         shard_addrs: Vec<String>,
+        /// `shard_names[s]` is shard `s`'s certificate name (for learners).
+        shard_names: Vec<String>,
     },
+    /// Learner → scheduler: connected to every shard, ready to start.
+    Ready,
     /// Scheduler → learners: begin.
     Start,
     /// Scheduler → everyone: the run is over; exit.
@@ -110,8 +128,8 @@ pub enum Msg {
     Records {
         /// Gradients applied or dropped.
         gradients: Vec<GradientReport>,
-        /// Clocks reached by updates.
-        updates: Vec<u64>,
+        /// Updates applied.
+        updates: Vec<UpdateReport>,
     },
     /// Scheduler → shard: send your current weights.
     SnapshotRequest {
@@ -166,6 +184,7 @@ pub enum Msg {
 pub enum Kind {
     Join = 1,
     Welcome,
+    Ready,
     Start,
     Stop,
     SetLearningRate,
@@ -181,9 +200,10 @@ pub enum Kind {
     Push,
 }
 
-const KINDS: [Kind; 15] = [
+const KINDS: [Kind; 16] = [
     Kind::Join,
     Kind::Welcome,
+    Kind::Ready,
     Kind::Start,
     Kind::Stop,
     Kind::SetLearningRate,
@@ -210,11 +230,14 @@ impl Kind {
     #[must_use]
     pub fn senders(self) -> &'static [Role] {
         match self {
-            Self::Join | Self::Heartbeat => &[Role::Shard, Role::Learner, Role::Scheduler],
+            Self::Join => &[Role::Shard, Role::Learner],
+            Self::Heartbeat => &[Role::Shard, Role::Learner, Role::Scheduler],
             Self::Welcome | Self::Start | Self::Stop | Self::SetLearningRate | Self::SnapshotRequest => {
                 &[Role::Scheduler]
             }
-            Self::Progress | Self::LearnerDone | Self::Hello | Self::Pull | Self::Push => &[Role::Learner],
+            Self::Ready | Self::Progress | Self::LearnerDone | Self::Hello | Self::Pull | Self::Push => {
+                &[Role::Learner]
+            }
             Self::Records | Self::Snapshot | Self::Weights => &[Role::Shard],
         }
     }
@@ -225,9 +248,12 @@ impl Kind {
     #[must_use]
     pub fn receivers(self) -> &'static [Role] {
         match self {
-            Self::Join | Self::Progress | Self::LearnerDone | Self::Records | Self::Snapshot => {
-                &[Role::Scheduler]
-            }
+            Self::Join
+            | Self::Ready
+            | Self::Progress
+            | Self::LearnerDone
+            | Self::Records
+            | Self::Snapshot => &[Role::Scheduler],
             Self::Heartbeat | Self::Stop => &[Role::Shard, Role::Learner, Role::Scheduler],
             Self::Welcome | Self::Start => &[Role::Shard, Role::Learner],
             Self::SetLearningRate | Self::SnapshotRequest | Self::Hello | Self::Pull | Self::Push => {
@@ -251,6 +277,7 @@ impl Msg {
         match self {
             Self::Join { .. } => Kind::Join,
             Self::Welcome { .. } => Kind::Welcome,
+            Self::Ready => Kind::Ready,
             Self::Start => Kind::Start,
             Self::Stop => Kind::Stop,
             Self::SetLearningRate { .. } => Kind::SetLearningRate,
@@ -432,15 +459,23 @@ mod tests {
                 id: 3,
                 config_toml: "[cluster]\nlearners = 4\n".into(),
                 shard_addrs: vec!["a:1".into()],
+                shard_names: vec!["shard-0".into()],
             },
+            Msg::Ready,
             Msg::Start,
             Msg::Stop,
             Msg::SetLearningRate { lr: 0.25 },
             Msg::Progress { samples: 256, steps: 8, loss_sum: 3.5 },
             Msg::LearnerDone { error: Some("out of memory".into()) },
             Msg::Records {
-                gradients: vec![GradientReport { learner: 1, staleness: 2, applied: true }],
-                updates: vec![7, 8],
+                gradients: vec![GradientReport {
+                    learner: 1,
+                    computed_on: 3,
+                    staleness: 2,
+                    alpha: 0.5,
+                    dropped: 0,
+                }],
+                updates: vec![UpdateReport { clock: 7, gradients: 2 }],
             },
             Msg::SnapshotRequest { request: 9 },
             Msg::Snapshot { request: 9, clock: 4, values: vec![1.0, 2.0] },
