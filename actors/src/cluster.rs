@@ -211,16 +211,19 @@ impl ClusterSpec {
         shard_ranges(self.model.layout().len, self.shards as usize)
     }
 
-    /// Shard `s`'s core, holding its range of the initial weights.
+    /// Shard `s`'s core, holding its range of the initial weights, for a training set of
+    /// `train_len` examples.
     #[must_use]
-    pub fn shard_core(&self, s: usize) -> SgdShard {
+    pub fn shard_core(&self, s: usize, train_len: usize) -> SgdShard {
         let range = self.shard_ranges()[s].clone();
         let cfg = SgdShardConfig {
             id: ShardId(s as u32),
             rule: self.protocol.rule,
             modulation: self.protocol.modulation,
             max_staleness: self.protocol.max_staleness,
-            learning_rate: self.schedule.base,
+            schedule: self.schedule,
+            gradients_per_epoch: self.steps_per_learner(train_len) / u64::from(self.epochs)
+                * u64::from(self.learners),
         };
         let active: BTreeSet<LearnerId> = (0..self.learners).map(LearnerId).collect();
         SgdShard::new(cfg, self.model.init(self.seed)[range].to_vec(), active)
@@ -248,7 +251,7 @@ impl ClusterSpec {
         let per_epoch = self.steps_per_learner(train_len) / u64::from(self.epochs)
             * self.batch_size as u64
             * u64::from(self.learners);
-        SchedulerCore::new(self.learners, self.shards, self.schedule, per_epoch, u64::from(self.epochs))
+        SchedulerCore::new(self.learners, self.shards, per_epoch, u64::from(self.epochs))
     }
 
     /// μλ, the examples behind one hardsync update.
@@ -295,7 +298,7 @@ impl Cluster {
         let tracker = StalenessTracker::default().start();
         let shards: Vec<Addr<ShardActor>> = (0..spec.shards as usize)
             .map(|s| {
-                let (core, recipient) = (spec.shard_core(s), tracker.clone().recipient());
+                let (core, recipient) = (spec.shard_core(s, data.train.len()), tracker.clone().recipient());
                 let arbiter = Arbiter::new();
                 let addr = ShardActor::start_in_arbiter(&arbiter.handle(), move |_| {
                     ShardActor::new(core, recipient)

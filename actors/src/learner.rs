@@ -75,9 +75,11 @@ impl LearnerActor {
     fn carry_out(&mut self, events: Vec<LearnerEvent>, ctx: &mut Context<Self>) {
         for event in events {
             match event {
-                LearnerEvent::Pull(s) => self.shards[s.index()]
-                    .pull
-                    .do_send(Pull { learner: self.core.id(), reply_to: ctx.address().recipient() }),
+                LearnerEvent::Pull { shard, last } => self.shards[shard.index()].pull.do_send(Pull {
+                    learner: self.core.id(),
+                    last,
+                    reply_to: ctx.address().recipient(),
+                }),
                 LearnerEvent::Push { shard, computed_on } => {
                     let link = &self.shards[shard.index()];
                     link.push.do_send(Push {

@@ -14,13 +14,23 @@ use tokio::sync::oneshot;
 use crate::learner::{StartLearner, StopLearner};
 use crate::protocol::{DropReason, GradientRecord, Outcome, UpdateRecord, Weights};
 use crate::scheduler::{LearnerDone, Progress};
-use crate::shard::{Pull, Push, Served, SetLearningRate, Snapshot, StopShard};
+use crate::shard::{Pull, Push, Served, Snapshot, StopShard};
 use crate::tracker::Records;
 
 /// A shard's answer to a snapshot request, delivered by the connection's reader.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct SnapshotReply {
+    /// The request answered.
+    pub request: u64,
+    /// The weights.
+    pub weights: Weights,
+}
+
+/// Send a shard's answer to a snapshot request to the remote scheduler.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct AnswerSnapshot {
     /// The request answered.
     pub request: u64,
     /// The weights.
@@ -129,17 +139,21 @@ macro_rules! forward {
 }
 
 forward!(Records, |m| records_to_wire(&m));
-forward!(SetLearningRate, |m| Msg::SetLearningRate { lr: m.0 });
 forward!(StopShard, |_m| Msg::Stop);
 forward!(StartLearner, |_m| Msg::Start);
 forward!(StopLearner, |_m| Msg::Stop);
 forward!(Progress, |m| Msg::Progress { samples: m.samples, steps: m.steps, loss_sum: m.loss_sum });
 forward!(LearnerDone, |m| Msg::LearnerDone { error: m.error });
-forward!(Pull, |m| Msg::Pull { learner: m.learner.0 });
+forward!(Pull, |m| Msg::Pull { learner: m.learner.0, last: m.last });
 forward!(Push, |m| Msg::Push {
     learner: m.learner.0,
     computed_on: m.computed_on.0,
     values: m.values.get(m.range.clone()).map(<[f32]>::to_vec).unwrap_or_default(),
+});
+forward!(AnswerSnapshot, |m| Msg::Snapshot {
+    request: m.request,
+    clock: m.weights.clock.0,
+    values: m.weights.values.to_vec()
 });
 forward!(Served, |m| Msg::Weights { shard: m.0.shard.0, clock: m.0.clock.0, values: m.0.values.to_vec() });
 

@@ -13,7 +13,7 @@ use crate::ActorError;
 use crate::cluster::{ClusterSpec, MetricsRow, ProgressSnapshot, RunEvent, RunReport};
 use crate::learner::{LearnerActor, StartLearner, StopLearner};
 use crate::protocol::{SchedulerCore, SchedulerEvent};
-use crate::shard::{SetLearningRate, ShardActor, Snapshot, StopShard};
+use crate::shard::{ShardActor, Snapshot, StopShard};
 use crate::tracker::{GetStats, StalenessTracker, TrackerReport};
 
 /// A node joined the run.
@@ -53,8 +53,6 @@ pub struct LearnerDone {
 pub struct ShardHandle {
     /// Weights for evaluation.
     pub snapshot: Recipient<Snapshot>,
-    /// Learning-rate changes.
-    pub set_lr: Recipient<SetLearningRate>,
     /// The end of the run.
     pub stop: Recipient<StopShard>,
 }
@@ -63,11 +61,7 @@ impl ShardHandle {
     /// The handle of a shard actor in this process.
     #[must_use]
     pub fn local(addr: &Addr<ShardActor>) -> Self {
-        Self {
-            snapshot: addr.clone().recipient(),
-            set_lr: addr.clone().recipient(),
-            stop: addr.clone().recipient(),
-        }
+        Self { snapshot: addr.clone().recipient(), stop: addr.clone().recipient() }
     }
 }
 
@@ -175,12 +169,6 @@ impl SchedulerActor {
                     self.started = Some(Instant::now());
                     for l in &self.members.learners {
                         l.start.do_send(StartLearner);
-                    }
-                }
-                SchedulerEvent::SetLearningRate(lr) => {
-                    tracing::debug!(lr, "learning rate");
-                    for s in &self.members.shards {
-                        s.set_lr.do_send(SetLearningRate(lr));
                     }
                 }
                 SchedulerEvent::Evaluate { final_, .. } => self.evaluate(final_, ctx),

@@ -16,6 +16,8 @@ use crate::tracker::Records;
 pub struct Pull {
     /// Who asks.
     pub learner: LearnerId,
+    /// Whether the learner has pushed its last gradient (see [`SgdShard::on_last_pull`]).
+    pub last: bool,
     /// Where the weights go.
     pub reply_to: Recipient<Served>,
 }
@@ -39,11 +41,6 @@ pub struct Push {
     /// This shard's part of it.
     pub range: Range<usize>,
 }
-
-/// New base learning rate.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct SetLearningRate(pub f32);
 
 /// The current weights, without gating, for evaluation and checkpoints.
 #[derive(Message)]
@@ -105,7 +102,9 @@ impl Handler<Pull> for ShardActor {
     type Result = ();
     fn handle(&mut self, msg: Pull, _: &mut Context<Self>) {
         self.replies.insert(msg.learner, msg.reply_to);
-        match self.core.on_pull(msg.learner) {
+        let result =
+            if msg.last { self.core.on_last_pull(msg.learner) } else { self.core.on_pull(msg.learner) };
+        match result {
             Ok(()) => self.drain(),
             Err(e) => tracing::warn!(shard = %self.core.id(), "rejected pull: {e}"),
         }
@@ -123,13 +122,6 @@ impl Handler<Push> for ShardActor {
             Ok(()) => self.drain(),
             Err(e) => tracing::warn!(shard = %self.core.id(), "rejected push: {e}"),
         }
-    }
-}
-
-impl Handler<SetLearningRate> for ShardActor {
-    type Result = ();
-    fn handle(&mut self, msg: SetLearningRate, _: &mut Context<Self>) {
-        self.core.set_learning_rate(msg.0);
     }
 }
 

@@ -10,13 +10,14 @@ use std::sync::Arc;
 use rudra_actors::learner::shard_ranges;
 use rudra_actors::protocol::shard::SgdShardConfig;
 use rudra_actors::protocol::{
-    GradientRecord, LearnerCore, LearnerEvent, LrModulation, Outcome, SgdShard, ShardEvent, SyncRule,
+    GradientRecord, LearnerCore, LearnerEvent, LrModulation, LrSchedule, Outcome, SgdShard, ShardEvent,
+    SyncRule,
 };
 use rudra_compute::{BatchStream, CpuBackend, Dataset, Model, ModelSpec, Partition};
 use rudra_transport::{Clock, LearnerId, ShardId};
 
 enum Msg {
-    Pull(ShardId, LearnerId),
+    Pull(ShardId, LearnerId, bool),
     Push(ShardId, LearnerId, Clock, Arc<Vec<f32>>),
     Weights(LearnerId, ShardId, Clock, Arc<Vec<f32>>),
 }
@@ -57,7 +58,8 @@ impl<'a> Driver<'a> {
                     rule,
                     modulation: LrModulation::None,
                     max_staleness: bound,
-                    learning_rate: lr,
+                    schedule: LrSchedule { base: lr, decay: 1.0 },
+                    gradients_per_epoch: u64::MAX,
                 };
                 SgdShard::new(cfg, init[r.clone()].to_vec(), active.clone())
             })
@@ -82,7 +84,7 @@ impl<'a> Driver<'a> {
         let id = LearnerId(l as u32);
         for e in events {
             match e {
-                LearnerEvent::Pull(s) => self.queue.push_back(Msg::Pull(s, id)),
+                LearnerEvent::Pull { shard, last } => self.queue.push_back(Msg::Pull(shard, id, last)),
                 LearnerEvent::Push { shard, computed_on } => {
                     let g = grad.expect("pushes follow a computation");
                     let slice = Arc::new(g[self.ranges[shard.index()].clone()].to_vec());
@@ -97,8 +99,9 @@ impl<'a> Driver<'a> {
     fn deliver(&mut self) {
         while let Some(m) = self.queue.pop_front() {
             let s = match m {
-                Msg::Pull(s, l) => {
-                    self.shards[s.index()].on_pull(l).unwrap();
+                Msg::Pull(s, l, last) => {
+                    let shard = &mut self.shards[s.index()];
+                    if last { shard.on_last_pull(l) } else { shard.on_pull(l) }.unwrap();
                     s
                 }
                 Msg::Push(s, l, c, g) => {

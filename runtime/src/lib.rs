@@ -6,6 +6,7 @@
 //! # Layout
 //! - [`config`]: raw and typed configuration.
 //! - [`local`]: the in-process cluster and its progress display.
+//! - [`node`]: one role per process over QUIC.
 //! - [`rundir`]: `config.toml`, `metrics.csv`, `summary.json`.
 //! - [`bench`](mod@bench): the `rudra-node bench` measurements.
 //! - [`error`]: the crate's error type.
@@ -14,6 +15,7 @@ pub mod bench;
 pub mod config;
 pub mod error;
 pub mod local;
+pub mod node;
 pub mod rundir;
 
 pub use config::{Config, RawConfig};

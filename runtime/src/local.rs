@@ -45,7 +45,7 @@ pub fn run_local(
     })
 }
 
-async fn show_progress(mut rx: mpsc::UnboundedReceiver<RunEvent>, mode: ProgressMode) {
+pub(crate) async fn show_progress(mut rx: mpsc::UnboundedReceiver<RunEvent>, mode: ProgressMode) {
     let mut bar: Option<ProgressBar> = None;
     let mut next_log = 0.1;
     let mut last_acc = f64::NAN;

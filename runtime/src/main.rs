@@ -1,21 +1,63 @@
 //! `rudra-node`: run a Rudra cluster. See `rudra-node --help`.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use rudra_actors::RunReport;
 use rudra_runtime::local::{ProgressMode, run_local};
+use rudra_runtime::node::{NodeOptions, run_learner, run_scheduler, run_shard};
 use rudra_runtime::{Config, RunDir, RuntimeError, bench};
 use rudra_transport::tls::CertDir;
 
 #[derive(Parser)]
-#[command(name = "rudra-node", version, about = "Rudra parameter-server runtime")]
+#[command(
+    name = "rudra-node",
+    version,
+    about = "Rudra parameter-server runtime",
+    after_help = "Run one node of a distributed cluster with --role (no subcommand):\n  \
+        rudra-node --role scheduler --config FILE --listen 0.0.0.0:7070 --certs certs [--out DIR]\n  \
+        rudra-node --role shard --scheduler HOST:7070 --certs certs [--name shard-0]\n  \
+        rudra-node --role learner --scheduler HOST:7070 --certs certs [--name learner-0]"
+)]
 struct Cli {
     /// Log line format.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+    /// Run one node of a distributed cluster in this process.
+    #[arg(long, value_enum)]
+    role: Option<RoleArg>,
+    /// Node name, selecting the certificate certs/NAME.pem (default: scheduler, shard-0, learner-0).
+    #[arg(long)]
+    name: Option<String>,
+    /// Certificate directory (from `rudra-node cert`).
+    #[arg(long, default_value = "certs")]
+    certs: PathBuf,
+    /// Address to listen on (default: 0.0.0.0:7070 for the scheduler, any port for a shard).
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// The scheduler's address (shards and learners).
+    #[arg(long)]
+    scheduler: Option<SocketAddr>,
+    /// How long to keep trying to reach peers and to wait for nodes to join, e.g. 60s, 5m.
+    #[arg(long, default_value = "60s")]
+    connect_timeout: humantime::Duration,
+    /// The run configuration (scheduler).
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// Run directory (scheduler; default: `runs/<timestamp>-<protocol>`).
+    #[arg(long)]
+    out: Option<PathBuf>,
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum RoleArg {
+    Scheduler,
+    Shard,
+    Learner,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -108,7 +150,22 @@ fn init_tracing(format: LogFormat) {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing(cli.log_format);
-    match run(cli.command) {
+    let result = match (cli.command, cli.role) {
+        (Some(command), None) => run(command),
+        (None, Some(role)) => run_node(
+            role,
+            cli.name,
+            cli.certs,
+            (cli.listen, cli.scheduler, cli.connect_timeout.into()),
+            cli.config,
+            cli.out,
+        ),
+        (Some(_), Some(_)) => {
+            Err(RuntimeError::Config("--role runs a node; give it without a subcommand".into()))
+        }
+        (None, None) => Err(RuntimeError::Config("give a subcommand (see --help) or --role".into())),
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
@@ -136,24 +193,7 @@ fn run(command: Command) -> Result<(), RuntimeError> {
             dir.write_config(&config)?;
             tracing::info!(dir = %dir.path().display(), "run directory");
             let report = run_local(&config, data, ProgressMode::detect())?;
-            let s = dir.write_report(&config, &report)?;
-            println!(
-                "{} n={} λ={} μ={} μλ={}: test accuracy {:.4}, train loss {:.4}, ⟨σ⟩ {:.2} (max {}), {} updates, {:.0} samples/s over {:.1} s; wrote {}",
-                s.protocol,
-                s.n,
-                s.learners,
-                s.batch_size,
-                s.global_batch,
-                s.final_test_accuracy,
-                s.final_train_loss,
-                s.staleness.mean,
-                s.staleness.max,
-                s.updates,
-                s.samples_per_second,
-                s.wall_seconds,
-                dir.path().display()
-            );
-            Ok(())
+            finish(&dir, &config, &report)
         }
         Command::Bench { config, suite, steps, frames, repeats } => {
             let rows = match suite {
@@ -168,4 +208,75 @@ fn run(command: Command) -> Result<(), RuntimeError> {
             Ok(())
         }
     }
+}
+
+/// Write the run directory's report and print the summary line.
+fn finish(dir: &RunDir, config: &Config, report: &RunReport) -> Result<(), RuntimeError> {
+    let s = dir.write_report(config, report)?;
+    println!(
+        "{} n={} λ={} μ={} μλ={}: test accuracy {:.4}, train loss {:.4}, ⟨σ⟩ {:.2} (max {}), {} updates, {:.0} samples/s over {:.1} s; wrote {}",
+        s.protocol,
+        s.n,
+        s.learners,
+        s.batch_size,
+        s.global_batch,
+        s.final_test_accuracy,
+        s.final_train_loss,
+        s.staleness.mean,
+        s.staleness.max,
+        s.updates,
+        s.samples_per_second,
+        s.wall_seconds,
+        dir.path().display()
+    );
+    Ok(())
+}
+
+/// One node of a distributed cluster.
+fn run_node(
+    role: RoleArg,
+    name: Option<String>,
+    certs: PathBuf,
+    (listen, scheduler, connect_timeout): (Option<SocketAddr>, Option<SocketAddr>, std::time::Duration),
+    config: ConfigArgs,
+    out: Option<PathBuf>,
+) -> Result<(), RuntimeError> {
+    let default_name = match role {
+        RoleArg::Scheduler => "scheduler",
+        RoleArg::Shard => "shard-0",
+        RoleArg::Learner => "learner-0",
+    };
+    let listen = listen.unwrap_or_else(|| match (role, scheduler) {
+        (RoleArg::Scheduler, _) => SocketAddr::from(([0, 0, 0, 0], 7070)),
+        // A shard listens on the interface that reaches the scheduler, on any port.
+        (_, Some(s)) => SocketAddr::new(local_ip_towards(s), 0),
+        (_, None) => SocketAddr::from(([0, 0, 0, 0], 0)),
+    });
+    let opts = NodeOptions {
+        name: name.unwrap_or_else(|| default_name.into()),
+        certs,
+        listen,
+        scheduler,
+        connect_timeout,
+    };
+    match role {
+        RoleArg::Scheduler => {
+            let config = Config::load(config.config.as_deref(), &config.set)?;
+            let data = config.data.load()?;
+            let dir = RunDir::create(out.as_deref(), config.protocol_name())?;
+            dir.write_config(&config)?;
+            let report = run_scheduler(&config, data, &opts)?;
+            finish(&dir, &config, &report)
+        }
+        RoleArg::Shard => run_shard(&opts),
+        RoleArg::Learner => run_learner(&opts),
+    }
+}
+
+/// The local address this host uses to reach `peer` (no packet is sent).
+fn local_ip_towards(peer: SocketAddr) -> std::net::IpAddr {
+    let unspecified = SocketAddr::from(([0, 0, 0, 0], 0));
+    std::net::UdpSocket::bind(unspecified)
+        .and_then(|s| s.connect(peer).and_then(|()| s.local_addr()))
+        .map_or(unspecified.ip(), |a| a.ip())
 }

@@ -122,7 +122,46 @@ impl RunDir {
         self.write("config.toml", &config.to_toml()?)
     }
 
-    /// `metrics.csv` and `summary.json`.
+    /// `checkpoint.safetensors`: one f32 tensor per layer under its conventional name
+    /// (`fc1.weight`, `fc1.bias`, …), run metadata in the header; replaced atomically.
+    pub fn write_checkpoint(&self, config: &Config, params: &[f32]) -> Result<(), RuntimeError> {
+        let layout = config.cluster.model.layout();
+        if params.len() != layout.len {
+            return Err(RuntimeError::Config(format!(
+                "checkpoint: {} parameters for a model of {}",
+                params.len(),
+                layout.len
+            )));
+        }
+        let bytes: Vec<Vec<u8>> = layout
+            .tensors
+            .iter()
+            .map(|t| params[t.range.clone()].iter().flat_map(|v| v.to_le_bytes()).collect())
+            .collect();
+        let views = layout
+            .tensors
+            .iter()
+            .zip(&bytes)
+            .map(|(t, b)| {
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, t.shape.clone(), b)
+                    .map(|v| (t.name.clone(), v))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| RuntimeError::Config(format!("checkpoint: {e}")))?;
+        let metadata = [
+            ("model".to_owned(), config.raw.training.model.clone()),
+            ("protocol".to_owned(), config.protocol_name().to_owned()),
+            ("seed".to_owned(), config.cluster.seed.to_string()),
+        ];
+        let file = safetensors::tensor::serialize(views, Some(metadata.into_iter().collect()))
+            .map_err(|e| RuntimeError::Config(format!("checkpoint: {e}")))?;
+        let tmp = self.path.join("checkpoint.safetensors.tmp");
+        std::fs::write(&tmp, file).map_err(|source| RuntimeError::Io { path: tmp.clone(), source })?;
+        let path = self.path.join("checkpoint.safetensors");
+        std::fs::rename(&tmp, &path).map_err(|source| RuntimeError::Io { path, source })
+    }
+
+    /// `metrics.csv`, `summary.json` and `checkpoint.safetensors`.
     pub fn write_report(&self, config: &Config, report: &RunReport) -> Result<Summary, RuntimeError> {
         let mut csv = String::from(
             "wall_seconds,epoch,updates,samples,train_loss,test_loss,test_accuracy,mean_staleness,samples_per_second\n",
@@ -143,6 +182,7 @@ impl RunDir {
             );
         }
         self.write("metrics.csv", &csv)?;
+        self.write_checkpoint(config, &report.params)?;
         let summary = Summary::new(config, report);
         let json = serde_json::to_string_pretty(&summary).map_err(|e| RuntimeError::Config(e.to_string()))?;
         self.write("summary.json", &json)?;

@@ -94,6 +94,8 @@ pub enum Msg {
         id: u32,
         /// The resolved run configuration, TOML.
         config_toml: String,
+        /// Examples in the training set (fixes the epoch length at the shards).
+        train_examples: u64,
         /// `shard_addrs[s]` is shard `s`'s data address (for learners).
         shard_addrs: Vec<String>,
         /// `shard_names[s]` is shard `s`'s certificate name (for learners).
@@ -105,11 +107,6 @@ pub enum Msg {
     Start,
     /// Scheduler → everyone: the run is over; exit.
     Stop,
-    /// Scheduler → shards: new base learning rate.
-    SetLearningRate {
-        /// α0.
-        lr: f32,
-    },
     /// Learner → scheduler: more gradients computed.
     Progress {
         /// Examples.
@@ -156,6 +153,8 @@ pub enum Msg {
     Pull {
         /// Who.
         learner: u32,
+        /// After the learner's last push: answer once, expect no gradient.
+        last: bool,
     },
     /// Shard → learner: weights.
     Weights {
@@ -187,7 +186,6 @@ pub enum Kind {
     Ready,
     Start,
     Stop,
-    SetLearningRate,
     Progress,
     LearnerDone,
     Records,
@@ -200,13 +198,12 @@ pub enum Kind {
     Push,
 }
 
-const KINDS: [Kind; 16] = [
+const KINDS: [Kind; 15] = [
     Kind::Join,
     Kind::Welcome,
     Kind::Ready,
     Kind::Start,
     Kind::Stop,
-    Kind::SetLearningRate,
     Kind::Progress,
     Kind::LearnerDone,
     Kind::Records,
@@ -232,9 +229,7 @@ impl Kind {
         match self {
             Self::Join => &[Role::Shard, Role::Learner],
             Self::Heartbeat => &[Role::Shard, Role::Learner, Role::Scheduler],
-            Self::Welcome | Self::Start | Self::Stop | Self::SetLearningRate | Self::SnapshotRequest => {
-                &[Role::Scheduler]
-            }
+            Self::Welcome | Self::Start | Self::Stop | Self::SnapshotRequest => &[Role::Scheduler],
             Self::Ready | Self::Progress | Self::LearnerDone | Self::Hello | Self::Pull | Self::Push => {
                 &[Role::Learner]
             }
@@ -256,17 +251,17 @@ impl Kind {
             | Self::Snapshot => &[Role::Scheduler],
             Self::Heartbeat | Self::Stop => &[Role::Shard, Role::Learner, Role::Scheduler],
             Self::Welcome | Self::Start => &[Role::Shard, Role::Learner],
-            Self::SetLearningRate | Self::SnapshotRequest | Self::Hello | Self::Pull | Self::Push => {
-                &[Role::Shard]
-            }
+            Self::SnapshotRequest | Self::Hello | Self::Pull | Self::Push => &[Role::Shard],
             Self::Weights => &[Role::Learner],
         }
     }
 
-    /// Whether this kind carries a large float payload (and gets a stream of its own).
+    /// Whether this kind carries a large float payload on the data path, and so gets a stream
+    /// of its own. (Snapshots, once per evaluation, stay on the control stream, in order with
+    /// the staleness records they must follow.)
     #[must_use]
     pub fn is_payload(self) -> bool {
-        matches!(self, Self::Weights | Self::Push | Self::Snapshot)
+        matches!(self, Self::Weights | Self::Push)
     }
 }
 
@@ -280,7 +275,6 @@ impl Msg {
             Self::Ready => Kind::Ready,
             Self::Start => Kind::Start,
             Self::Stop => Kind::Stop,
-            Self::SetLearningRate { .. } => Kind::SetLearningRate,
             Self::Progress { .. } => Kind::Progress,
             Self::LearnerDone { .. } => Kind::LearnerDone,
             Self::Records { .. } => Kind::Records,
@@ -458,13 +452,13 @@ mod tests {
             Msg::Welcome {
                 id: 3,
                 config_toml: "[cluster]\nlearners = 4\n".into(),
+                train_examples: 60_000,
                 shard_addrs: vec!["a:1".into()],
                 shard_names: vec!["shard-0".into()],
             },
             Msg::Ready,
             Msg::Start,
             Msg::Stop,
-            Msg::SetLearningRate { lr: 0.25 },
             Msg::Progress { samples: 256, steps: 8, loss_sum: 3.5 },
             Msg::LearnerDone { error: Some("out of memory".into()) },
             Msg::Records {
@@ -481,7 +475,7 @@ mod tests {
             Msg::Snapshot { request: 9, clock: 4, values: vec![1.0, 2.0] },
             Msg::Heartbeat,
             Msg::Hello { learner: 2 },
-            Msg::Pull { learner: 2 },
+            Msg::Pull { learner: 2, last: false },
             Msg::Weights { shard: 1, clock: 5, values: vec![0.5; 1000] },
             Msg::Push { learner: 2, computed_on: 5, values: (0..777).map(|i| i as f32).collect() },
         ]

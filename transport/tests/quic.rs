@@ -53,10 +53,10 @@ async fn messages_arrive_intact_and_control_stays_in_order() {
         other => panic!("expected the push, got {other:?}"),
     }
     for i in 0..50u32 {
-        to_shard.send(&Msg::Pull { learner: i }).await.unwrap();
+        to_shard.send(&Msg::Pull { learner: i, last: false }).await.unwrap();
     }
     for i in 0..50u32 {
-        assert!(matches!(next(&mut rx).await, Inbound::Control(Msg::Pull { learner }) if learner == i));
+        assert!(matches!(next(&mut rx).await, Inbound::Control(Msg::Pull { learner, .. }) if learner == i));
     }
 }
 
@@ -138,7 +138,7 @@ async fn bad_frames_close_their_stream_only() {
         to_shard.send_encoded(Kind::Push, &bytes).await.unwrap_or_else(|e| panic!("{what}: {e}"));
     }
     // The connection and its control stream still work; nothing bad got through.
-    to_shard.send(&Msg::Pull { learner: 0 }).await.unwrap();
+    to_shard.send(&Msg::Pull { learner: 0, last: false }).await.unwrap();
     to_shard.send(&Msg::Push { learner: 0, computed_on: 3, values: vec![2.0; 8] }).await.unwrap();
     let mut got = Vec::new();
     for _ in 0..2 {

@@ -519,7 +519,8 @@ mod tests {
             rule: SyncRule::Softsync { n: 2 },
             modulation: LrModulation::None,
             max_staleness: None,
-            learning_rate: lr,
+            schedule: crate::protocol::LrSchedule { base: lr, decay: 1.0 },
+            gradients_per_epoch: u64::MAX,
         };
         let mut sgd = SgdShard::new(cfg, init.clone(), both());
         let mut center = CenterShard::new(ShardId(0), CenterRule::Downpour, init.clone(), both());

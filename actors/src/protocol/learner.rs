@@ -1,6 +1,8 @@
 //! The learner loop of every Rudra protocol: pull from every shard → compute one gradient on
 //! the assembled weights → push each shard its slice tagged with that shard's clock → repeat.
-//! One gradient is outstanding per learner.
+//! One gradient is outstanding per learner. After its last push a learner pulls once more and
+//! finishes when those weights arrive: they come after its last gradient was applied, so the
+//! run never ends with a gradient still in flight.
 
 use rudra_transport::{Clock, LearnerId, ShardId};
 
@@ -9,8 +11,14 @@ use crate::ActorError;
 /// An effect of the learner core.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LearnerEvent {
-    /// Ask this shard for its current weights.
-    Pull(ShardId),
+    /// Ask this shard for its current weights; `last` after the final push (the answer only
+    /// confirms that push was applied, and the shard expects no further gradient).
+    Pull {
+        /// The shard.
+        shard: ShardId,
+        /// Whether this is the learner's last pull.
+        last: bool,
+    },
     /// Every shard has answered: compute a gradient on the assembled weights.
     Compute,
     /// Send this shard its slice of the gradient, computed on its weights `computed_on`.
@@ -20,7 +28,7 @@ pub enum LearnerEvent {
         /// The clock of that shard's weights the gradient was computed on.
         computed_on: Clock,
     },
-    /// The learner has done all its steps.
+    /// The learner has done all its steps and its last gradient has been applied.
     Finished,
 }
 
@@ -57,14 +65,15 @@ impl LearnerCore {
     /// Begin: pull from every shard (or finish at once if there is nothing to do).
     #[must_use]
     pub fn on_start(&mut self) -> Vec<LearnerEvent> {
-        if self.steps_total == 0 { vec![LearnerEvent::Finished] } else { self.pull_all() }
+        if self.steps_total == 0 { vec![LearnerEvent::Finished] } else { self.pull_all(false) }
     }
 
-    fn pull_all(&self) -> Vec<LearnerEvent> {
-        (0..self.received.len() as u32).map(|s| LearnerEvent::Pull(ShardId(s))).collect()
+    fn pull_all(&self, last: bool) -> Vec<LearnerEvent> {
+        (0..self.received.len() as u32).map(|s| LearnerEvent::Pull { shard: ShardId(s), last }).collect()
     }
 
-    /// Weights from `shard` at `clock` arrived. Returns `Compute` once every shard answered.
+    /// Weights from `shard` at `clock` arrived. Once every shard answered: `Compute`, or
+    /// `Finished` after the last step.
     pub fn on_weights(&mut self, shard: ShardId, clock: Clock) -> Result<Option<LearnerEvent>, ActorError> {
         let slot = self
             .received
@@ -74,12 +83,15 @@ impl LearnerCore {
             return Err(ActorError::Protocol(format!("{} got unrequested weights from {shard}", self.id)));
         }
         *slot = Some(clock);
-        if self.received.iter().all(Option::is_some) {
-            self.computing = true;
-            Ok(Some(LearnerEvent::Compute))
-        } else {
-            Ok(None)
+        if !self.received.iter().all(Option::is_some) {
+            return Ok(None);
         }
+        if self.steps_done >= self.steps_total {
+            self.received.fill(None);
+            return Ok(Some(LearnerEvent::Finished));
+        }
+        self.computing = true;
+        Ok(Some(LearnerEvent::Compute))
     }
 
     /// The gradient is computed: push it to every shard, then pull again or finish.
@@ -97,11 +109,7 @@ impl LearnerCore {
                 c.take().map(|computed_on| LearnerEvent::Push { shard: ShardId(s as u32), computed_on })
             })
             .collect();
-        if self.steps_done >= self.steps_total {
-            events.push(LearnerEvent::Finished);
-        } else {
-            events.extend(self.pull_all());
-        }
+        events.extend(self.pull_all(self.steps_done >= self.steps_total));
         Ok(events)
     }
 }
@@ -113,18 +121,22 @@ mod tests {
     #[test]
     fn loop_pulls_computes_pushes_and_finishes() {
         let mut l = LearnerCore::new(LearnerId(3), 2, 2);
-        assert_eq!(l.on_start(), vec![LearnerEvent::Pull(ShardId(0)), LearnerEvent::Pull(ShardId(1))]);
+        let pull = |s, last| LearnerEvent::Pull { shard: ShardId(s), last };
+        assert_eq!(l.on_start(), vec![pull(0, false), pull(1, false)]);
         assert_eq!(l.on_weights(ShardId(1), Clock(5)).unwrap(), None);
         assert!(l.on_weights(ShardId(1), Clock(5)).is_err(), "twice from one shard");
         assert_eq!(l.on_weights(ShardId(0), Clock(4)).unwrap(), Some(LearnerEvent::Compute));
         let ev = l.on_computed().unwrap();
         assert_eq!(ev[0], LearnerEvent::Push { shard: ShardId(0), computed_on: Clock(4) });
         assert_eq!(ev[1], LearnerEvent::Push { shard: ShardId(1), computed_on: Clock(5) });
-        assert_eq!(&ev[2..], &[LearnerEvent::Pull(ShardId(0)), LearnerEvent::Pull(ShardId(1))]);
+        assert_eq!(&ev[2..], &[pull(0, false), pull(1, false)]);
         l.on_weights(ShardId(0), Clock(6)).unwrap();
         l.on_weights(ShardId(1), Clock(6)).unwrap();
-        assert_eq!(l.on_computed().unwrap().last(), Some(&LearnerEvent::Finished));
+        let last = l.on_computed().unwrap();
+        assert_eq!(&last[2..], &[pull(0, true), pull(1, true)], "the last pushes, then a last pull");
         assert_eq!(l.steps_done(), 2);
+        assert_eq!(l.on_weights(ShardId(0), Clock(7)).unwrap(), None);
+        assert_eq!(l.on_weights(ShardId(1), Clock(7)).unwrap(), Some(LearnerEvent::Finished));
         assert!(l.on_computed().is_err());
         assert!(l.on_weights(ShardId(9), Clock(0)).is_err());
     }

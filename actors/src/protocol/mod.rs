@@ -7,7 +7,8 @@
 //! - [`learner`]: the learner loop (pull → compute → push).
 //! - [`staleness`]: staleness statistics (histogram, mean, max, dropped), shared by shards and
 //!   the tracker.
-//! - [`scheduler`]: registration, learning-rate schedule, evaluation points and the stop.
+//! - [`scheduler`]: registration, evaluation points and the stop; the learning-rate schedule
+//!   (applied by each shard on its own gradient count, so it is exact in every deployment).
 //! - [`modulation`]: the staleness-dependent learning rate α(σ).
 
 pub mod elastic;

@@ -1,5 +1,5 @@
 //! The scheduler's core: waits for the configured shards and learners, starts the run, turns
-//! learner progress into epochs (learning-rate schedule and evaluation points), and stops the
+//! learner progress into epochs (evaluation points), and stops the
 //! run once every learner has finished.
 
 use std::collections::BTreeSet;
@@ -29,8 +29,6 @@ impl LrSchedule {
 pub enum SchedulerEvent {
     /// Everyone has joined: start the learners.
     Start,
-    /// Tell every shard the base learning rate.
-    SetLearningRate(f32),
     /// Evaluate the model: an epoch ended (`final_ = false`) or the run did.
     Evaluate {
         /// Whole epochs completed.
@@ -50,7 +48,6 @@ pub struct SchedulerCore {
     joined_learners: BTreeSet<LearnerId>,
     joined_shards: BTreeSet<ShardId>,
     finished: BTreeSet<LearnerId>,
-    schedule: LrSchedule,
     examples_per_epoch: u64,
     epochs_total: u64,
     samples: u64,
@@ -62,20 +59,13 @@ impl SchedulerCore {
     /// A scheduler expecting `learners` and `shards` for a run of `epochs_total` epochs of
     /// `examples_per_epoch` samples each, across all learners.
     #[must_use]
-    pub fn new(
-        learners: u32,
-        shards: u32,
-        schedule: LrSchedule,
-        examples_per_epoch: u64,
-        epochs_total: u64,
-    ) -> Self {
+    pub fn new(learners: u32, shards: u32, examples_per_epoch: u64, epochs_total: u64) -> Self {
         Self {
             learners,
             shards,
             joined_learners: BTreeSet::new(),
             joined_shards: BTreeSet::new(),
             finished: BTreeSet::new(),
-            schedule,
             examples_per_epoch: examples_per_epoch.max(1),
             epochs_total,
             samples: 0,
@@ -123,7 +113,7 @@ impl SchedulerCore {
             return Vec::new();
         }
         self.started = true;
-        vec![SchedulerEvent::SetLearningRate(self.schedule.rate(0)), SchedulerEvent::Start]
+        vec![SchedulerEvent::Start]
     }
 
     /// A learner processed `samples` more examples. Every epoch boundary but the last (which
@@ -135,7 +125,6 @@ impl SchedulerCore {
         let mut events = Vec::new();
         while self.epoch < epoch {
             self.epoch += 1;
-            events.push(SchedulerEvent::SetLearningRate(self.schedule.rate(self.epoch)));
             events.push(SchedulerEvent::Evaluate { epoch: self.epoch, final_: false });
         }
         events
@@ -159,21 +148,16 @@ mod tests {
 
     #[test]
     fn starts_when_all_joined_schedules_epochs_and_stops() {
-        let mut s = SchedulerCore::new(2, 1, LrSchedule { base: 0.8, decay: 0.5 }, 100, 3);
+        let mut s = SchedulerCore::new(2, 1, 100, 3);
         assert!(s.on_learner_joined(LearnerId(0)).is_empty());
         assert!(s.on_shard_joined(ShardId(0)).is_empty());
-        assert_eq!(
-            s.on_learner_joined(LearnerId(1)),
-            vec![SchedulerEvent::SetLearningRate(0.8), SchedulerEvent::Start]
-        );
+        assert_eq!(s.on_learner_joined(LearnerId(1)), vec![SchedulerEvent::Start]);
         assert!(s.on_learner_joined(LearnerId(1)).is_empty(), "starts once");
         assert!(s.on_progress(99).is_empty());
         assert_eq!(
             s.on_progress(102),
             vec![
-                SchedulerEvent::SetLearningRate(0.4),
                 SchedulerEvent::Evaluate { epoch: 1, final_: false },
-                SchedulerEvent::SetLearningRate(0.2),
                 SchedulerEvent::Evaluate { epoch: 2, final_: false },
             ]
         );

@@ -12,7 +12,7 @@ use rudra_compute::cpu;
 use rudra_transport::{Clock, LearnerId, ShardId, Staleness};
 use serde::{Deserialize, Serialize};
 
-use super::{LrModulation, StalenessStats};
+use super::{LrModulation, LrSchedule, StalenessStats};
 use crate::ActorError;
 
 /// When a shard applies an update.
@@ -108,6 +108,8 @@ struct Held {
     computed_on: Clock,
     staleness: Staleness,
     alpha: f32,
+    /// α0 when it arrived (for `mean` modulation).
+    lr: f32,
 }
 
 /// Settings of an SGD shard.
@@ -121,8 +123,11 @@ pub struct SgdShardConfig {
     pub modulation: LrModulation,
     /// The staleness bound `s`, if any.
     pub max_staleness: Option<u64>,
-    /// The base learning rate `α0` (the scheduler may change it later).
-    pub learning_rate: f32,
+    /// The base learning rate `α0` per epoch.
+    pub schedule: LrSchedule,
+    /// Gradients (from all learners) per epoch: the epoch of a gradient is the number received
+    /// before it divided by this, so the schedule is exact and the same in every deployment.
+    pub gradients_per_epoch: u64,
 }
 
 /// The SGD shard core. Owns the shard's parameter range, its clock, the gradients held for the
@@ -135,10 +140,17 @@ pub struct SgdShard {
     active: BTreeSet<LearnerId>,
     acc: Vec<f32>,
     held: Vec<Held>,
+    /// Hardsync: the round's gradients with their weights, summed in learner order when the
+    /// round completes, so the result never depends on arrival order.
+    round: BTreeMap<LearnerId, (f32, Vec<f32>)>,
+    /// Buffers of earlier rounds, reused.
+    spare: Vec<Vec<f32>>,
     /// Learners served weights whose gradient has not arrived yet, with the clock served.
     outstanding: BTreeMap<LearnerId, Clock>,
     deferred: VecDeque<LearnerId>,
     stats: StalenessStats,
+    /// Gradients received and validated, applied or dropped.
+    received: u64,
     events: VecDeque<ShardEvent>,
 }
 
@@ -154,9 +166,12 @@ impl SgdShard {
             active,
             acc,
             held: Vec::new(),
+            round: BTreeMap::new(),
+            spare: Vec::new(),
             outstanding: BTreeMap::new(),
             deferred: VecDeque::new(),
             stats: StalenessStats::default(),
+            received: 0,
             events: VecDeque::new(),
         }
     }
@@ -206,9 +221,10 @@ impl SgdShard {
         self.events.pop_front()
     }
 
-    /// Change the base learning rate `α0` for gradients from now on.
-    pub fn set_learning_rate(&mut self, lr: f32) {
-        self.cfg.learning_rate = lr;
+    /// The base learning rate `α0` for the next gradient.
+    #[must_use]
+    pub fn learning_rate(&self) -> f32 {
+        self.cfg.schedule.rate(self.received / self.cfg.gradients_per_epoch.max(1))
     }
 
     /// A learner asks for the current weights. They are served now, or deferred while the
@@ -220,6 +236,14 @@ impl SgdShard {
         } else if !self.deferred.contains(&learner) {
             self.deferred.push_back(learner);
         }
+        Ok(())
+    }
+
+    /// A learner that has pushed its last gradient asks for the weights once more, to know it
+    /// was applied. Served at once, never gated, and no gradient is expected for it.
+    pub fn on_last_pull(&mut self, learner: LearnerId) -> Result<(), ActorError> {
+        self.check_member(learner)?;
+        self.events.push_back(ShardEvent::Serve { learner, weights: self.snapshot() });
         Ok(())
     }
 
@@ -249,6 +273,8 @@ impl SgdShard {
             )));
         }
         self.outstanding.remove(&learner);
+        let lr = self.learning_rate();
+        self.received += 1;
         let staleness = self.clock.staleness_of(computed_on).unwrap_or_default();
         let drop = match (self.cfg.rule, self.cfg.max_staleness) {
             (SyncRule::Hardsync, _) if staleness.0 > 0 => Some(DropReason::StaleRound),
@@ -266,10 +292,19 @@ impl SgdShard {
             }));
         } else {
             self.stats.record_applied(staleness);
-            let alpha = self.cfg.modulation.alpha(self.cfg.learning_rate, staleness, self.stats.mean());
+            let alpha = self.cfg.modulation.alpha(lr, staleness, self.stats.mean());
             let weight = if self.cfg.modulation.is_per_gradient() { alpha } else { 1.0 };
-            self.held.push(Held { learner, computed_on, staleness, alpha });
-            if self.held.len() >= self.gradients_per_update() {
+            self.held.push(Held { learner, computed_on, staleness, alpha, lr });
+            let complete = self.held.len() >= self.gradients_per_update();
+            if self.cfg.rule == SyncRule::Hardsync {
+                let mut buf = self.spare.pop().unwrap_or_default();
+                buf.clear();
+                buf.extend_from_slice(grad);
+                self.round.insert(learner, (weight, buf));
+                if complete {
+                    self.apply(None);
+                }
+            } else if complete {
                 self.apply(Some((weight, grad)));
             } else {
                 cpu::axpy(weight, grad, &mut self.acc);
@@ -324,15 +359,22 @@ impl SgdShard {
         }
     }
 
-    /// Apply the held gradients: those summed in `acc`, plus `last` (weight, gradient) when
-    /// the update is triggered by a gradient that has not been accumulated.
+    /// Apply the held gradients: a hardsync round in learner order, or those summed in `acc`
+    /// plus `last` (weight, gradient) when the update is triggered by a gradient that has not
+    /// been accumulated.
     fn apply(&mut self, last: Option<(f32, &[f32])>) {
         let c = self.held.len();
+        let lr = self.held.last().map_or(0.0, |h| h.lr);
         let alpha_update = (!self.cfg.modulation.is_per_gradient())
-            .then(|| self.cfg.modulation.alpha(self.cfg.learning_rate, Staleness(0), self.stats.mean()));
+            .then(|| self.cfg.modulation.alpha(lr, Staleness(0), self.stats.mean()));
         let scale = -alpha_update.unwrap_or(1.0) / c as f32;
         let params = Arc::make_mut(&mut self.params);
-        if c > usize::from(last.is_some()) {
+        if !self.round.is_empty() {
+            for (_, (weight, grad)) in std::mem::take(&mut self.round) {
+                cpu::axpy(scale * weight, &grad, params);
+                self.spare.push(grad);
+            }
+        } else if c > usize::from(last.is_some()) {
             cpu::axpy_drain(scale, &mut self.acc, params);
         }
         if let Some((weight, grad)) = last {
@@ -363,8 +405,15 @@ mod tests {
     const L: [LearnerId; 4] = [LearnerId(0), LearnerId(1), LearnerId(2), LearnerId(3)];
 
     fn shard(rule: SyncRule, modulation: LrModulation, bound: Option<u64>, learners: usize) -> SgdShard {
-        let cfg =
-            SgdShardConfig { id: ShardId(0), rule, modulation, max_staleness: bound, learning_rate: 0.5 };
+        let schedule = LrSchedule { base: 0.5, decay: 1.0 };
+        let cfg = SgdShardConfig {
+            id: ShardId(0),
+            rule,
+            modulation,
+            max_staleness: bound,
+            schedule,
+            gradients_per_epoch: 1,
+        };
         SgdShard::new(cfg, vec![1.0, 2.0, 3.0], L[..learners].iter().copied().collect())
     }
 

@@ -115,7 +115,7 @@ async fn quic(
     });
     let peer = learner.connect(addr, "shard-0").await?;
     let mut rx = peer.incoming(4);
-    let pull = Msg::Pull { learner: 0 };
+    let pull = Msg::Pull { learner: 0, last: false };
     let start = Instant::now();
     for _ in 0..frames {
         peer.send_encoded(Kind::Push, push).await?;

@@ -1,0 +1,502 @@
+//! One role per process: `rudra-node --role scheduler|shard|learner`.
+//!
+//! The scheduler listens, waits for the configured shards and learners to join, gives each its
+//! id and the run configuration (learners also get the shards' addresses), starts the run,
+//! writes the run directory and stops everyone. Shards and learners connect to each other
+//! directly; the scheduler is not on the data path. Every connection is QUIC with mutual TLS.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use rudra_actors::learner::{LearnerActor, SchedulerLink, ShardLink, StartLearner, StopLearner};
+use rudra_actors::protocol::Weights;
+use rudra_actors::remote::{AnswerSnapshot, RemotePeer, SnapshotReply, records_from_wire};
+use rudra_actors::scheduler::{
+    Joined, LearnerDone, LearnerHandle, Members, Progress, SchedulerActor, ShardHandle,
+};
+use rudra_actors::shard::{Pull, Push, Served, ShardActor, Snapshot, StopShard};
+use rudra_actors::tracker::StalenessTracker;
+use rudra_actors::{RunReport, TrainingData};
+use rudra_compute::{CpuBackend, Model};
+use rudra_transport::quic::{Peer, QuicEndpoint, QuicSettings};
+use rudra_transport::tls::CertDir;
+use rudra_transport::{Inbound, LearnerId, Msg, Role, ShardId};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::local::{ProgressMode, show_progress};
+use crate::{Config, RawConfig, RuntimeError};
+
+/// How a node finds and authenticates its peers.
+#[derive(Clone, Debug)]
+pub struct NodeOptions {
+    /// This node's name (its certificate `certs/NAME.pem`).
+    pub name: String,
+    /// The certificate directory.
+    pub certs: PathBuf,
+    /// Where this node listens (the scheduler: for nodes; a shard: for learners).
+    pub listen: SocketAddr,
+    /// The scheduler's address (shards and learners).
+    pub scheduler: Option<SocketAddr>,
+    /// How long to keep trying to reach a peer, and to wait for nodes to join.
+    pub connect_timeout: Duration,
+}
+
+fn net(e: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::Transport(rudra_transport::TransportError::Connection(e.to_string()))
+}
+
+fn endpoint(opts: &NodeOptions, role: Role) -> Result<QuicEndpoint, RuntimeError> {
+    let identity = CertDir::new(&opts.certs).identity(&opts.name)?;
+    if identity.role() != role {
+        return Err(RuntimeError::Invalid {
+            key: "--name",
+            message: format!(
+                "{} is a {} certificate; this node runs as {}",
+                opts.name,
+                identity.role().as_str(),
+                role.as_str()
+            ),
+        });
+    }
+    Ok(QuicEndpoint::bind(opts.listen, identity, QuicSettings::default())?)
+}
+
+/// Connect to `name` at `addr`, retrying with backoff until `timeout`.
+async fn connect_with_retry(
+    ep: &QuicEndpoint,
+    addr: SocketAddr,
+    name: &str,
+    timeout: Duration,
+) -> Result<Peer, RuntimeError> {
+    let start = Instant::now();
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let attempt = tokio::time::timeout(Duration::from_secs(3), ep.connect(addr, name)).await;
+        let why = match attempt {
+            Ok(Ok(peer)) => return Ok(peer),
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "no answer within 3 s".to_owned(),
+        };
+        if start.elapsed() + backoff > timeout {
+            return Err(net(format!(
+                "gave up reaching {name} at {addr} after {:.0?}: {why}",
+                start.elapsed()
+            )));
+        }
+        tracing::info!("{name} at {addr} not reachable ({why}); retrying in {backoff:?}");
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// The next message, or an error naming what was expected.
+async fn expect(
+    rx: &mut mpsc::Receiver<Inbound>,
+    what: &str,
+    within: Duration,
+) -> Result<Inbound, RuntimeError> {
+    match tokio::time::timeout(within, rx.recv()).await {
+        Ok(Some(m)) => Ok(m),
+        Ok(None) => Err(net(format!("the connection closed while waiting for {what}"))),
+        Err(_) => Err(net(format!("no {what} within {within:?}"))),
+    }
+}
+
+/// A node that has joined the scheduler.
+struct Joiner {
+    peer: Peer,
+    rx: mpsc::Receiver<Inbound>,
+    data_addr: String,
+}
+
+/// Wait for `config`'s shards and learners to join; returns them ordered by name.
+async fn gather(
+    ep: &QuicEndpoint,
+    config: &Config,
+    within: Duration,
+) -> Result<(Vec<Joiner>, Vec<Joiner>), RuntimeError> {
+    let (want_shards, want_learners) = (config.cluster.shards as usize, config.cluster.learners as usize);
+    let (mut shards, mut learners) = (BTreeMap::new(), BTreeMap::new());
+    let deadline = tokio::time::Instant::now() + within;
+    while shards.len() < want_shards || learners.len() < want_learners {
+        let Ok(next) = tokio::time::timeout_at(deadline, ep.accept()).await else {
+            return Err(net(format!(
+                "only {} of {want_shards} shards and {} of {want_learners} learners joined within {within:?}",
+                shards.len(),
+                learners.len()
+            )));
+        };
+        let peer = match next {
+            Some(Ok(peer)) => peer,
+            Some(Err(e)) => {
+                tracing::warn!("refused a node: {e}");
+                continue;
+            }
+            None => return Err(net("the endpoint closed")),
+        };
+        let mut rx = peer.incoming(256);
+        let data_addr = match expect(&mut rx, "a join", Duration::from_secs(10)).await {
+            Ok(Inbound::Control(Msg::Join { role, name, data_addr }))
+                if role == peer.role() && name == peer.name() =>
+            {
+                data_addr
+            }
+            other => {
+                tracing::warn!(peer = peer.name(), "did not join as its certificate says: {other:?}");
+                peer.close("expected a join matching the certificate");
+                continue;
+            }
+        };
+        let (slots, want) = match peer.role() {
+            Role::Shard => (&mut shards, want_shards),
+            Role::Learner => (&mut learners, want_learners),
+            Role::Scheduler => {
+                peer.close("only shards and learners join");
+                continue;
+            }
+        };
+        if slots.len() >= want || slots.contains_key(peer.name()) {
+            tracing::warn!(peer = peer.name(), "refused: already joined, or no free slot");
+            peer.close("no free slot for this node");
+            continue;
+        }
+        tracing::info!(peer = peer.name(), "joined");
+        slots.insert(peer.name().to_owned(), Joiner { peer, rx, data_addr });
+    }
+    Ok((shards.into_values().collect(), learners.into_values().collect()))
+}
+
+/// Run the scheduler of `config`: wait for the nodes, drive the run, stop everyone.
+pub fn run_scheduler(
+    config: &Config,
+    data: TrainingData,
+    opts: &NodeOptions,
+) -> Result<RunReport, RuntimeError> {
+    let config = config.clone();
+    let opts = opts.clone();
+    actix::System::new().block_on(async move {
+        let ep = endpoint(&opts, Role::Scheduler)?;
+        tracing::info!(
+            "scheduler listening on {}; waiting for {} shards and {} learners",
+            ep.local_addr()?,
+            config.cluster.shards,
+            config.cluster.learners
+        );
+        let (shards, learners) = gather(&ep, &config, opts.connect_timeout).await?;
+        let config_toml = config.to_toml()?;
+        let shard_addrs: Vec<String> = shards.iter().map(|j| j.data_addr.clone()).collect();
+        let shard_names: Vec<String> = shards.iter().map(|j| j.peer.name().to_owned()).collect();
+        for (id, j) in shards.iter().enumerate() {
+            let welcome = Msg::Welcome {
+                id: id as u32,
+                config_toml: config_toml.clone(),
+                train_examples: data.train.len() as u64,
+                shard_addrs: vec![],
+                shard_names: vec![],
+            };
+            j.peer.send(&welcome).await?;
+        }
+        for (id, j) in learners.iter().enumerate() {
+            let (shard_addrs, shard_names) = (shard_addrs.clone(), shard_names.clone());
+            let train_examples = data.train.len() as u64;
+            j.peer
+                .send(&Msg::Welcome {
+                    id: id as u32,
+                    config_toml: config_toml.clone(),
+                    train_examples,
+                    shard_addrs,
+                    shard_names,
+                })
+                .await?;
+        }
+        let mut learners = learners;
+        for j in &mut learners {
+            match expect(&mut j.rx, "ready", opts.connect_timeout).await? {
+                Inbound::Control(Msg::Ready) => {}
+                other => return Err(net(format!("{} sent {:?} before ready", j.peer.name(), other.kind()))),
+            }
+        }
+        let spec = &config.cluster;
+        let tracker = StalenessTracker::default().start();
+        let shard_peers: Vec<Addr<RemotePeer>> = shards
+            .iter()
+            .enumerate()
+            .map(|(s, j)| RemotePeer::new(j.peer.clone(), ShardId(s as u32)).start())
+            .collect();
+        let learner_peers: Vec<Addr<RemotePeer>> =
+            learners.iter().map(|j| RemotePeer::new(j.peer.clone(), ShardId(0)).start()).collect();
+        let members = Members {
+            shards: shard_peers
+                .iter()
+                .map(|a| ShardHandle { snapshot: a.clone().recipient(), stop: a.clone().recipient() })
+                .collect(),
+            learners: learner_peers
+                .iter()
+                .map(|a| LearnerHandle { start: a.clone().recipient(), stop: a.clone().recipient() })
+                .collect(),
+            tracker: tracker.clone(),
+        };
+        let (tx, report) = oneshot::channel();
+        let (obs_tx, obs_rx) = mpsc::unbounded_channel();
+        let train_len = data.train.len();
+        let core = spec.scheduler_core(train_len);
+        let scheduler =
+            SchedulerActor::new(core, members, spec, train_len, (data.test, Some(obs_tx), tx)).start();
+        actix::spawn(show_progress(obs_rx, ProgressMode::detect()));
+        let mut peers = Vec::new();
+        for (s, j) in shards.into_iter().enumerate() {
+            peers.push(j.peer.clone());
+            let (tracker, remote) = (tracker.clone(), shard_peers[s].clone());
+            actix::spawn(dispatch_shard(ShardId(s as u32), j, tracker, remote));
+            scheduler.do_send(Joined::Shard(ShardId(s as u32)));
+        }
+        for (l, j) in learners.into_iter().enumerate() {
+            peers.push(j.peer.clone());
+            actix::spawn(dispatch_learner(LearnerId(l as u32), j, scheduler.clone()));
+            scheduler.do_send(Joined::Learner(LearnerId(l as u32)));
+        }
+        let report = report.await.map_err(|_| net("the scheduler stopped without a report"))??;
+        // Every node was told to stop; give them a moment to hang up before closing.
+        for p in &peers {
+            let _ = tokio::time::timeout(Duration::from_secs(5), p.closed()).await;
+        }
+        ep.close();
+        Ok(report)
+    })
+}
+
+async fn dispatch_shard(
+    id: ShardId,
+    mut j: Joiner,
+    tracker: Addr<StalenessTracker>,
+    remote: Addr<RemotePeer>,
+) {
+    while let Some(m) = j.rx.recv().await {
+        match m {
+            Inbound::Control(Msg::Records { gradients, updates }) => {
+                tracker.do_send(records_from_wire(id, &gradients, &updates));
+            }
+            Inbound::Snapshot { request, clock, values } => {
+                let weights = Weights { shard: id, clock, values: Arc::new(values.as_slice().to_vec()) };
+                remote.do_send(SnapshotReply { request, weights });
+            }
+            other => tracing::warn!(peer = j.peer.name(), "unexpected {:?}", other.kind()),
+        }
+    }
+}
+
+async fn dispatch_learner(id: LearnerId, mut j: Joiner, scheduler: Addr<SchedulerActor>) {
+    while let Some(m) = j.rx.recv().await {
+        match m {
+            Inbound::Control(Msg::Progress { samples, steps, loss_sum }) => {
+                scheduler.do_send(Progress { samples, steps, loss_sum });
+            }
+            Inbound::Control(Msg::LearnerDone { error }) => {
+                scheduler.do_send(LearnerDone { learner: id, error })
+            }
+            other => tracing::warn!(peer = j.peer.name(), "unexpected {:?}", other.kind()),
+        }
+    }
+}
+
+/// What the scheduler tells a node that joins.
+struct Welcome {
+    /// Shard or learner id.
+    id: u32,
+    /// The run configuration.
+    config: Config,
+    /// Size of the scheduler's training set.
+    train_examples: usize,
+    /// Shard addresses and certificate names (for learners).
+    shards: Vec<(String, String)>,
+}
+
+/// Join the scheduler at `opts.scheduler`: returns the connection, its messages, and the welcome.
+async fn join(
+    ep: &QuicEndpoint,
+    opts: &NodeOptions,
+    role: Role,
+) -> Result<(Peer, mpsc::Receiver<Inbound>, Welcome), RuntimeError> {
+    let addr = opts.scheduler.ok_or_else(|| RuntimeError::Invalid {
+        key: "--scheduler",
+        message: "shards and learners need the scheduler's address".into(),
+    })?;
+    let sched = connect_with_retry(ep, addr, "scheduler", opts.connect_timeout).await?;
+    let mut rx = sched.incoming(256);
+    let data_addr = if role == Role::Shard { ep.local_addr()?.to_string() } else { String::new() };
+    sched.send(&Msg::Join { role, name: opts.name.clone(), data_addr }).await?;
+    let Inbound::Control(Msg::Welcome { id, config_toml, train_examples, shard_addrs, shard_names }) =
+        expect(&mut rx, "the welcome", Duration::from_secs(3600)).await?
+    else {
+        return Err(net("the scheduler did not answer the join with a welcome"));
+    };
+    let raw: RawConfig =
+        toml::from_str(&config_toml).map_err(|e| RuntimeError::Config(format!("from the scheduler: {e}")))?;
+    tracing::info!(id, "joined the run");
+    let welcome = Welcome {
+        id,
+        config: raw.try_into()?,
+        train_examples: train_examples as usize,
+        shards: shard_addrs.into_iter().zip(shard_names).collect(),
+    };
+    Ok((sched, rx, welcome))
+}
+
+/// Run a shard: join, serve learners, answer the scheduler, stop when told.
+pub fn run_shard(opts: &NodeOptions) -> Result<(), RuntimeError> {
+    let opts = opts.clone();
+    actix::System::new().block_on(async move {
+        let ep = endpoint(&opts, Role::Shard)?;
+        let (sched, mut rx, welcome) = join(&ep, &opts, Role::Shard).await?;
+        let id = ShardId(welcome.id);
+        let tracker = RemotePeer::new(sched.clone(), id).start();
+        let core = welcome.config.cluster.shard_core(id.index(), welcome.train_examples);
+        let shard = ShardActor::new(core, tracker.clone().recipient()).start();
+        actix::spawn(accept_learners(ep.clone(), shard.clone()));
+        while let Some(m) = rx.recv().await {
+            match m {
+                Inbound::Control(Msg::SnapshotRequest { request }) => {
+                    // The shard flushes its records to the tracker's stand-in before answering;
+                    // the answer follows them through the same stand-in, in order.
+                    let weights = shard.send(Snapshot).await.map_err(net)?;
+                    tracker.do_send(AnswerSnapshot { request, weights });
+                }
+                Inbound::Control(Msg::Stop) => break,
+                other => tracing::warn!("unexpected {:?} from the scheduler", other.kind()),
+            }
+        }
+        let _ = shard.send(StopShard).await;
+        tracing::info!("stopped by the scheduler");
+        sched.close("stopped");
+        ep.close();
+        Ok(())
+    })
+}
+
+async fn accept_learners(ep: QuicEndpoint, shard: Addr<ShardActor>) {
+    while let Some(next) = ep.accept().await {
+        match next {
+            Ok(peer) if peer.role() == Role::Learner => {
+                actix::spawn(serve_learner(peer, shard.clone()));
+            }
+            Ok(peer) => peer.close("only learners connect to a shard"),
+            Err(e) => tracing::warn!("refused a connection: {e}"),
+        }
+    }
+}
+
+async fn serve_learner(peer: Peer, shard: Addr<ShardActor>) {
+    let mut rx = peer.incoming(64);
+    let learner = match expect(&mut rx, "a hello", Duration::from_secs(10)).await {
+        Ok(Inbound::Control(Msg::Hello { learner })) => LearnerId(learner),
+        other => {
+            tracing::warn!(peer = peer.name(), "expected a hello: {other:?}");
+            peer.close("expected a hello");
+            return;
+        }
+    };
+    let reply = RemotePeer::new(peer.clone(), ShardId(0)).start().recipient::<Served>();
+    // A learner alternates pull, push, pull, push… A push travels on its own stream and a pull
+    // on the control stream, so a pull may overtake the push before it: hold it until then.
+    let mut outstanding = false;
+    let mut early_pull = None;
+    while let Some(m) = rx.recv().await {
+        match m {
+            Inbound::Control(Msg::Pull { learner: l, last }) if l == learner.0 => {
+                if outstanding {
+                    early_pull = Some(last);
+                } else {
+                    outstanding = !last;
+                    shard.do_send(Pull { learner, last, reply_to: reply.clone() });
+                }
+            }
+            Inbound::Push { learner: l, computed_on, values } if l == learner => {
+                let len = values.as_slice().len();
+                shard.do_send(Push {
+                    learner,
+                    computed_on,
+                    values: Arc::new(values.as_slice().to_vec()),
+                    range: 0..len,
+                });
+                outstanding = false;
+                if let Some(last) = early_pull.take() {
+                    outstanding = !last;
+                    shard.do_send(Pull { learner, last, reply_to: reply.clone() });
+                }
+            }
+            other => tracing::warn!(
+                peer = peer.name(),
+                "rejected {:?}: not from {learner} as it said hello",
+                other.kind()
+            ),
+        }
+    }
+}
+
+/// Run a learner: join, connect to every shard, train when told, stop when told.
+pub fn run_learner(opts: &NodeOptions) -> Result<(), RuntimeError> {
+    let opts = opts.clone();
+    actix::System::new().block_on(async move {
+        let ep = endpoint(&opts, Role::Learner)?;
+        let (sched, mut rx, welcome) = join(&ep, &opts, Role::Learner).await?;
+        let Welcome { id, config, train_examples, shards } = welcome;
+        let spec = config.cluster.clone();
+        let data = config.data.load()?;
+        if data.train.len() != train_examples {
+            return Err(RuntimeError::Invalid {
+                key: "training.data_dir",
+                message: format!(
+                    "this learner reads {} training examples, the scheduler {train_examples}; give every node the same dataset",
+                    data.train.len()
+                ),
+            });
+        }
+        let mut links = Vec::new();
+        let mut inboxes = Vec::new();
+        for ((s, (addr, name)), range) in shards.iter().enumerate().zip(spec.shard_ranges()) {
+            let addr: SocketAddr = addr.parse().map_err(|e| net(format!("shard address {addr:?}: {e}")))?;
+            let peer = connect_with_retry(&ep, addr, name, opts.connect_timeout).await?;
+            inboxes.push(peer.incoming(8));
+            peer.send(&Msg::Hello { learner: id }).await?;
+            let remote = RemotePeer::new(peer, ShardId(s as u32)).start();
+            links.push(ShardLink { range, pull: remote.clone().recipient(), push: remote.recipient() });
+        }
+        let to_sched = RemotePeer::new(sched.clone(), ShardId(0)).start();
+        let link = SchedulerLink { progress: to_sched.clone().recipient(), done: to_sched.recipient() };
+        let (core, batches) = spec.learner_parts(id as usize, data.train);
+        let arbiter = Arbiter::new();
+        let model = spec.model.clone();
+        let learner = LearnerActor::start_in_arbiter(&arbiter.handle(), move |_| {
+            let model = Model::new(CpuBackend, model).expect("CPU allocation cannot fail");
+            LearnerActor::new(core, model, batches, links, link)
+        });
+        for mut inbox in inboxes {
+            let learner = learner.clone();
+            actix::spawn(async move {
+                while let Some(m) = inbox.recv().await {
+                    if let Inbound::Weights { shard, clock, values } = m {
+                        learner.do_send(Served(Weights { shard, clock, values: Arc::new(values.as_slice().to_vec()) }));
+                    }
+                }
+            });
+        }
+        sched.send(&Msg::Ready).await?;
+        while let Some(m) = rx.recv().await {
+            match m {
+                Inbound::Control(Msg::Start) => learner.do_send(StartLearner),
+                Inbound::Control(Msg::Stop) => break,
+                other => tracing::warn!("unexpected {:?} from the scheduler", other.kind()),
+            }
+        }
+        learner.do_send(StopLearner);
+        arbiter.stop();
+        tracing::info!("stopped by the scheduler");
+        sched.close("stopped");
+        ep.close();
+        Ok(())
+    })
+}

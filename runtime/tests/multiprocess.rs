@@ -1,0 +1,118 @@
+//! A real distributed run: 1 scheduler, 2 shards and 2 learners as separate `rudra-node`
+//! processes on 127.0.0.1, mutual TLS with fresh certificates, real MNIST.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn node(dir: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_rudra-node"));
+    c.args(args).current_dir(dir).env("RUST_LOG", "warn").stdin(Stdio::null());
+    c
+}
+
+fn ok(mut c: Command) {
+    let out = c.output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn free_port() -> u16 {
+    std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Wait for every child; kill them all if any runs past `limit`.
+fn wait_all(children: &mut [(String, Child)], limit: Duration) {
+    let start = Instant::now();
+    let mut done = vec![false; children.len()];
+    while done.iter().any(|d| !d) {
+        for (i, (name, child)) in children.iter_mut().enumerate() {
+            if !done[i]
+                && let Some(status) = child.try_wait().unwrap()
+            {
+                assert!(status.success(), "{name} exited with {status}");
+                done[i] = true;
+            }
+        }
+        if start.elapsed() > limit {
+            for (_, c) in children.iter_mut() {
+                let _ = c.kill();
+            }
+            panic!("the cluster did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn tensors(path: &Path) -> Vec<(String, Vec<f32>)> {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut out: Vec<(String, Vec<f32>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(name, t)| {
+            (name, t.data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect())
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+#[test]
+fn hardsync_across_processes_trains_and_equals_local_mode() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/mnist");
+    ok(node(dir, &["cert", "init", "--dir", "certs"]));
+    for name in ["scheduler", "shard-0", "shard-1", "learner-0", "learner-1"] {
+        ok(node(dir, &["cert", "issue", "--dir", "certs", "--name", name]));
+    }
+    let settings: Vec<String> = [
+        "protocol.kind=hardsync",
+        "cluster.learners=2",
+        "cluster.shards=2",
+        "training.train_examples=16000",
+        "training.epochs=2",
+        &format!("training.data_dir={}", data.display()),
+    ]
+    .iter()
+    .flat_map(|s| ["--set".to_owned(), (*s).to_owned()])
+    .collect();
+    let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
+    let addr = format!("127.0.0.1:{}", free_port());
+    // Start order must not matter: the nodes come first and wait for the scheduler.
+    let mut children: Vec<(String, Child)> = Vec::new();
+    for name in ["shard-1", "learner-0", "shard-0", "learner-1"] {
+        let role = name.split('-').next().unwrap();
+        let child = node(dir, &["--role", role, "--name", name, "--scheduler", &addr, "--certs", "certs"])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        children.push((name.to_owned(), child));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let sched_args =
+        [&["--role", "scheduler", "--listen", &addr, "--certs", "certs", "--out", "quic"][..], &settings]
+            .concat();
+    children.push(("scheduler".into(), node(dir, &sched_args).stdout(Stdio::null()).spawn().unwrap()));
+    wait_all(&mut children, Duration::from_secs(300));
+
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("quic/summary.json")).unwrap()).unwrap();
+    let acc = summary["final_test_accuracy"].as_f64().unwrap();
+    assert!(acc >= 0.90, "test accuracy {acc} over QUIC");
+    assert_eq!(summary["updates"], 500, "hardsync: one update per round of 2 learners");
+    assert_eq!(summary["staleness"]["max"], 0);
+
+    ok(node(dir, &[&["local", "--out", "local"][..], &settings].concat()));
+    let (quic, local): (PathBuf, PathBuf) =
+        (dir.join("quic/checkpoint.safetensors"), dir.join("local/checkpoint.safetensors"));
+    let (q, l) = (tensors(&quic), tensors(&local));
+    assert_eq!(
+        q.iter().map(|t| &t.0).collect::<Vec<_>>(),
+        ["fc1.bias", "fc1.weight", "fc2.bias", "fc2.weight"]
+    );
+    for ((name, a), (_, b)) in q.iter().zip(&l) {
+        let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+        assert!(worst < 1e-5, "{name}: QUIC and local hardsync differ by {worst}");
+    }
+}
