@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 use rudra_compute::{CpuBackend, Minibatches, Model};
+use rudra_transport::Floats;
 
 use crate::ActorError;
 use crate::protocol::{LearnerCore, LearnerEvent};
@@ -82,12 +83,10 @@ impl LearnerActor {
                 }),
                 LearnerEvent::Push { shard, computed_on } => {
                     let link = &self.shards[shard.index()];
-                    link.push.do_send(Push {
-                        learner: self.core.id(),
-                        computed_on,
-                        values: Arc::clone(&self.grad),
-                        range: link.range.clone(),
-                    });
+                    let grad = Floats::from(Arc::clone(&self.grad));
+                    if let Some(values) = grad.slice(link.range.clone()) {
+                        link.push.do_send(Push { learner: self.core.id(), computed_on, values });
+                    }
                 }
                 LearnerEvent::Compute => match self.compute() {
                     Ok(more) => self.carry_out(more, ctx),
@@ -145,8 +144,8 @@ impl Handler<Served> for LearnerActor {
             tracing::warn!(learner = %self.core.id(), "weights from unknown {}", w.shard);
             return;
         };
-        if self.shards.len() == 1 && w.values.len() == self.model.layout().len {
-            self.shared = Some(Arc::clone(&w.values));
+        if let Some(whole) = w.values.whole_vec().filter(|v| v.len() == self.model.layout().len) {
+            self.shared = Some(Arc::clone(whole));
         } else if let Err(e) = self.model.write_params(link.range.start, &w.values) {
             tracing::warn!(learner = %self.core.id(), "weights from {} rejected: {e}", w.shard);
             return;

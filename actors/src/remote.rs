@@ -3,7 +3,6 @@
 //! the scheduler hold the same `Recipient`s whether their peers live in this process or not.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use actix::prelude::*;
 use rudra_transport::quic::Peer;
@@ -148,7 +147,7 @@ forward!(Pull, |m| Msg::Pull { learner: m.learner.0, last: m.last });
 forward!(Push, |m| Msg::Push {
     learner: m.learner.0,
     computed_on: m.computed_on.0,
-    values: m.values.get(m.range.clone()).map(<[f32]>::to_vec).unwrap_or_default(),
+    values: m.values.to_vec(),
 });
 forward!(AnswerSnapshot, |m| Msg::Snapshot {
     request: m.request,
@@ -168,7 +167,7 @@ impl Handler<Snapshot> for RemotePeer {
         let shard = self.shard;
         Box::pin(async move {
             // A shard that goes away answers with nothing; evaluation then sees no weights.
-            rx.await.unwrap_or(Weights { shard, clock: Clock(0), values: Arc::new(Vec::new()) })
+            rx.await.unwrap_or(Weights { shard, clock: Clock(0), values: Vec::new().into() })
         })
     }
 }

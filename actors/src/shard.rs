@@ -1,11 +1,9 @@
 //! The shard actor: a thin shell over [`SgdShard`].
 
 use std::collections::BTreeMap;
-use std::ops::Range;
-use std::sync::Arc;
 
 use actix::prelude::*;
-use rudra_transport::{Clock, LearnerId};
+use rudra_transport::{Clock, Floats, LearnerId};
 
 use crate::protocol::{SgdShard, ShardEvent, Weights};
 use crate::tracker::Records;
@@ -27,8 +25,8 @@ pub struct Pull {
 #[rtype(result = "()")]
 pub struct Served(pub Weights);
 
-/// A learner's gradient for this shard's range. `values` is shared with the other shards'
-/// pushes of the same gradient; this shard reads `values[range]`.
+/// A learner's gradient for this shard's range, viewed in the learner's gradient buffer (or in
+/// the frame it arrived in), never copied.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Push {
@@ -36,10 +34,8 @@ pub struct Push {
     pub learner: LearnerId,
     /// The clock of this shard's weights it was computed on.
     pub computed_on: Clock,
-    /// The whole gradient.
-    pub values: Arc<Vec<f32>>,
-    /// This shard's part of it.
-    pub range: Range<usize>,
+    /// This shard's part of the gradient.
+    pub values: Floats,
 }
 
 /// The current weights, without gating, for evaluation and checkpoints.
@@ -114,11 +110,7 @@ impl Handler<Pull> for ShardActor {
 impl Handler<Push> for ShardActor {
     type Result = ();
     fn handle(&mut self, msg: Push, _: &mut Context<Self>) {
-        let Some(grad) = msg.values.get(msg.range.clone()) else {
-            tracing::warn!(shard = %self.core.id(), "rejected push from {}: range {:?} outside the gradient", msg.learner, msg.range);
-            return;
-        };
-        match self.core.on_push(msg.learner, msg.computed_on, grad) {
+        match self.core.on_push(msg.learner, msg.computed_on, &msg.values) {
             Ok(()) => self.drain(),
             Err(e) => tracing::warn!(shard = %self.core.id(), "rejected push: {e}"),
         }

@@ -19,7 +19,7 @@ use rudra_transport::{Clock, LearnerId, ShardId};
 enum Msg {
     Pull(ShardId, LearnerId, bool),
     Push(ShardId, LearnerId, Clock, Arc<Vec<f32>>),
-    Weights(LearnerId, ShardId, Clock, Arc<Vec<f32>>),
+    Weights(LearnerId, ShardId, Clock, rudra_transport::Floats),
 }
 
 /// Computes learner `l`'s gradient on `params`.

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 use rudra_actors::RunReport;
 use rudra_runtime::local::{ProgressMode, run_local};
-use rudra_runtime::node::{NodeOptions, run_learner, run_scheduler, run_shard};
+use rudra_runtime::node::{NodeOptions, run_learner, run_loopback, run_scheduler, run_shard};
 use rudra_runtime::{Config, RunDir, RuntimeError, bench};
 use rudra_transport::tls::CertDir;
 
@@ -67,6 +67,12 @@ enum Suite {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
+enum Transport {
+    Memory,
+    Quic,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
 enum LogFormat {
     Text,
     Json,
@@ -96,6 +102,10 @@ enum Command {
         /// Run directory (default: `runs/<timestamp>-<protocol>`).
         #[arg(long)]
         out: Option<PathBuf>,
+        /// How the nodes talk: actor messages in memory, or QUIC with mutual TLS over
+        /// loopback with every node on its own thread, as separate processes would.
+        #[arg(long, value_enum, default_value_t = Transport::Memory)]
+        transport: Transport,
     },
     /// Measure against baselines in the same run: training throughput against a bare SGD
     /// loop (`--suite training`), or QUIC against TCP loopback and memcpy (`--suite transport`).
@@ -186,13 +196,16 @@ fn run(command: Command) -> Result<(), RuntimeError> {
             println!("issued {}", dir.join(format!("{name}.pem")).display());
             Ok(())
         }
-        Command::Local { config, out } => {
+        Command::Local { config, out, transport } => {
             let config = Config::load(config.config.as_deref(), &config.set)?;
             let data = config.data.load()?;
             let dir = RunDir::create(out.as_deref(), config.protocol_name())?;
             dir.write_config(&config)?;
             tracing::info!(dir = %dir.path().display(), "run directory");
-            let report = run_local(&config, data, ProgressMode::detect())?;
+            let report = match transport {
+                Transport::Memory => run_local(&config, data, ProgressMode::detect())?,
+                Transport::Quic => run_loopback(&config, data, ProgressMode::detect())?,
+            };
             finish(&dir, &config, &report)
         }
         Command::Bench { config, suite, steps, frames, repeats } => {
@@ -265,7 +278,7 @@ fn run_node(
             let data = config.data.load()?;
             let dir = RunDir::create(out.as_deref(), config.protocol_name())?;
             dir.write_config(&config)?;
-            let report = run_scheduler(&config, data, &opts)?;
+            let report = run_scheduler(&config, data, &opts, ProgressMode::detect())?;
             finish(&dir, &config, &report)
         }
         RoleArg::Shard => run_shard(&opts),

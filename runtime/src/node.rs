@@ -65,6 +65,16 @@ fn endpoint(opts: &NodeOptions, role: Role) -> Result<QuicEndpoint, RuntimeError
     Ok(QuicEndpoint::bind(opts.listen, identity, QuicSettings::default())?)
 }
 
+/// How long a stopping node waits for its peers to hang up.
+const HANG_UP: Duration = Duration::from_secs(5);
+
+/// Close every connection of `ep` and wait (briefly) until the peers have been told, so they
+/// see a clean close rather than an idle timeout.
+async fn hang_up(ep: &QuicEndpoint) {
+    ep.close();
+    let _ = tokio::time::timeout(HANG_UP, ep.wait_idle()).await;
+}
+
 /// Connect to `name` at `addr`, retrying with backoff until `timeout`.
 async fn connect_with_retry(
     ep: &QuicEndpoint,
@@ -175,6 +185,7 @@ pub fn run_scheduler(
     config: &Config,
     data: TrainingData,
     opts: &NodeOptions,
+    progress: ProgressMode,
 ) -> Result<RunReport, RuntimeError> {
     let config = config.clone();
     let opts = opts.clone();
@@ -188,30 +199,21 @@ pub fn run_scheduler(
         );
         let (shards, learners) = gather(&ep, &config, opts.connect_timeout).await?;
         let config_toml = config.to_toml()?;
+        let names = |nodes: &[Joiner]| nodes.iter().map(|j| j.peer.name().to_owned()).collect::<Vec<_>>();
+        let (shard_names, learner_names) = (names(&shards), names(&learners));
         let shard_addrs: Vec<String> = shards.iter().map(|j| j.data_addr.clone()).collect();
-        let shard_names: Vec<String> = shards.iter().map(|j| j.peer.name().to_owned()).collect();
-        for (id, j) in shards.iter().enumerate() {
-            let welcome = Msg::Welcome {
-                id: id as u32,
-                config_toml: config_toml.clone(),
-                train_examples: data.train.len() as u64,
-                shard_addrs: vec![],
-                shard_names: vec![],
-            };
-            j.peer.send(&welcome).await?;
-        }
-        for (id, j) in learners.iter().enumerate() {
-            let (shard_addrs, shard_names) = (shard_addrs.clone(), shard_names.clone());
-            let train_examples = data.train.len() as u64;
-            j.peer
-                .send(&Msg::Welcome {
+        for nodes in [&shards, &learners] {
+            for (id, j) in nodes.iter().enumerate() {
+                let welcome = Msg::Welcome {
                     id: id as u32,
                     config_toml: config_toml.clone(),
-                    train_examples,
-                    shard_addrs,
-                    shard_names,
-                })
-                .await?;
+                    train_examples: data.train.len() as u64,
+                    shard_addrs: shard_addrs.clone(),
+                    shard_names: shard_names.clone(),
+                    learner_names: learner_names.clone(),
+                };
+                j.peer.send(&welcome).await?;
+            }
         }
         let mut learners = learners;
         for j in &mut learners {
@@ -246,7 +248,7 @@ pub fn run_scheduler(
         let core = spec.scheduler_core(train_len);
         let scheduler =
             SchedulerActor::new(core, members, spec, train_len, (data.test, Some(obs_tx), tx)).start();
-        actix::spawn(show_progress(obs_rx, ProgressMode::detect()));
+        actix::spawn(show_progress(obs_rx, progress));
         let mut peers = Vec::new();
         for (s, j) in shards.into_iter().enumerate() {
             peers.push(j.peer.clone());
@@ -260,11 +262,14 @@ pub fn run_scheduler(
             scheduler.do_send(Joined::Learner(LearnerId(l as u32)));
         }
         let report = report.await.map_err(|_| net("the scheduler stopped without a report"))??;
-        // Every node was told to stop; give them a moment to hang up before closing.
-        for p in &peers {
-            let _ = tokio::time::timeout(Duration::from_secs(5), p.closed()).await;
-        }
-        ep.close();
+        // Every node was told to stop; give them a moment to hang up first.
+        let _ = tokio::time::timeout(HANG_UP, async {
+            for p in &peers {
+                p.closed().await;
+            }
+        })
+        .await;
+        hang_up(&ep).await;
         Ok(report)
     })
 }
@@ -281,7 +286,7 @@ async fn dispatch_shard(
                 tracker.do_send(records_from_wire(id, &gradients, &updates));
             }
             Inbound::Snapshot { request, clock, values } => {
-                let weights = Weights { shard: id, clock, values: Arc::new(values.as_slice().to_vec()) };
+                let weights = Weights { shard: id, clock, values };
                 remote.do_send(SnapshotReply { request, weights });
             }
             other => tracing::warn!(peer = j.peer.name(), "unexpected {:?}", other.kind()),
@@ -313,6 +318,8 @@ struct Welcome {
     train_examples: usize,
     /// Shard addresses and certificate names (for learners).
     shards: Vec<(String, String)>,
+    /// Learner certificate names, by learner id (for shards).
+    learners: Vec<String>,
 }
 
 /// Join the scheduler at `opts.scheduler`: returns the connection, its messages, and the welcome.
@@ -329,8 +336,14 @@ async fn join(
     let mut rx = sched.incoming(256);
     let data_addr = if role == Role::Shard { ep.local_addr()?.to_string() } else { String::new() };
     sched.send(&Msg::Join { role, name: opts.name.clone(), data_addr }).await?;
-    let Inbound::Control(Msg::Welcome { id, config_toml, train_examples, shard_addrs, shard_names }) =
-        expect(&mut rx, "the welcome", Duration::from_secs(3600)).await?
+    let Inbound::Control(Msg::Welcome {
+        id,
+        config_toml,
+        train_examples,
+        shard_addrs,
+        shard_names,
+        learner_names,
+    }) = expect(&mut rx, "the welcome", Duration::from_secs(3600)).await?
     else {
         return Err(net("the scheduler did not answer the join with a welcome"));
     };
@@ -342,6 +355,7 @@ async fn join(
         config: raw.try_into()?,
         train_examples: train_examples as usize,
         shards: shard_addrs.into_iter().zip(shard_names).collect(),
+        learners: learner_names,
     };
     Ok((sched, rx, welcome))
 }
@@ -356,7 +370,11 @@ pub fn run_shard(opts: &NodeOptions) -> Result<(), RuntimeError> {
         let tracker = RemotePeer::new(sched.clone(), id).start();
         let core = welcome.config.cluster.shard_core(id.index(), welcome.train_examples);
         let shard = ShardActor::new(core, tracker.clone().recipient()).start();
-        actix::spawn(accept_learners(ep.clone(), shard.clone()));
+        let policy = LearnerPolicy {
+            names: Arc::new(welcome.learners),
+            range_len: welcome.config.cluster.shard_ranges()[id.index()].len(),
+        };
+        actix::spawn(accept_learners(ep.clone(), shard.clone(), policy));
         while let Some(m) = rx.recv().await {
             match m {
                 Inbound::Control(Msg::SnapshotRequest { request }) => {
@@ -372,16 +390,25 @@ pub fn run_shard(opts: &NodeOptions) -> Result<(), RuntimeError> {
         let _ = shard.send(StopShard).await;
         tracing::info!("stopped by the scheduler");
         sched.close("stopped");
-        ep.close();
+        hang_up(&ep).await;
         Ok(())
     })
 }
 
-async fn accept_learners(ep: QuicEndpoint, shard: Addr<ShardActor>) {
+/// What a shard accepts from learners, checked at the boundary before the shard sees anything.
+#[derive(Clone)]
+struct LearnerPolicy {
+    /// `names[l]`: the certificate learner `l` must connect with.
+    names: Arc<Vec<String>>,
+    /// Values in this shard's range: the length of every push.
+    range_len: usize,
+}
+
+async fn accept_learners(ep: QuicEndpoint, shard: Addr<ShardActor>, policy: LearnerPolicy) {
     while let Some(next) = ep.accept().await {
         match next {
             Ok(peer) if peer.role() == Role::Learner => {
-                actix::spawn(serve_learner(peer, shard.clone()));
+                actix::spawn(serve_learner(peer, shard.clone(), policy.clone()));
             }
             Ok(peer) => peer.close("only learners connect to a shard"),
             Err(e) => tracing::warn!("refused a connection: {e}"),
@@ -389,13 +416,22 @@ async fn accept_learners(ep: QuicEndpoint, shard: Addr<ShardActor>) {
     }
 }
 
-async fn serve_learner(peer: Peer, shard: Addr<ShardActor>) {
+/// Serve one learner's connection. Anything but its own pulls and pushes of the right length
+/// closes the connection; the shard never sees it.
+async fn serve_learner(peer: Peer, shard: Addr<ShardActor>, policy: LearnerPolicy) {
     let mut rx = peer.incoming(64);
     let learner = match expect(&mut rx, "a hello", Duration::from_secs(10)).await {
-        Ok(Inbound::Control(Msg::Hello { learner })) => LearnerId(learner),
+        Ok(Inbound::Control(Msg::Hello { learner }))
+            if policy.names.get(learner as usize).is_some_and(|n| n == peer.name()) =>
+        {
+            LearnerId(learner)
+        }
         other => {
-            tracing::warn!(peer = peer.name(), "expected a hello: {other:?}");
-            peer.close("expected a hello");
+            tracing::warn!(
+                peer = peer.name(),
+                "refused: expected a hello as the learner this certificate names, got {other:?}"
+            );
+            peer.close("expected a hello matching the certificate");
             return;
         }
     };
@@ -414,38 +450,48 @@ async fn serve_learner(peer: Peer, shard: Addr<ShardActor>) {
                     shard.do_send(Pull { learner, last, reply_to: reply.clone() });
                 }
             }
-            Inbound::Push { learner: l, computed_on, values } if l == learner => {
-                let len = values.as_slice().len();
-                shard.do_send(Push {
-                    learner,
-                    computed_on,
-                    values: Arc::new(values.as_slice().to_vec()),
-                    range: 0..len,
-                });
+            Inbound::Push { learner: l, computed_on, values }
+                if l == learner && values.len() == policy.range_len =>
+            {
+                shard.do_send(Push { learner, computed_on, values });
                 outstanding = false;
                 if let Some(last) = early_pull.take() {
                     outstanding = !last;
                     shard.do_send(Pull { learner, last, reply_to: reply.clone() });
                 }
             }
-            other => tracing::warn!(
-                peer = peer.name(),
-                "rejected {:?}: not from {learner} as it said hello",
-                other.kind()
-            ),
+            other => {
+                let why = match &other {
+                    Inbound::Push { values, .. } if values.len() != policy.range_len => {
+                        format!("a push of {} values to a shard of {}", values.len(), policy.range_len)
+                    }
+                    _ => format!("{:?} that is not {learner}'s own pull or push", other.kind()),
+                };
+                tracing::warn!(peer = peer.name(), "rejected {why}; closing the connection");
+                peer.close("protocol violation");
+                break;
+            }
         }
     }
 }
 
 /// Run a learner: join, connect to every shard, train when told, stop when told.
 pub fn run_learner(opts: &NodeOptions) -> Result<(), RuntimeError> {
+    learner_node(opts, None)
+}
+
+/// A learner on `data` when given, else on the dataset the run configuration names.
+fn learner_node(opts: &NodeOptions, data: Option<TrainingData>) -> Result<(), RuntimeError> {
     let opts = opts.clone();
     actix::System::new().block_on(async move {
         let ep = endpoint(&opts, Role::Learner)?;
         let (sched, mut rx, welcome) = join(&ep, &opts, Role::Learner).await?;
-        let Welcome { id, config, train_examples, shards } = welcome;
+        let Welcome { id, config, train_examples, shards, .. } = welcome;
         let spec = config.cluster.clone();
-        let data = config.data.load()?;
+        let data = match data {
+            Some(d) => d,
+            None => config.data.load()?,
+        };
         if data.train.len() != train_examples {
             return Err(RuntimeError::Invalid {
                 key: "training.data_dir",
@@ -479,7 +525,7 @@ pub fn run_learner(opts: &NodeOptions) -> Result<(), RuntimeError> {
             actix::spawn(async move {
                 while let Some(m) = inbox.recv().await {
                     if let Inbound::Weights { shard, clock, values } = m {
-                        learner.do_send(Served(Weights { shard, clock, values: Arc::new(values.as_slice().to_vec()) }));
+                        learner.do_send(Served(Weights { shard, clock, values }));
                     }
                 }
             });
@@ -496,7 +542,153 @@ pub fn run_learner(opts: &NodeOptions) -> Result<(), RuntimeError> {
         arbiter.stop();
         tracing::info!("stopped by the scheduler");
         sched.close("stopped");
-        ep.close();
+        hang_up(&ep).await;
         Ok(())
     })
+}
+
+/// `rudra-node local --transport quic`: the cluster of `config` in this process with every
+/// node on its own thread, talking QUIC with mutual TLS over loopback exactly as separate
+/// processes would (fresh certificates in a temporary directory).
+pub fn run_loopback(
+    config: &Config,
+    data: TrainingData,
+    progress: ProgressMode,
+) -> Result<RunReport, RuntimeError> {
+    let dir =
+        tempfile::tempdir().map_err(|source| RuntimeError::Io { path: std::env::temp_dir(), source })?;
+    let certs = CertDir::new(dir.path());
+    certs.init()?;
+    let names = |role: &str, n: u32| (0..n).map(|i| format!("{role}-{i}")).collect::<Vec<_>>();
+    let shards = names("shard", config.cluster.shards);
+    let learners = names("learner", config.cluster.learners);
+    for name in std::iter::once("scheduler").chain(shards.iter().chain(&learners).map(String::as_str)) {
+        certs.issue(name)?;
+    }
+    // The scheduler's port is fixed before anyone starts; the others listen on any port.
+    let scheduler = std::net::UdpSocket::bind("127.0.0.1:0")
+        .and_then(|s| s.local_addr())
+        .map_err(|e| net(format!("no loopback port: {e}")))?;
+    let opts = |name: &str, listen: SocketAddr| NodeOptions {
+        name: name.to_owned(),
+        certs: dir.path().to_owned(),
+        listen,
+        scheduler: Some(scheduler),
+        connect_timeout: Duration::from_secs(60),
+    };
+    let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    let mut nodes = Vec::new();
+    for name in &shards {
+        let o = opts(name, any);
+        nodes.push(std::thread::spawn(move || run_shard(&o)));
+    }
+    for name in &learners {
+        let (o, d) = (opts(name, any), data.clone());
+        nodes.push(std::thread::spawn(move || learner_node(&o, Some(d))));
+    }
+    let report = run_scheduler(config, data, &opts("scheduler", scheduler), progress)?;
+    for node in nodes {
+        node.join().map_err(|_| net("a node's thread panicked"))??;
+    }
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use rudra_actors::protocol::shard::SgdShardConfig;
+    use rudra_actors::protocol::{LrModulation, LrSchedule, SgdShard, SyncRule};
+    use rudra_transport::Clock;
+
+    use super::*;
+
+    const WITHIN: Duration = Duration::from_secs(10);
+
+    fn learner_endpoint(certs: &CertDir, name: &str) -> QuicEndpoint {
+        let any = "127.0.0.1:0".parse().expect("an address");
+        QuicEndpoint::bind(any, certs.identity(name).expect("issued"), QuicSettings::default())
+            .expect("bound")
+    }
+
+    /// A learner connection that has said hello as `id`.
+    async fn hello(certs: &CertDir, name: &str, id: u32, shard: SocketAddr) -> (QuicEndpoint, Peer) {
+        let ep = learner_endpoint(certs, name);
+        let peer = ep.connect(shard, "shard-0").await.expect("connected");
+        peer.send(&Msg::Hello { learner: id }).await.expect("sent");
+        (ep, peer)
+    }
+
+    /// Bad input from learners, over real QUIC connections to a shard's learner service: each
+    /// misbehaving connection is closed, the shard's parameters and clock stay as they were,
+    /// and a well-behaved learner is served before, during and after.
+    #[test]
+    fn bad_learner_input_is_refused_and_the_shard_is_unchanged() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let certs = CertDir::new(dir.path());
+        certs.init().expect("a CA");
+        for name in ["shard-0", "learner-0", "learner-1"] {
+            certs.issue(name).expect("a certificate");
+        }
+        actix::System::new().block_on(async {
+            let ep = QuicEndpoint::bind(
+                "127.0.0.1:0".parse().expect("an address"),
+                certs.identity("shard-0").expect("issued"),
+                QuicSettings::default(),
+            )
+            .expect("bound");
+            let addr = ep.local_addr().expect("an address");
+            let cfg = SgdShardConfig {
+                id: ShardId(0),
+                rule: SyncRule::Softsync { n: 2 },
+                modulation: LrModulation::None,
+                max_staleness: None,
+                schedule: LrSchedule { base: 0.5, decay: 1.0 },
+                gradients_per_epoch: 100,
+            };
+            let learners: BTreeSet<_> = [LearnerId(0), LearnerId(1)].into();
+            let core = SgdShard::new(cfg, vec![1.0; 4], learners);
+            let shard = ShardActor::new(core, StalenessTracker::default().start().recipient()).start();
+            let policy =
+                LearnerPolicy { names: Arc::new(vec!["learner-0".into(), "learner-1".into()]), range_len: 4 };
+            actix::spawn(accept_learners(ep.clone(), shard.clone(), policy));
+
+            let (_good_ep, good) = hello(&certs, "learner-0", 0, addr).await;
+            let mut weights = good.incoming(4);
+            good.send(&Msg::Pull { learner: 0, last: false }).await.expect("sent");
+            let served = tokio::time::timeout(WITHIN, weights.recv()).await.expect("weights in time");
+            assert!(matches!(served, Some(Inbound::Weights { clock: Clock(0), .. })));
+            let before = shard.send(Snapshot).await.expect("a snapshot");
+
+            let push = |learner, n| Msg::Push { learner, computed_on: 0, values: vec![1.0; n] };
+            let cases: Vec<(&str, &str, u32, Vec<Msg>)> = vec![
+                ("hello as another learner", "learner-1", 0, vec![]),
+                ("hello as an unknown learner", "learner-1", 7, vec![]),
+                ("push of the wrong length", "learner-0", 0, vec![push(0, 3)]),
+                ("push as another learner", "learner-0", 0, vec![push(1, 4)]),
+                ("pull as another learner", "learner-0", 0, vec![Msg::Pull { learner: 1, last: false }]),
+                ("heartbeat on the data path", "learner-0", 0, vec![Msg::Heartbeat]),
+            ];
+            for (what, name, id, msgs) in cases {
+                let (_ep, peer) = hello(&certs, name, id, addr).await;
+                for m in &msgs {
+                    peer.send(m).await.unwrap_or_else(|e| panic!("{what}: {e}"));
+                }
+                let why = tokio::time::timeout(WITHIN, peer.closed()).await;
+                let why = why.unwrap_or_else(|_| panic!("{what}: the shard did not close the connection"));
+                assert!(why.contains("protocol violation") || why.contains("hello"), "{what}: {why}");
+                let now = shard.send(Snapshot).await.expect("a snapshot");
+                assert_eq!((now.clock, &now.values), (before.clock, &before.values), "{what}");
+            }
+
+            // The well-behaved learner's connection was never disturbed: its push is applied.
+            good.send(&push(0, 4)).await.expect("sent");
+            good.send(&Msg::Pull { learner: 0, last: false }).await.expect("sent");
+            let served = tokio::time::timeout(WITHIN, weights.recv()).await.expect("weights in time");
+            let Some(Inbound::Weights { clock, values, .. }) = served else { panic!("expected weights") };
+            // 2-softsync with λ = 2 applies every gradient: θ − 0.5 · 1.
+            assert_eq!((clock, &values[..]), (Clock(1), &[0.5; 4][..]));
+            ep.close();
+        });
+    }
 }

@@ -1,5 +1,6 @@
 //! A real distributed run: 1 scheduler, 2 shards and 2 learners as separate `rudra-node`
-//! processes on 127.0.0.1, mutual TLS with fresh certificates, real MNIST.
+//! processes on 127.0.0.1, mutual TLS with fresh certificates, real MNIST; and the same run in
+//! one process, in memory and over loopback QUIC.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -104,15 +105,19 @@ fn hardsync_across_processes_trains_and_equals_local_mode() {
     assert_eq!(summary["staleness"]["max"], 0);
 
     ok(node(dir, &[&["local", "--out", "local"][..], &settings].concat()));
-    let (quic, local): (PathBuf, PathBuf) =
-        (dir.join("quic/checkpoint.safetensors"), dir.join("local/checkpoint.safetensors"));
-    let (q, l) = (tensors(&quic), tensors(&local));
-    assert_eq!(
-        q.iter().map(|t| &t.0).collect::<Vec<_>>(),
-        ["fc1.bias", "fc1.weight", "fc2.bias", "fc2.weight"]
-    );
-    for ((name, a), (_, b)) in q.iter().zip(&l) {
-        let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
-        assert!(worst < 1e-5, "{name}: QUIC and local hardsync differ by {worst}");
+    // The same cluster in one process over loopback QUIC.
+    ok(node(dir, &[&["local", "--transport", "quic", "--out", "loopback"][..], &settings].concat()));
+    let checkpoint = |run: &str| -> PathBuf { dir.join(run).join("checkpoint.safetensors") };
+    let local = tensors(&checkpoint("local"));
+    for run in ["quic", "loopback"] {
+        let q = tensors(&checkpoint(run));
+        assert_eq!(
+            q.iter().map(|t| &t.0).collect::<Vec<_>>(),
+            ["fc1.bias", "fc1.weight", "fc2.bias", "fc2.weight"]
+        );
+        for ((name, a), (_, b)) in q.iter().zip(&local) {
+            let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+            assert!(worst < 1e-5, "{name}: {run} and in-memory hardsync differ by {worst}");
+        }
     }
 }

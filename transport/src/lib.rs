@@ -7,12 +7,14 @@
 //! # Layout
 //! - [`ids`]: identity and time newtypes.
 //! - [`wire`]: the messages (rkyv) and their validated views.
+//! - [`floats`]: float payloads shared without copying.
 //! - [`frame`]: the frame header, checked before any allocation.
 //! - [`quic`]: QUIC endpoints and authenticated peers.
 //! - [`tls`]: the cluster CA, node certificates, mutual-TLS settings.
 //! - [`error`]: the crate's error type.
 
 pub mod error;
+pub mod floats;
 pub mod frame;
 pub mod ids;
 pub mod quic;
@@ -22,5 +24,6 @@ pub mod tls;
 pub mod wire;
 
 pub use error::TransportError;
+pub use floats::Floats;
 pub use ids::{Clock, LearnerId, ShardId, Staleness};
-pub use wire::{FloatView, Inbound, Kind, Msg, Role};
+pub use wire::{Inbound, Kind, Msg, Role};

@@ -1,22 +1,17 @@
 //! The messages Rudra's nodes exchange, archived with rkyv, and their validated views.
 //!
 //! A received body is validated once ([`Inbound::decode`]); control messages are then small
-//! owned values, and a weights or gradient payload is a [`FloatView`] into the receive buffer,
+//! owned values, and a weights or gradient payload is a [`Floats`] view into the receive buffer,
 //! never copied element by element.
 
 use std::sync::Arc;
 
 use rkyv::rancor::BoxedError;
-use rkyv::rend::f32_le;
 use rkyv::util::AlignedVec;
-use rkyv::vec::ArchivedVec;
 use rkyv::{Archive, Deserialize, Serialize};
 
 use crate::frame::{HEADER_LEN, Header};
-use crate::{Clock, LearnerId, ShardId, TransportError};
-
-#[cfg(not(target_endian = "little"))]
-compile_error!("Rudra's zero-copy payload views need a little-endian target");
+use crate::{Clock, Floats, LearnerId, ShardId, TransportError};
 
 /// The role a node plays; also the prefix of its certificate name (`shard-0`).
 #[derive(Archive, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -100,6 +95,9 @@ pub enum Msg {
         shard_addrs: Vec<String>,
         /// `shard_names[s]` is shard `s`'s certificate name (for learners).
         shard_names: Vec<String>,
+        /// `learner_names[l]` is learner `l`'s certificate name (for shards, which accept
+        /// learner `l` only from that certificate).
+        learner_names: Vec<String>,
     },
     /// Learner → scheduler: connected to every shard, ready to start.
     Ready,
@@ -301,37 +299,6 @@ impl Msg {
     }
 }
 
-/// `f32` values inside a validated receive buffer, viewed in place.
-#[derive(Clone)]
-pub struct FloatView {
-    buf: Arc<AlignedVec>,
-    offset: usize,
-    len: usize,
-}
-
-impl FloatView {
-    fn new(buf: &Arc<AlignedVec>, values: &ArchivedVec<f32_le>) -> Self {
-        let offset = values.as_ptr() as usize - buf.as_ptr() as usize;
-        Self { buf: Arc::clone(buf), offset, len: values.len() }
-    }
-
-    /// The values.
-    #[must_use]
-    pub fn as_slice(&self) -> &[f32] {
-        let bytes = &self.buf[self.offset..self.offset + 4 * self.len];
-        // SAFETY: `bytes` is the storage of an `ArchivedVec<f32_le>` that rkyv validated in
-        // this buffer (in bounds, 4-aligned); `f32_le` is `repr(C)` over `f32` and holds the
-        // native value on this little-endian target; the buffer is immutable behind the Arc.
-        unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<f32>(), self.len) }
-    }
-}
-
-impl std::fmt::Debug for FloatView {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "FloatView({} values)", self.len)
-    }
-}
-
 /// A validated incoming message: small messages owned, payloads viewed in place.
 #[derive(Clone, Debug)]
 pub enum Inbound {
@@ -344,7 +311,7 @@ pub enum Inbound {
         /// Their clock.
         clock: Clock,
         /// The values.
-        values: FloatView,
+        values: Floats,
     },
     /// A gradient slice from a learner.
     Push {
@@ -353,7 +320,7 @@ pub enum Inbound {
         /// The clock it was computed on.
         computed_on: Clock,
         /// The values.
-        values: FloatView,
+        values: Floats,
     },
     /// A shard's weights for the scheduler.
     Snapshot {
@@ -362,7 +329,7 @@ pub enum Inbound {
         /// The shard clock.
         clock: Clock,
         /// The values.
-        values: FloatView,
+        values: Floats,
     },
 }
 
@@ -380,17 +347,17 @@ impl Inbound {
             ArchivedMsg::Weights { shard, clock, values } => Self::Weights {
                 shard: ShardId(shard.to_native()),
                 clock: Clock(clock.to_native()),
-                values: FloatView::new(buf, values),
+                values: Floats::in_frame(buf, values),
             },
             ArchivedMsg::Push { learner, computed_on, values } => Self::Push {
                 learner: LearnerId(learner.to_native()),
                 computed_on: Clock(computed_on.to_native()),
-                values: FloatView::new(buf, values),
+                values: Floats::in_frame(buf, values),
             },
             ArchivedMsg::Snapshot { request, clock, values } => Self::Snapshot {
                 request: request.to_native(),
                 clock: Clock(clock.to_native()),
-                values: FloatView::new(buf, values),
+                values: Floats::in_frame(buf, values),
             },
             other => Self::Control(
                 rkyv::deserialize::<Msg, BoxedError>(other)
@@ -455,6 +422,7 @@ mod tests {
                 train_examples: 60_000,
                 shard_addrs: vec!["a:1".into()],
                 shard_names: vec!["shard-0".into()],
+                learner_names: vec!["learner-0".into(), "learner-1".into()],
             },
             Msg::Ready,
             Msg::Start,
@@ -493,19 +461,19 @@ mod tests {
                     Inbound::Weights { shard, clock, values },
                     Msg::Weights { shard: s, clock: c, values: v },
                 ) => {
-                    assert_eq!((shard.0, clock.0, values.as_slice()), (*s, *c, &v[..]));
+                    assert_eq!((shard.0, clock.0, &values[..]), (*s, *c, &v[..]));
                 }
                 (
                     Inbound::Push { learner, computed_on, values },
                     Msg::Push { learner: l, computed_on: c, values: v },
                 ) => {
-                    assert_eq!((learner.0, computed_on.0, values.as_slice()), (*l, *c, &v[..]));
+                    assert_eq!((learner.0, computed_on.0, &values[..]), (*l, *c, &v[..]));
                 }
                 (
                     Inbound::Snapshot { request, clock, values },
                     Msg::Snapshot { request: r, clock: c, values: v },
                 ) => {
-                    assert_eq!((*request, clock.0, values.as_slice()), (*r, *c, &v[..]));
+                    assert_eq!((*request, clock.0, &values[..]), (*r, *c, &v[..]));
                 }
                 other => panic!("decoded to the wrong shape: {other:?}"),
             }
@@ -519,7 +487,7 @@ mod tests {
         body.extend_from_slice(&bytes[HEADER_LEN..]);
         let range = body.as_ptr_range();
         let Inbound::Push { values, .. } = Inbound::decode(Kind::Push, body).unwrap() else { panic!() };
-        let view = values.as_slice().as_ptr_range();
+        let view = &values[..].as_ptr_range();
         assert!(range.start as usize <= view.start as usize && view.end as usize <= range.end as usize);
     }
 

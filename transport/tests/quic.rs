@@ -48,7 +48,7 @@ async fn messages_arrive_intact_and_control_stays_in_order() {
     match next(&mut rx).await {
         Inbound::Push { learner, computed_on, values } => {
             assert_eq!((learner.0, computed_on.0), (0, 7));
-            assert_eq!(values.as_slice(), &grad[..]);
+            assert_eq!(&values[..], &grad[..]);
         }
         other => panic!("expected the push, got {other:?}"),
     }

@@ -94,7 +94,7 @@ impl CenterShard {
     /// The center x̃ now.
     #[must_use]
     pub fn snapshot(&self) -> Weights {
-        Weights { shard: self.id, clock: self.clock, values: Arc::clone(&self.center) }
+        Weights { shard: self.id, clock: self.clock, values: Arc::clone(&self.center).into() }
     }
 
     /// Exchanges (or sync rounds) completed.

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
 use rudra_compute::cpu;
-use rudra_transport::{Clock, LearnerId, ShardId, Staleness};
+use rudra_transport::{Clock, Floats, LearnerId, ShardId, Staleness};
 use serde::{Deserialize, Serialize};
 
 use super::{LrModulation, LrSchedule, StalenessStats};
@@ -35,7 +35,7 @@ pub struct Weights {
     /// Their timestamp `i`.
     pub clock: Clock,
     /// The values of the shard's parameter range.
-    pub values: Arc<Vec<f32>>,
+    pub values: Floats,
 }
 
 /// Why a gradient was not applied.
@@ -191,7 +191,7 @@ impl SgdShard {
     /// The current weights, without gating (for evaluation and checkpoints).
     #[must_use]
     pub fn snapshot(&self) -> Weights {
-        Weights { shard: self.cfg.id, clock: self.clock, values: Arc::clone(&self.params) }
+        Weights { shard: self.cfg.id, clock: self.clock, values: Arc::clone(&self.params).into() }
     }
 
     /// Staleness counts of the gradients this shard has seen.

@@ -100,7 +100,7 @@ async fn quic(
             while pulls < frames {
                 match rx.recv().await.ok_or_else(|| io("the learner left"))? {
                     Inbound::Push { values, .. } => {
-                        std::hint::black_box(values.as_slice().len());
+                        std::hint::black_box(&values[..].len());
                         pushes += 1;
                     }
                     Inbound::Control(Msg::Pull { .. }) => {
@@ -130,7 +130,7 @@ async fn quic(
     for _ in 1..frames {
         peer.send(&pull).await?;
         match rx.recv().await {
-            Some(Inbound::Weights { values, .. }) => std::hint::black_box(values.as_slice().len()),
+            Some(Inbound::Weights { values, .. }) => std::hint::black_box(&values[..].len()),
             other => return Err(io(format!("expected weights, got {other:?}"))),
         };
     }
@@ -155,7 +155,7 @@ fn view_and_copy(floats: usize) -> Result<(f64, f64), RuntimeError> {
     for _ in 0..rounds {
         let inbound = Inbound::decode_shared(Kind::Push, std::hint::black_box(&body))?;
         if let Inbound::Push { values, .. } = inbound {
-            std::hint::black_box(values.as_slice().as_ptr());
+            std::hint::black_box(&values[..].as_ptr());
         }
     }
     let view = start.elapsed().as_secs_f64() * 1e9 / f64::from(rounds);
