@@ -11,7 +11,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use crate::{Backend, ComputeError, Gemm};
+use crate::{Backend, ComputeError, Dataset, Gemm};
 
 /// The shape of a classifier: input width, hidden widths, classes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -281,6 +281,15 @@ impl<B: Backend> Model<B> {
         self.work = Some(w);
         result
     }
+
+    /// Summed loss and number of correct predictions over all of `data`, `chunk` examples
+    /// per forward pass.
+    pub fn evaluate_dataset(&mut self, data: &Dataset, chunk: usize) -> Result<(f64, usize), ComputeError> {
+        data.chunks(chunk.max(1)).try_fold((0.0, 0), |(loss, correct), (x, y)| {
+            let (l, c) = self.evaluate(x, y)?;
+            Ok((loss + l, correct + c))
+        })
+    }
 }
 
 #[cfg(test)]
@@ -320,6 +329,21 @@ mod tests {
             worst = worst.max(err);
         }
         assert!(worst < 2e-2, "relative gradient error {worst} for {spec:?}");
+    }
+
+    #[test]
+    fn a_dataset_evaluated_in_chunks_matches_one_batch() {
+        let spec = ModelSpec { inputs: 4, hidden: vec![3], classes: 3 };
+        let mut rng = ChaCha8Rng::seed_from_u64(9);
+        let x: Vec<f32> = (0..7 * 4).map(|_| rng.random_range(0.0..1.0)).collect();
+        let labels: Vec<u8> = (0..7).map(|r| (r % 3) as u8).collect();
+        let data = crate::Dataset::new(4, 3, x.clone(), labels.clone()).unwrap();
+        let mut model = Model::new(CpuBackend, spec.clone()).unwrap();
+        model.write_params(0, &spec.init(5)).unwrap();
+        let (loss, correct) = model.evaluate(&x, &labels).unwrap();
+        let (chunked_loss, chunked_correct) = model.evaluate_dataset(&data, 3).unwrap();
+        assert_eq!(chunked_correct, correct);
+        assert!((chunked_loss - loss).abs() < 1e-5 * loss.abs(), "{chunked_loss} vs {loss}");
     }
 
     #[test]

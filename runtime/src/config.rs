@@ -167,8 +167,10 @@ impl RawConfig {
         builder = builder.add_source(
             Environment::with_prefix("RUDRA").prefix_separator("__").separator("__").try_parsing(true),
         );
-        let lines = overrides.iter().map(|o| override_line(o)).collect::<Result<String, _>>()?;
-        builder = builder.add_source(File::from_str(&lines, FileFormat::Toml));
+        // One source per override, so that a later one of the same key wins.
+        for o in overrides {
+            builder = builder.add_source(File::from_str(&override_line(o)?, FileFormat::Toml));
+        }
         builder
             .build()
             .and_then(config::Config::try_deserialize)
@@ -254,6 +256,15 @@ impl Config {
         &self.raw.protocol.kind
     }
 
+    /// Softsync's `n` as reports give it: λ for async, 0 for hardsync.
+    #[must_use]
+    pub fn sync_n(&self) -> u32 {
+        match self.cluster.protocol.rule {
+            SyncRule::Hardsync => 0,
+            SyncRule::Softsync { n } => n,
+        }
+    }
+
     /// The resolved configuration as TOML.
     pub fn to_toml(&self) -> Result<String, RuntimeError> {
         toml::to_string_pretty(&self.raw).map_err(|e| RuntimeError::Config(e.to_string()))
@@ -325,6 +336,8 @@ mod tests {
         assert_eq!(c.cluster.protocol.modulation, LrModulation::Mean);
         let a = load(&["protocol.kind=async", "cluster.learners=6"]).unwrap();
         assert_eq!(a.cluster.protocol.rule, SyncRule::Softsync { n: 6 });
+        let twice = load(&["training.epochs=1", "training.epochs=3"]).unwrap();
+        assert_eq!(twice.cluster.epochs, 3, "the last --set of a key wins");
     }
 
     #[test]

@@ -36,6 +36,25 @@ pub enum RuntimeError {
         /// What the operating system said.
         source: std::io::Error,
     },
+    /// An input file (a run directory's `summary.json` or `metrics.csv`, a checkpoint) is
+    /// missing or not what it should be.
+    #[error("{path}: {message}")]
+    Input {
+        /// The file or directory.
+        path: PathBuf,
+        /// What is wrong with it and, where it helps, how to get a good one.
+        message: String,
+    },
+    /// A plot could not be drawn.
+    #[error(
+        "cannot draw {path}: {message}; check that the directory is writable and that a sans-serif font is installed (Debian: fonts-dejavu-core)"
+    )]
+    Plot {
+        /// The image file.
+        path: PathBuf,
+        /// What the plotting library said.
+        message: String,
+    },
 }
 
 impl RuntimeError {
@@ -46,8 +65,9 @@ impl RuntimeError {
             Self::Config(_)
             | Self::Invalid { .. }
             | Self::Actor(ActorError::Spec { .. })
-            | Self::Compute(_) => 2,
-            Self::Actor(_) | Self::Transport(_) | Self::Io { .. } => 1,
+            | Self::Compute(_)
+            | Self::Input { .. } => 2,
+            Self::Actor(_) | Self::Transport(_) | Self::Io { .. } | Self::Plot { .. } => 1,
         }
     }
 }

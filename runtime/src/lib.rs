@@ -1,23 +1,31 @@
 //! Rudra's node runtime. The entry points are [`Config::load`] (defaults < file < environment
 //! < `--set`, validated once) and [`local::run_local`], which runs a whole cluster in this
-//! process; [`RunDir`] writes what a run produced. The `rudra-node` binary is a thin front
-//! over these.
+//! process; [`RunDir`] writes what a run produced, [`plot::draw_run`] draws it,
+//! [`report::report`] compares finished runs and [`Checkpoint`] reads a run's model back. The
+//! `rudra-node` binary is a thin front over these.
 //!
 //! # Layout
 //! - [`config`]: raw and typed configuration.
 //! - [`local`]: the in-process cluster and its progress display.
 //! - [`node`]: one role per process over QUIC.
-//! - [`rundir`]: `config.toml`, `metrics.csv`, `summary.json`.
+//! - [`rundir`]: `config.toml`, `metrics.csv`, `summary.json`, and reading them back.
+//! - [`checkpoint`]: `checkpoint.safetensors`, written and read, and its test accuracy.
+//! - [`plot`]: the PNG plots of a run and of a comparison.
+//! - [`report`]: the comparison table of several runs.
 //! - [`bench`](mod@bench): the `rudra-node bench` measurements.
 //! - [`error`]: the crate's error type.
 
 pub mod bench;
+pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub mod local;
 pub mod node;
+pub mod plot;
+pub mod report;
 pub mod rundir;
 
+pub use checkpoint::Checkpoint;
 pub use config::{Config, RawConfig};
 pub use error::RuntimeError;
-pub use rundir::{RunDir, Summary};
+pub use rundir::{RecordedRun, RunDir, Summary};

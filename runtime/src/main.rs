@@ -1,14 +1,16 @@
 //! `rudra-node`: run a Rudra cluster. See `rudra-node --help`.
 
+use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use rudra_actors::RunReport;
+use rudra_runtime::checkpoint::describe;
 use rudra_runtime::local::{ProgressMode, run_local};
 use rudra_runtime::node::{NodeOptions, run_learner, run_loopback, run_scheduler, run_shard};
-use rudra_runtime::{Config, RunDir, RuntimeError, bench};
+use rudra_runtime::{Checkpoint, Config, RunDir, RuntimeError, bench, plot, report};
 use rudra_transport::tls::CertDir;
 
 #[derive(Parser)]
@@ -125,6 +127,35 @@ enum Command {
         #[arg(long, default_value_t = 5)]
         repeats: usize,
     },
+    /// Compare finished runs: print a table (also written as report.md and report.csv) and
+    /// draw their accuracy and loss on the same axes.
+    Report {
+        /// Run directories, as written by `local` or the scheduler.
+        #[arg(required = true, value_name = "RUN_DIR")]
+        runs: Vec<PathBuf>,
+        /// Where the table and plots go.
+        #[arg(long, default_value = "report")]
+        out: PathBuf,
+        /// Test accuracy for the time-to-target column.
+        #[arg(long, default_value_t = 0.97)]
+        target: f64,
+    },
+    /// Print the test accuracy of a checkpoint. The model comes from the checkpoint; the
+    /// configuration chooses the test set (a run's own config.toml gives the set it was
+    /// evaluated on).
+    Eval {
+        /// A checkpoint.safetensors.
+        #[arg(long)]
+        checkpoint: PathBuf,
+        #[command(flatten)]
+        config: ConfigArgs,
+        /// Dataset format (sets training.dataset).
+        #[arg(long)]
+        dataset: Option<String>,
+        /// Directory of the dataset files (sets training.data_dir).
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -147,13 +178,24 @@ enum CertAction {
     },
 }
 
+/// Log to stderr at `RUST_LOG` (default `info`) as text (coloured on a terminal) or JSON lines.
 fn init_tracing(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let (filter, refused) = match tracing_subscriber::EnvFilter::try_from_default_env() {
+        Ok(filter) => (filter, None),
+        Err(e) => {
+            (tracing_subscriber::EnvFilter::new("info"), std::env::var("RUST_LOG").ok().map(|v| (v, e)))
+        }
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
+    }
+    if let Some((value, e)) = refused {
+        tracing::warn!("RUST_LOG={value:?} is not a valid filter ({e}); logging at info");
     }
 }
 
@@ -220,12 +262,39 @@ fn run(command: Command) -> Result<(), RuntimeError> {
             bench::print(&rows);
             Ok(())
         }
+        Command::Report { runs, out, target } => {
+            let (table, plots) = report::report(&runs, &out, target)?;
+            print!("{}", table.to_markdown());
+            println!("wrote report.md, report.csv and {} plots to {}", plots.len(), out.display());
+            Ok(())
+        }
+        Command::Eval { checkpoint, config, dataset, data_dir } => {
+            let checkpoint = Checkpoint::read(&checkpoint)?;
+            let mut set = config.set;
+            set.extend(dataset.map(|d| format!("training.dataset={d}")));
+            set.extend(data_dir.map(|d| format!("training.data_dir={}", d.display())));
+            let config = Config::load(config.config.as_deref(), &set)?;
+            let e = checkpoint.evaluate(&config.data.load()?.test)?;
+            println!(
+                "{}: test accuracy {:.4} ({} of {} correct), test loss {:.4}",
+                describe(&checkpoint.spec),
+                e.accuracy(),
+                e.correct,
+                e.examples,
+                e.loss
+            );
+            Ok(())
+        }
     }
 }
 
-/// Write the run directory's report and print the summary line.
+/// Write the run directory's report and plots and print the summary line. A plot that cannot
+/// be drawn is a warning: the run itself succeeded.
 fn finish(dir: &RunDir, config: &Config, report: &RunReport) -> Result<(), RuntimeError> {
     let s = dir.write_report(config, report)?;
+    if let Err(e) = plot::draw_run(dir.path()) {
+        tracing::warn!("the run's plots were not drawn: {e}");
+    }
     println!(
         "{} n={} λ={} μ={} μλ={}: test accuracy {:.4}, train loss {:.4}, ⟨σ⟩ {:.2} (max {}), {} updates, {:.0} samples/s over {:.1} s; wrote {}",
         s.protocol,

@@ -1,13 +1,29 @@
-//! The run directory: `config.toml`, `metrics.csv` and `summary.json`.
+//! The run directory: `config.toml`, `metrics.csv`, `summary.json`, `checkpoint.safetensors`
+//! and the plots; [`RecordedRun`] reads a finished one back.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
+use std::str::FromStr;
 
-use rudra_actors::RunReport;
 use rudra_actors::protocol::StalenessSummary;
-use serde::Serialize;
+use rudra_actors::{MetricsRow, RunReport};
+use serde::{Deserialize, Serialize};
 
+use crate::checkpoint::Checkpoint;
 use crate::{Config, RuntimeError};
+
+/// The columns of `metrics.csv`, in order: the fields of [`MetricsRow`].
+const METRICS_COLUMNS: [&str; 9] = [
+    "wall_seconds",
+    "epoch",
+    "updates",
+    "samples",
+    "train_loss",
+    "test_loss",
+    "test_accuracy",
+    "mean_staleness",
+    "samples_per_second",
+];
 
 /// `summary.json`.
 #[derive(Clone, Debug, Serialize)]
@@ -57,13 +73,9 @@ impl Summary {
     #[must_use]
     pub fn new(config: &Config, report: &RunReport) -> Self {
         let c = &config.cluster;
-        let n = match c.protocol.rule {
-            rudra_actors::protocol::SyncRule::Hardsync => 0,
-            rudra_actors::protocol::SyncRule::Softsync { n } => n,
-        };
         Self {
             protocol: config.protocol_name().to_owned(),
-            n,
+            n: config.sync_n(),
             learners: c.learners,
             shards: c.shards,
             batch_size: c.batch_size,
@@ -122,50 +134,29 @@ impl RunDir {
         self.write("config.toml", &config.to_toml()?)
     }
 
-    /// `checkpoint.safetensors`: one f32 tensor per layer under its conventional name
-    /// (`fc1.weight`, `fc1.bias`, …), run metadata in the header; replaced atomically.
+    /// `checkpoint.safetensors` (see [`crate::checkpoint`]) with the run's settings as
+    /// metadata; replaced atomically.
     pub fn write_checkpoint(&self, config: &Config, params: &[f32]) -> Result<(), RuntimeError> {
-        let layout = config.cluster.model.layout();
-        if params.len() != layout.len {
-            return Err(RuntimeError::Config(format!(
-                "checkpoint: {} parameters for a model of {}",
-                params.len(),
-                layout.len
-            )));
-        }
-        let bytes: Vec<Vec<u8>> = layout
-            .tensors
-            .iter()
-            .map(|t| params[t.range.clone()].iter().flat_map(|v| v.to_le_bytes()).collect())
-            .collect();
-        let views = layout
-            .tensors
-            .iter()
-            .zip(&bytes)
-            .map(|(t, b)| {
-                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, t.shape.clone(), b)
-                    .map(|v| (t.name.clone(), v))
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| RuntimeError::Config(format!("checkpoint: {e}")))?;
-        let metadata = [
-            ("model".to_owned(), config.raw.training.model.clone()),
-            ("protocol".to_owned(), config.protocol_name().to_owned()),
-            ("seed".to_owned(), config.cluster.seed.to_string()),
+        let c = &config.cluster;
+        let run = [
+            ("protocol", config.protocol_name().to_owned()),
+            ("n", config.sync_n().to_string()),
+            ("learners", c.learners.to_string()),
+            ("shards", c.shards.to_string()),
+            ("batch_size", c.batch_size.to_string()),
+            ("epochs", c.epochs.to_string()),
+            ("seed", c.seed.to_string()),
+            ("dataset", config.raw.training.dataset.clone()),
         ];
-        let file = safetensors::tensor::serialize(views, Some(metadata.into_iter().collect()))
-            .map_err(|e| RuntimeError::Config(format!("checkpoint: {e}")))?;
         let tmp = self.path.join("checkpoint.safetensors.tmp");
-        std::fs::write(&tmp, file).map_err(|source| RuntimeError::Io { path: tmp.clone(), source })?;
+        Checkpoint::write(&tmp, &c.model, params, &run)?;
         let path = self.path.join("checkpoint.safetensors");
         std::fs::rename(&tmp, &path).map_err(|source| RuntimeError::Io { path, source })
     }
 
     /// `metrics.csv`, `summary.json` and `checkpoint.safetensors`.
     pub fn write_report(&self, config: &Config, report: &RunReport) -> Result<Summary, RuntimeError> {
-        let mut csv = String::from(
-            "wall_seconds,epoch,updates,samples,train_loss,test_loss,test_accuracy,mean_staleness,samples_per_second\n",
-        );
+        let mut csv = METRICS_COLUMNS.join(",") + "\n";
         for r in &report.metrics {
             let _ = writeln!(
                 csv,
@@ -187,5 +178,172 @@ impl RunDir {
         let json = serde_json::to_string_pretty(&summary).map_err(|e| RuntimeError::Config(e.to_string()))?;
         self.write("summary.json", &json)?;
         Ok(summary)
+    }
+}
+
+/// What reports and plots read of `summary.json`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub struct RecordedSummary {
+    /// `hardsync`, `softsync` or `async`.
+    pub protocol: String,
+    /// Softsync `n` (λ for async, 0 for hardsync).
+    pub n: u32,
+    /// λ.
+    pub learners: u32,
+    /// μ.
+    pub batch_size: usize,
+    /// μλ.
+    pub global_batch: usize,
+    /// Training seconds.
+    pub wall_seconds: f64,
+    /// Examples per second over the run.
+    pub samples_per_second: f64,
+    /// Test accuracy at the end.
+    pub final_test_accuracy: f64,
+    /// Staleness statistics.
+    pub staleness: RecordedStaleness,
+}
+
+/// What reports and plots read of `summary.json`'s `staleness`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub struct RecordedStaleness {
+    /// ⟨σ⟩.
+    pub mean: f64,
+    /// `histogram[σ]` = applied gradients of staleness σ.
+    pub histogram: Vec<u64>,
+}
+
+/// A finished run, read back from its directory.
+#[derive(Clone, Debug)]
+pub struct RecordedRun {
+    /// The directory.
+    pub dir: PathBuf,
+    /// How plots and tables name the run: the directory's name.
+    pub label: String,
+    /// `summary.json`.
+    pub summary: RecordedSummary,
+    /// `metrics.csv`, one row per evaluation.
+    pub metrics: Vec<MetricsRow>,
+}
+
+fn input_error(path: &Path, message: impl Into<String>) -> RuntimeError {
+    RuntimeError::Input { path: path.to_owned(), message: message.into() }
+}
+
+fn read_input(path: &Path) -> Result<String, RuntimeError> {
+    std::fs::read_to_string(path)
+        .map_err(|e| input_error(path, format!("cannot be read ({e}); a finished run writes it")))
+}
+
+impl RecordedRun {
+    /// Read the run directory `dir`: its `summary.json` and `metrics.csv`.
+    pub fn read(dir: &Path) -> Result<Self, RuntimeError> {
+        if !dir.is_dir() {
+            return Err(input_error(dir, "is not a run directory (no such directory)"));
+        }
+        let path = dir.join("summary.json");
+        let summary = serde_json::from_str(&read_input(&path)?)
+            .map_err(|e| input_error(&path, format!("is not a run summary: {e}")))?;
+        let path = dir.join("metrics.csv");
+        let metrics = parse_metrics(&path, &read_input(&path)?)?;
+        let label =
+            dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
+        Ok(Self { dir: dir.to_owned(), label, summary, metrics })
+    }
+}
+
+/// The rows of `metrics.csv` at `path`, with errors naming the line and column.
+fn parse_metrics(path: &Path, text: &str) -> Result<Vec<MetricsRow>, RuntimeError> {
+    let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty());
+    let header: Vec<&str> =
+        lines.next().map(|(_, l)| l.split(',').map(str::trim).collect()).unwrap_or_default();
+    let mut at = [0; METRICS_COLUMNS.len()];
+    for (slot, name) in at.iter_mut().zip(METRICS_COLUMNS) {
+        *slot = header.iter().position(|h| *h == name).ok_or_else(|| {
+            input_error(
+                path,
+                format!("has no column `{name}`; its header must name {}", METRICS_COLUMNS.join(",")),
+            )
+        })?;
+    }
+    let rows = lines
+        .map(|(i, line)| {
+            let fields: Vec<&str> = line.split(',').map(str::trim).collect();
+            let row = Row { path, line: i + 1, fields: &fields, at: &at };
+            Ok(MetricsRow {
+                wall_seconds: row.get(0)?,
+                epoch: row.get(1)?,
+                updates: row.get(2)?,
+                samples: row.get(3)?,
+                train_loss: row.get(4)?,
+                test_loss: row.get(5)?,
+                test_accuracy: row.get(6)?,
+                mean_staleness: row.get(7)?,
+                samples_per_second: row.get(8)?,
+            })
+        })
+        .collect::<Result<Vec<_>, RuntimeError>>()?;
+    if rows.is_empty() {
+        return Err(input_error(path, "has no evaluations; a finished run writes at least one row"));
+    }
+    Ok(rows)
+}
+
+/// One line of `metrics.csv` being parsed.
+struct Row<'a> {
+    path: &'a Path,
+    line: usize,
+    fields: &'a [&'a str],
+    at: &'a [usize; METRICS_COLUMNS.len()],
+}
+
+impl Row<'_> {
+    /// Column `METRICS_COLUMNS[c]`.
+    fn get<T: FromStr>(&self, c: usize) -> Result<T, RuntimeError> {
+        let raw = self.fields.get(self.at[c]).copied();
+        raw.and_then(|v| v.parse().ok()).ok_or_else(|| {
+            input_error(
+                self.path,
+                format!(
+                    "line {}: `{}` is {:?}, not a number",
+                    self.line,
+                    METRICS_COLUMNS[c],
+                    raw.unwrap_or("")
+                ),
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HEADER: &str = "wall_seconds,epoch,updates,samples,train_loss,test_loss,test_accuracy,mean_staleness,samples_per_second";
+
+    #[test]
+    fn metrics_rows_are_read_by_column_name() {
+        let text = format!(
+            "{HEADER}\n1.500,1.0000,250,8000,0.512,0.301,0.9012,3.5,5333.3\n3.0,2.0,500,16000,NaN,0.2,0.93,3.6,5333.3\n"
+        );
+        let rows = parse_metrics(Path::new("m.csv"), &text).unwrap();
+        assert_eq!(rows.len(), 2);
+        assert_eq!((rows[0].wall_seconds, rows[0].updates, rows[0].samples), (1.5, 250, 8000));
+        assert_eq!(rows[1].test_accuracy, 0.93);
+        assert!(rows[1].train_loss.is_nan());
+    }
+
+    #[test]
+    fn malformed_metrics_name_the_file_line_and_column() {
+        let err = |text: &str| parse_metrics(Path::new("run/metrics.csv"), text).unwrap_err().to_string();
+        let e = err(&format!(
+            "{HEADER}\n1,1,250,8000,0.5,0.3,0.9,3.5,5333\n2,2,five,16000,0.5,0.3,0.9,3.5,5333\n"
+        ));
+        assert!(e.contains("run/metrics.csv") && e.contains("line 3") && e.contains("`updates`"), "{e}");
+        let e = err("wall_seconds,epoch\n1,1\n");
+        assert!(e.contains("no column `updates`"), "{e}");
+        assert!(err(&format!("{HEADER}\n")).contains("no evaluations"));
+        let e = err(&format!("{HEADER}\n1,1,250\n"));
+        assert!(e.contains("`samples` is \"\""), "{e}");
     }
 }

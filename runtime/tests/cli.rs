@@ -7,8 +7,8 @@ use std::process::{Command, Output};
 fn node(args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_rudra-node"))
         .args(args)
-        .envs(env.iter().copied())
         .env("RUST_LOG", "warn")
+        .envs(env.iter().copied())
         .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
         .output()
         .expect("rudra-node runs")
@@ -116,4 +116,78 @@ fn environment_overrides_defaults_and_set_overrides_the_environment() {
     assert_eq!(s["learners"], 2, "from the environment");
     assert_eq!(s["n"], 2, "from the environment");
     assert_eq!(s["shards"], 1, "--set beats the environment");
+}
+
+#[test]
+fn logs_are_text_or_json_lines_filtered_by_rust_log() {
+    let out = tempfile::tempdir().unwrap();
+    let run = |format: &str, filter: &str| {
+        let dir = out.path().join(format!("{format}-{filter}"));
+        let args = [
+            "--log-format",
+            format,
+            "local",
+            "--set",
+            "training.train_examples=2000",
+            "--set",
+            "training.test_examples=500",
+            "--set",
+            "training.epochs=1",
+            "--out",
+            dir.to_str().unwrap(),
+        ];
+        let o = node(&args, &[("RUST_LOG", filter)]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stderr).unwrap()
+    };
+
+    let json = run("json", "info");
+    let lines: Vec<serde_json::Value> = json
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l}")))
+        .collect();
+    let evaluated =
+        lines.iter().find(|l| l["fields"]["message"] == "evaluated").expect("an evaluation is logged");
+    assert_eq!(evaluated["level"], "INFO");
+    assert_eq!(evaluated["target"], "rudra_actors::scheduler");
+    assert!(evaluated["fields"]["test_accuracy"].as_str().unwrap().parse::<f64>().unwrap() > 0.5);
+    assert!(lines.iter().any(|l| l["fields"]["message"] == "run directory" && l["target"] == "rudra_node"));
+
+    let text = run("text", "info");
+    assert!(text.contains(" INFO ") && text.contains("evaluated"), "{text}");
+    assert!(!text.contains('\x1b'), "no colours when stderr is not a terminal: {text:?}");
+
+    assert_eq!(run("text", "warn"), "", "RUST_LOG=warn keeps info lines out");
+    let scheduler_only = run("text", "rudra_actors=info");
+    assert!(
+        scheduler_only.contains("evaluated") && !scheduler_only.contains("run directory"),
+        "{scheduler_only}"
+    );
+
+    let refused = run("text", "rudra=bogus");
+    assert!(refused.contains("RUST_LOG=\"rudra=bogus\" is not a valid filter"), "{refused}");
+}
+
+#[test]
+fn a_run_whose_plots_cannot_be_drawn_warns_and_succeeds() {
+    let out = tempfile::tempdir().unwrap();
+    let dir = out.path().join("run");
+    // A fontconfig without fonts: plot text cannot be drawn.
+    let fonts = out.path().join("fonts.conf");
+    std::fs::write(&fonts, "<?xml version=\"1.0\"?>\n<fontconfig></fontconfig>\n").unwrap();
+    let args = ["local", "--set", "training.train_examples=2000", "--set", "training.epochs=1", "--out"];
+    let o = node(
+        &[&args[..], &[dir.to_str().unwrap()]].concat(),
+        &[("FONTCONFIG_FILE", fonts.to_str().unwrap())],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("WARN") && err.contains("plots were not drawn") && err.contains("font"), "{err}");
+    assert!(dir.join("summary.json").is_file() && dir.join("checkpoint.safetensors").is_file());
+    let pngs: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.file_name()))
+        .filter(|n| n.to_string_lossy().ends_with(".png"))
+        .collect();
+    assert!(pngs.is_empty(), "no half-drawn plots: {pngs:?}");
 }
