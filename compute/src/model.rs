@@ -11,7 +11,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use crate::{Backend, ComputeError, Gemm};
+use crate::{Backend, ComputeError, Dataset, Gemm};
 
 /// The shape of a classifier: input width, hidden widths, classes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -280,6 +280,18 @@ impl<B: Backend> Model<B> {
             });
         self.work = Some(w);
         result
+    }
+
+    /// Mean loss and accuracy over all of `data`, evaluated in chunks of `chunk` rows.
+    pub fn evaluate_set(&mut self, data: &Dataset, chunk: usize) -> Result<(f64, f64), ComputeError> {
+        let (mut loss, mut correct) = (0.0, 0);
+        for (x, y) in data.chunks(chunk.max(1)) {
+            let (l, c) = self.evaluate(x, y)?;
+            loss += l;
+            correct += c;
+        }
+        let n = data.len().max(1) as f64;
+        Ok((loss / n, correct as f64 / n))
     }
 }
 
