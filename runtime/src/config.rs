@@ -11,6 +11,7 @@ use rudra_compute::ModelSpec;
 use serde::{Deserialize, Serialize};
 
 use crate::RuntimeError;
+use crate::simulate::{RawSimulation, Simulation};
 
 /// The built-in defaults: `configs/default.toml`.
 pub const DEFAULT_TOML: &str = include_str!("../../configs/default.toml");
@@ -27,6 +28,8 @@ pub struct RawConfig {
     pub training: RawTraining,
     /// `[compute]`
     pub compute: RawCompute,
+    /// `[simulation]`, read by `rudra-node simulate` only.
+    pub simulation: RawSimulation,
 }
 
 /// `[cluster]`
@@ -119,6 +122,8 @@ pub struct Config {
     pub data: DataSource,
     /// The compute device.
     pub device: Device,
+    /// The simulator's settings.
+    pub simulation: Simulation,
     /// The configuration as resolved, for the run directory.
     pub raw: RawConfig,
 }
@@ -167,8 +172,10 @@ impl RawConfig {
         builder = builder.add_source(
             Environment::with_prefix("RUDRA").prefix_separator("__").separator("__").try_parsing(true),
         );
-        let lines = overrides.iter().map(|o| override_line(o)).collect::<Result<String, _>>()?;
-        builder = builder.add_source(File::from_str(&lines, FileFormat::Toml));
+        // One source per override, so that a later one for the same key wins.
+        for o in overrides {
+            builder = builder.add_source(File::from_str(&override_line(o)?, FileFormat::Toml));
+        }
         builder
             .build()
             .and_then(config::Config::try_deserialize)
@@ -238,7 +245,8 @@ impl TryFrom<RawConfig> for Config {
             train_examples: (t.train_examples > 0).then_some(t.train_examples),
             test_examples: (t.test_examples > 0).then_some(t.test_examples),
         };
-        Ok(Self { cluster, data, device, raw })
+        let simulation = Simulation::from_raw(&raw)?;
+        Ok(Self { cluster, data, device, simulation, raw })
     }
 }
 
@@ -325,6 +333,8 @@ mod tests {
         assert_eq!(c.cluster.protocol.modulation, LrModulation::Mean);
         let a = load(&["protocol.kind=async", "cluster.learners=6"]).unwrap();
         assert_eq!(a.cluster.protocol.rule, SyncRule::Softsync { n: 6 });
+        let twice = load(&["cluster.learners=6", "cluster.learners=3"]).unwrap();
+        assert_eq!(twice.cluster.learners, 3, "the last --set of a key wins");
     }
 
     #[test]

@@ -28,6 +28,9 @@ pub enum RuntimeError {
     /// Data loading or compute failed.
     #[error(transparent)]
     Compute(#[from] ComputeError),
+    /// The simulator reached a state its protocol cores reject.
+    #[error("simulation failed: {0}")]
+    Simulation(String),
     /// A run-directory file could not be written.
     #[error("cannot write {path}: {source}")]
     Io {
@@ -47,7 +50,7 @@ impl RuntimeError {
             | Self::Invalid { .. }
             | Self::Actor(ActorError::Spec { .. })
             | Self::Compute(_) => 2,
-            Self::Actor(_) | Self::Transport(_) | Self::Io { .. } => 1,
+            Self::Actor(_) | Self::Transport(_) | Self::Simulation(_) | Self::Io { .. } => 1,
         }
     }
 }

@@ -8,6 +8,7 @@
 //! - [`local`]: the in-process cluster and its progress display.
 //! - [`node`]: one role per process over QUIC.
 //! - [`rundir`]: `config.toml`, `metrics.csv`, `summary.json`.
+//! - [`simulate`]: the deterministic simulator, virtual learners on the real protocol cores.
 //! - [`bench`](mod@bench): the `rudra-node bench` measurements.
 //! - [`error`]: the crate's error type.
 
@@ -17,6 +18,7 @@ pub mod error;
 pub mod local;
 pub mod node;
 pub mod rundir;
+pub mod simulate;
 
 pub use config::{Config, RawConfig};
 pub use error::RuntimeError;

@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use rudra_actors::RunReport;
 use rudra_runtime::local::{ProgressMode, run_local};
 use rudra_runtime::node::{NodeOptions, run_learner, run_scheduler, run_shard};
-use rudra_runtime::{Config, RunDir, RuntimeError, bench};
+use rudra_runtime::{Config, RunDir, RuntimeError, bench, simulate};
 use rudra_transport::tls::CertDir;
 
 #[derive(Parser)]
@@ -64,6 +64,8 @@ enum RoleArg {
 enum Suite {
     Training,
     Transport,
+    Simulator,
+    Agreement,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -97,8 +99,19 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Simulate the configured cluster with virtual learners on the real protocol cores, in
+    /// virtual time (see the `[simulation]` settings); one run, or one per point of a sweep.
+    Simulate {
+        #[command(flatten)]
+        config: ConfigArgs,
+        /// Output directory (default: `runs/<timestamp>-sim-<protocol>`).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Measure against baselines in the same run: training throughput against a bare SGD
-    /// loop (`--suite training`), or QUIC against TCP loopback and memcpy (`--suite transport`).
+    /// loop (`--suite training`), QUIC against TCP loopback and memcpy (`--suite transport`),
+    /// the simulator's events per second with 10,000 learners (`--suite simulator`), or its
+    /// ⟨σ⟩ against the local cluster's on the same settings (`--suite agreement`).
     Bench {
         #[command(flatten)]
         config: ConfigArgs,
@@ -195,6 +208,12 @@ fn run(command: Command) -> Result<(), RuntimeError> {
             let report = run_local(&config, data, ProgressMode::detect())?;
             finish(&dir, &config, &report)
         }
+        Command::Simulate { config, out } => simulate::run_command(
+            config.config.as_deref(),
+            &config.set,
+            out.as_deref(),
+            ProgressMode::detect(),
+        ),
         Command::Bench { config, suite, steps, frames, repeats } => {
             let rows = match suite {
                 Suite::Training => {
@@ -203,6 +222,8 @@ fn run(command: Command) -> Result<(), RuntimeError> {
                     bench::training::run(&config, &data, steps, repeats.max(1))?
                 }
                 Suite::Transport => bench::transport::run(frames, repeats)?,
+                Suite::Simulator => bench::simulator::run(config.config.as_deref(), &config.set, repeats)?,
+                Suite::Agreement => bench::agreement::run(config.config.as_deref(), &config.set, repeats)?,
             };
             bench::print(&rows);
             Ok(())
