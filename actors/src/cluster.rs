@@ -145,44 +145,12 @@ impl ClusterSpec {
     /// Check the spec against itself and the data. This is the one place settings are
     /// validated; errors name the configuration key.
     pub fn validate(&self, data: &TrainingData) -> Result<(), ActorError> {
-        if self.learners == 0 {
-            return Err(spec_err("cluster.learners", "must be at least 1".into()));
-        }
-        let params = self.model.layout().len;
-        if self.shards == 0 || self.shards as usize > params {
-            return Err(spec_err("cluster.shards", format!("must be between 1 and the {params} parameters")));
-        }
-        if let SyncRule::Softsync { n } = self.protocol.rule
-            && !(1..=self.learners).contains(&n)
-        {
-            return Err(spec_err(
-                "protocol.n",
-                format!("is {n}; it must be between 1 and λ = {}", self.learners),
-            ));
-        }
-        if self.batch_size == 0 {
-            return Err(spec_err("training.batch_size", "must be at least 1".into()));
-        }
+        self.validate_settings(self.model.layout().len)?;
         let share = data.train.len() / self.learners as usize;
         if self.batch_size > share {
             return Err(spec_err(
                 "training.batch_size",
                 format!("is {}, larger than each learner's {share} training examples", self.batch_size),
-            ));
-        }
-        if self.epochs == 0 {
-            return Err(spec_err("training.epochs", "must be at least 1".into()));
-        }
-        if !(self.schedule.base.is_finite() && self.schedule.base > 0.0) {
-            return Err(spec_err(
-                "training.learning_rate",
-                format!("is {}; it must be positive", self.schedule.base),
-            ));
-        }
-        if !(self.schedule.decay.is_finite() && self.schedule.decay > 0.0) {
-            return Err(spec_err(
-                "training.lr_decay",
-                format!("is {}; it must be positive", self.schedule.decay),
             ));
         }
         for (name, set) in [("training", &data.train), ("test", &data.test)] {
@@ -201,6 +169,44 @@ impl ClusterSpec {
         }
         if data.test.is_empty() {
             return Err(spec_err("training.dataset", "the test set is empty".into()));
+        }
+        Ok(())
+    }
+
+    /// The checks of [`Self::validate`] that need no data, for a parameter vector of `params`
+    /// values (the model's, or another objective's).
+    pub fn validate_settings(&self, params: usize) -> Result<(), ActorError> {
+        if self.learners == 0 {
+            return Err(spec_err("cluster.learners", "must be at least 1".into()));
+        }
+        if self.shards == 0 || self.shards as usize > params {
+            return Err(spec_err("cluster.shards", format!("must be between 1 and the {params} parameters")));
+        }
+        if let SyncRule::Softsync { n } = self.protocol.rule
+            && !(1..=self.learners).contains(&n)
+        {
+            return Err(spec_err(
+                "protocol.n",
+                format!("is {n}; it must be between 1 and λ = {}", self.learners),
+            ));
+        }
+        if self.batch_size == 0 {
+            return Err(spec_err("training.batch_size", "must be at least 1".into()));
+        }
+        if self.epochs == 0 {
+            return Err(spec_err("training.epochs", "must be at least 1".into()));
+        }
+        if !(self.schedule.base.is_finite() && self.schedule.base > 0.0) {
+            return Err(spec_err(
+                "training.learning_rate",
+                format!("is {}; it must be positive", self.schedule.base),
+            ));
+        }
+        if !(self.schedule.decay.is_finite() && self.schedule.decay > 0.0) {
+            return Err(spec_err(
+                "training.lr_decay",
+                format!("is {}; it must be positive", self.schedule.decay),
+            ));
         }
         Ok(())
     }

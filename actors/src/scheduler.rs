@@ -271,14 +271,8 @@ fn evaluate_on(
 ) -> Result<(Vec<f32>, f64, f64), ActorError> {
     let mut model = Model::new(CpuBackend, spec)?;
     model.write_params(0, &params)?;
-    let (mut loss, mut correct) = (0.0, 0);
-    for (x, y) in test.chunks(EVAL_CHUNK) {
-        let (l, c) = model.evaluate(x, y)?;
-        loss += l;
-        correct += c;
-    }
-    let n = test.len().max(1) as f64;
-    Ok((params, loss / n, correct as f64 / n))
+    let (loss, accuracy) = model.evaluate_set(test, EVAL_CHUNK)?;
+    Ok((params, loss, accuracy))
 }
 
 impl Actor for SchedulerActor {

@@ -290,6 +290,13 @@ impl<B: Backend> Model<B> {
             Ok((loss + l, correct + c))
         })
     }
+
+    /// Mean loss and accuracy over all of `data`, evaluated in chunks of `chunk` rows.
+    pub fn evaluate_set(&mut self, data: &Dataset, chunk: usize) -> Result<(f64, f64), ComputeError> {
+        let (loss, correct) = self.evaluate_dataset(data, chunk)?;
+        let n = data.len().max(1) as f64;
+        Ok((loss / n, correct as f64 / n))
+    }
 }
 
 #[cfg(test)]

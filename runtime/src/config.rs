@@ -11,6 +11,7 @@ use rudra_compute::ModelSpec;
 use serde::{Deserialize, Serialize};
 
 use crate::RuntimeError;
+use crate::simulate::{RawSimulation, Simulation};
 
 /// The built-in defaults: `configs/default.toml`.
 pub const DEFAULT_TOML: &str = include_str!("../../configs/default.toml");
@@ -27,6 +28,8 @@ pub struct RawConfig {
     pub training: RawTraining,
     /// `[compute]`
     pub compute: RawCompute,
+    /// `[simulation]`, read by `rudra-node simulate` only.
+    pub simulation: RawSimulation,
 }
 
 /// `[cluster]`
@@ -119,6 +122,8 @@ pub struct Config {
     pub data: DataSource,
     /// The compute device.
     pub device: Device,
+    /// The simulator's settings.
+    pub simulation: Simulation,
     /// The configuration as resolved, for the run directory.
     pub raw: RawConfig,
 }
@@ -240,7 +245,8 @@ impl TryFrom<RawConfig> for Config {
             train_examples: (t.train_examples > 0).then_some(t.train_examples),
             test_examples: (t.test_examples > 0).then_some(t.test_examples),
         };
-        Ok(Self { cluster, data, device, raw })
+        let simulation = Simulation::from_raw(&raw)?;
+        Ok(Self { cluster, data, device, simulation, raw })
     }
 }
 

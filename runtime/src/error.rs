@@ -28,6 +28,9 @@ pub enum RuntimeError {
     /// Data loading or compute failed.
     #[error(transparent)]
     Compute(#[from] ComputeError),
+    /// The simulator reached a state its protocol cores reject.
+    #[error("simulation failed: {0}")]
+    Simulation(String),
     /// A run-directory file could not be written.
     #[error("cannot write {path}: {source}")]
     Io {
@@ -67,7 +70,11 @@ impl RuntimeError {
             | Self::Actor(ActorError::Spec { .. })
             | Self::Compute(_)
             | Self::Input { .. } => 2,
-            Self::Actor(_) | Self::Transport(_) | Self::Io { .. } | Self::Plot { .. } => 1,
+            Self::Actor(_)
+            | Self::Transport(_)
+            | Self::Simulation(_)
+            | Self::Io { .. }
+            | Self::Plot { .. } => 1,
         }
     }
 }

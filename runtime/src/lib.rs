@@ -12,6 +12,7 @@
 //! - [`checkpoint`]: `checkpoint.safetensors`, written and read, and its test accuracy.
 //! - [`plot`]: the PNG plots of a run and of a comparison.
 //! - [`report`]: the comparison table of several runs.
+//! - [`simulate`]: the deterministic simulator, virtual learners on the real protocol cores.
 //! - [`bench`](mod@bench): the `rudra-node bench` measurements.
 //! - [`error`]: the crate's error type.
 
@@ -24,6 +25,7 @@ pub mod node;
 pub mod plot;
 pub mod report;
 pub mod rundir;
+pub mod simulate;
 
 pub use checkpoint::Checkpoint;
 pub use config::{Config, RawConfig};

@@ -45,6 +45,12 @@ pub fn run_local(
     })
 }
 
+/// The progress bar of long runs: bar, percentage, message, elapsed and remaining time.
+pub(crate) fn bar_style() -> ProgressStyle {
+    ProgressStyle::with_template("{bar:30} {percent:>3}% {msg} [{elapsed_precise}<{eta_precise}]")
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+}
+
 pub(crate) async fn show_progress(mut rx: mpsc::UnboundedReceiver<RunEvent>, mode: ProgressMode) {
     let mut bar: Option<ProgressBar> = None;
     let mut next_log = 0.1;
@@ -57,12 +63,7 @@ pub(crate) async fn show_progress(mut rx: mpsc::UnboundedReceiver<RunEvent>, mod
             (RunEvent::Progress(p), ProgressMode::Bar) => {
                 let bar = bar.get_or_insert_with(|| {
                     let b = ProgressBar::new(p.total_samples);
-                    b.set_style(
-                        ProgressStyle::with_template(
-                            "{bar:30} {percent:>3}% {msg} [{elapsed_precise}<{eta_precise}]",
-                        )
-                        .unwrap_or_else(|_| ProgressStyle::default_bar()),
-                    );
+                    b.set_style(bar_style());
                     b
                 });
                 bar.set_position(p.samples);

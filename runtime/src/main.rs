@@ -10,7 +10,7 @@ use rudra_actors::RunReport;
 use rudra_runtime::checkpoint::describe;
 use rudra_runtime::local::{ProgressMode, run_local};
 use rudra_runtime::node::{NodeOptions, run_learner, run_loopback, run_scheduler, run_shard};
-use rudra_runtime::{Checkpoint, Config, RunDir, RuntimeError, bench, plot, report};
+use rudra_runtime::{Checkpoint, Config, RunDir, RuntimeError, bench, plot, report, simulate};
 use rudra_transport::tls::CertDir;
 
 #[derive(Parser)]
@@ -66,6 +66,8 @@ enum RoleArg {
 enum Suite {
     Training,
     Transport,
+    Simulator,
+    Agreement,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -109,8 +111,19 @@ enum Command {
         #[arg(long, value_enum, default_value_t = Transport::Memory)]
         transport: Transport,
     },
+    /// Simulate the configured cluster with virtual learners on the real protocol cores, in
+    /// virtual time (see the `[simulation]` settings); one run, or one per point of a sweep.
+    Simulate {
+        #[command(flatten)]
+        config: ConfigArgs,
+        /// Output directory (default: `runs/<timestamp>-sim-<protocol>`).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Measure against baselines in the same run: training throughput against a bare SGD
-    /// loop (`--suite training`), or QUIC against TCP loopback and memcpy (`--suite transport`).
+    /// loop (`--suite training`), QUIC against TCP loopback and memcpy (`--suite transport`),
+    /// the simulator's events per second with 10,000 learners (`--suite simulator`), or its
+    /// ⟨σ⟩ against the local cluster's on the same settings (`--suite agreement`).
     Bench {
         #[command(flatten)]
         config: ConfigArgs,
@@ -250,6 +263,12 @@ fn run(command: Command) -> Result<(), RuntimeError> {
             };
             finish(&dir, &config, &report)
         }
+        Command::Simulate { config, out } => simulate::run_command(
+            config.config.as_deref(),
+            &config.set,
+            out.as_deref(),
+            ProgressMode::detect(),
+        ),
         Command::Bench { config, suite, steps, frames, repeats } => {
             let rows = match suite {
                 Suite::Training => {
@@ -258,6 +277,8 @@ fn run(command: Command) -> Result<(), RuntimeError> {
                     bench::training::run(&config, &data, steps, repeats.max(1))?
                 }
                 Suite::Transport => bench::transport::run(frames, repeats)?,
+                Suite::Simulator => bench::simulator::run(config.config.as_deref(), &config.set, repeats)?,
+                Suite::Agreement => bench::agreement::run(config.config.as_deref(), &config.set, repeats)?,
             };
             bench::print(&rows);
             Ok(())

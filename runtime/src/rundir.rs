@@ -124,14 +124,15 @@ impl RunDir {
         &self.path
     }
 
-    fn write(&self, name: &str, contents: &str) -> Result<(), RuntimeError> {
+    /// Write the file `name` in the directory.
+    pub fn write_file(&self, name: &str, contents: &str) -> Result<(), RuntimeError> {
         let path = self.path.join(name);
         std::fs::write(&path, contents).map_err(|source| RuntimeError::Io { path, source })
     }
 
     /// `config.toml`, the configuration as resolved.
     pub fn write_config(&self, config: &Config) -> Result<(), RuntimeError> {
-        self.write("config.toml", &config.to_toml()?)
+        self.write_file("config.toml", &config.to_toml()?)
     }
 
     /// `checkpoint.safetensors` (see [`crate::checkpoint`]) with the run's settings as
@@ -172,11 +173,11 @@ impl RunDir {
                 r.samples_per_second
             );
         }
-        self.write("metrics.csv", &csv)?;
+        self.write_file("metrics.csv", &csv)?;
         self.write_checkpoint(config, &report.params)?;
         let summary = Summary::new(config, report);
         let json = serde_json::to_string_pretty(&summary).map_err(|e| RuntimeError::Config(e.to_string()))?;
-        self.write("summary.json", &json)?;
+        self.write_file("summary.json", &json)?;
         Ok(summary)
     }
 }

@@ -112,6 +112,49 @@ struct Held {
     lr: f32,
 }
 
+/// Gradients a shard is waiting for: the clock each learner was served, and how many were
+/// served each clock, so the oldest is found without a scan.
+#[derive(Debug, Default)]
+struct Outstanding {
+    by_learner: BTreeMap<LearnerId, Clock>,
+    by_clock: BTreeMap<Clock, usize>,
+}
+
+impl Outstanding {
+    fn get(&self, learner: LearnerId) -> Option<Clock> {
+        self.by_learner.get(&learner).copied()
+    }
+
+    fn insert(&mut self, learner: LearnerId, clock: Clock) {
+        self.remove(learner);
+        self.by_learner.insert(learner, clock);
+        *self.by_clock.entry(clock).or_default() += 1;
+    }
+
+    fn remove(&mut self, learner: LearnerId) {
+        let Some(clock) = self.by_learner.remove(&learner) else { return };
+        if let Some(n) = self.by_clock.get_mut(&clock) {
+            *n -= 1;
+            if *n == 0 {
+                self.by_clock.remove(&clock);
+            }
+        }
+    }
+
+    fn retain(&mut self, active: &BTreeSet<LearnerId>) {
+        let gone: Vec<LearnerId> = self.by_learner.keys().filter(|l| !active.contains(l)).copied().collect();
+        for l in gone {
+            self.remove(l);
+        }
+    }
+
+    /// The oldest clock served to a learner other than `learner`.
+    fn oldest_except(&self, learner: LearnerId) -> Option<Clock> {
+        let own = self.get(learner);
+        self.by_clock.iter().find(|&(c, n)| Some(*c) != own || *n > 1).map(|(c, _)| *c)
+    }
+}
+
 /// Settings of an SGD shard.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SgdShardConfig {
@@ -146,8 +189,11 @@ pub struct SgdShard {
     /// Buffers of earlier rounds, reused.
     spare: Vec<Vec<f32>>,
     /// Learners served weights whose gradient has not arrived yet, with the clock served.
-    outstanding: BTreeMap<LearnerId, Clock>,
+    outstanding: Outstanding,
+    /// Pulls waiting for the gate, first come first served.
     deferred: VecDeque<LearnerId>,
+    /// The learners in `deferred`.
+    deferred_set: BTreeSet<LearnerId>,
     stats: StalenessStats,
     /// Gradients received and validated, applied or dropped.
     received: u64,
@@ -168,8 +214,9 @@ impl SgdShard {
             held: Vec::new(),
             round: BTreeMap::new(),
             spare: Vec::new(),
-            outstanding: BTreeMap::new(),
+            outstanding: Outstanding::default(),
             deferred: VecDeque::new(),
+            deferred_set: BTreeSet::new(),
             stats: StalenessStats::default(),
             received: 0,
             events: VecDeque::new(),
@@ -233,7 +280,7 @@ impl SgdShard {
         self.check_member(learner)?;
         if self.may_serve(learner) {
             self.serve(learner);
-        } else if !self.deferred.contains(&learner) {
+        } else if self.deferred_set.insert(learner) {
             self.deferred.push_back(learner);
         }
         Ok(())
@@ -265,14 +312,15 @@ impl SgdShard {
                 self.params.len()
             )));
         }
-        if self.outstanding.get(&learner) != Some(&computed_on) {
+        if self.outstanding.get(learner) != Some(computed_on) {
             return Err(ActorError::Protocol(format!(
                 "{learner} pushed a gradient on clock {computed_on} to {}, which served it {:?}",
                 self.cfg.id,
-                self.outstanding.get(&learner)
+                self.outstanding.get(learner)
             )));
         }
-        self.outstanding.remove(&learner);
+        self.outstanding.remove(learner);
+        let clock_before = self.clock;
         let lr = self.learning_rate();
         self.received += 1;
         let staleness = self.clock.staleness_of(computed_on).unwrap_or_default();
@@ -310,15 +358,20 @@ impl SgdShard {
                 cpu::axpy(weight, grad, &mut self.acc);
             }
         }
-        self.release_deferred();
+        // Without a bound only a new clock opens the gate (it ends a hardsync round); with
+        // one, the oldest outstanding gradient may just have arrived.
+        if self.clock != clock_before || self.cfg.max_staleness.is_some() {
+            self.release_deferred();
+        }
         Ok(())
     }
 
     /// The set of active learners changed (λ changes): pending work is re-evaluated so that
     /// no round waits for a learner that is gone.
     pub fn on_membership(&mut self, active: BTreeSet<LearnerId>) {
-        self.outstanding.retain(|l, _| active.contains(l));
+        self.outstanding.retain(&active);
         self.deferred.retain(|l| active.contains(l));
+        self.deferred_set.retain(|l| active.contains(l));
         self.active = active;
         if !self.held.is_empty() && self.held.len() >= self.gradients_per_update() {
             self.apply(None);
@@ -335,12 +388,11 @@ impl SgdShard {
     }
 
     fn may_serve(&self, learner: LearnerId) -> bool {
-        if self.cfg.rule == SyncRule::Hardsync && self.held.iter().any(|h| h.learner == learner) {
+        if self.cfg.rule == SyncRule::Hardsync && self.round.contains_key(&learner) {
             return false;
         }
         let Some(bound) = self.cfg.max_staleness else { return true };
-        let oldest = self.outstanding.iter().filter(|(l, _)| **l != learner).map(|(_, c)| *c).min();
-        oldest.is_none_or(|j| self.clock.0 - j.0 < bound)
+        self.outstanding.oldest_except(learner).is_none_or(|j| self.clock.0 - j.0 < bound)
     }
 
     fn serve(&mut self, learner: LearnerId) {
@@ -352,6 +404,7 @@ impl SgdShard {
         for _ in 0..self.deferred.len() {
             let Some(learner) = self.deferred.pop_front() else { break };
             if self.may_serve(learner) {
+                self.deferred_set.remove(&learner);
                 self.serve(learner);
             } else {
                 self.deferred.push_back(learner);
@@ -594,6 +647,22 @@ mod tests {
         let (served, grads, _) = drain(&mut s);
         assert_eq!(served, vec![(L[1], Clock(2))]);
         assert_eq!(grads[0].staleness, Staleness(1));
+    }
+
+    #[test]
+    fn the_oldest_outstanding_clock_is_kept_per_clock() {
+        let mut o = Outstanding::default();
+        o.insert(L[0], Clock(3));
+        o.insert(L[1], Clock(5));
+        assert_eq!(o.oldest_except(L[2]), Some(Clock(3)));
+        assert_eq!(o.oldest_except(L[0]), Some(Clock(5)), "a learner's own gradient does not count");
+        o.insert(L[2], Clock(3));
+        assert_eq!(o.oldest_except(L[0]), Some(Clock(3)));
+        o.insert(L[2], Clock(6));
+        o.remove(L[0]);
+        assert_eq!(o.oldest_except(L[3]), Some(Clock(5)));
+        o.retain(&[L[2]].into_iter().collect());
+        assert_eq!((o.get(L[1]), o.oldest_except(L[2]), o.oldest_except(L[0])), (None, None, Some(Clock(6))));
     }
 
     #[test]

@@ -2,9 +2,13 @@
 //! medians and ratios.
 //!
 //! - [`training`]: training throughput of in-process clusters against a bare SGD loop.
+//! - [`agreement`]: ⟨σ⟩ of the simulator against the local runtime on the same settings.
+//! - [`simulator`]: events per second of the simulator with 10,000 virtual learners.
 //! - [`transport`]: QUIC push and pull of 4 MiB payloads against TCP loopback and memcpy,
 //!   and validate-and-view of a received frame against copying it.
 
+pub mod agreement;
+pub mod simulator;
 pub mod training;
 pub mod transport;
 
@@ -34,6 +38,7 @@ pub fn print(rows: &[BenchRow]) {
     for r in rows {
         let (ratio, base) =
             r.ratio.as_ref().map_or((String::new(), ""), |(x, b)| (format!("{x:.3}"), b.as_str()));
-        println!("{:<48} {:>14.1} {:<10} {:>8}  {}", r.name, r.value, r.unit, ratio, base);
+        let digits = if r.value.abs() < 100.0 { 3 } else { 1 };
+        println!("{:<48} {:>14.digits$} {:<10} {:>8}  {}", r.name, r.value, r.unit, ratio, base);
     }
 }

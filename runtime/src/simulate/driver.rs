@@ -1,0 +1,364 @@
+//! The discrete-event driver: one event queue in virtual time, the compute and network
+//! models, the one seeded random generator, and the protocol world whose cores the events
+//! are fed to.
+
+use rudra_transport::Floats;
+
+use rand_chacha::ChaCha8Rng;
+use rudra_actors::protocol::{GradientRecord, Outcome, StalenessStats, UpdateRecord};
+use rudra_transport::LearnerId;
+use serde::Serialize;
+
+use super::events::{EventQueue, Nanos, TraceHash, seconds};
+use super::gradients::{Gradients, Part};
+use super::model::{ComputeModel, Network, Route};
+use super::progress::Progress;
+use super::settings::StopSpec;
+use crate::RuntimeError;
+
+/// A message between a learner and a shard.
+pub trait Message {
+    /// The link it travels and what it carries.
+    fn route(&self) -> Route;
+    /// Add what identifies it (kind, ends, clock) to the trace.
+    fn trace(&self, hash: &mut TraceHash);
+}
+
+/// Something that happens at a virtual time.
+pub enum Event<M> {
+    /// A message arrives.
+    Deliver(M),
+    /// A learner finished computing its gradient.
+    Computed(LearnerId),
+}
+
+/// A protocol family on its cores: shards and learners, driven by delivered messages and
+/// finished computations.
+pub trait World {
+    /// The messages its learners and shards exchange.
+    type Msg: Message;
+    /// Every learner starts.
+    fn start(&mut self, eng: &mut Engine<Self::Msg>) -> Result<(), RuntimeError>;
+    /// A message arrives.
+    fn deliver(&mut self, eng: &mut Engine<Self::Msg>, msg: Self::Msg) -> Result<(), RuntimeError>;
+    /// A learner's gradient is ready.
+    fn computed(&mut self, eng: &mut Engine<Self::Msg>, learner: LearnerId) -> Result<(), RuntimeError>;
+    /// Updates applied by the shard that applied the most.
+    fn updates(&self) -> u64;
+    /// Every shard's current values, in shard order.
+    fn values(&self) -> Vec<Floats>;
+    /// Per-shard statistics.
+    fn shard_reports(&self) -> Vec<ShardReport>;
+}
+
+/// Per-shard statistics (`shards.csv`).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ShardReport {
+    /// The shard.
+    pub shard: u32,
+    /// Its clock: updates applied (or elastic exchanges and rounds).
+    pub updates: u64,
+    /// Gradients it applied.
+    pub applied: u64,
+    /// Gradients it dropped.
+    pub dropped: u64,
+    /// ⟨σ⟩ of the gradients it applied.
+    pub mean_staleness: f64,
+    /// Largest σ it applied.
+    pub max_staleness: u64,
+}
+
+/// How many things happened (`summary.json` key `events`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct EventCounts {
+    /// Events taken from the queue.
+    pub processed: u64,
+    /// Messages sent.
+    pub messages: u64,
+    /// Messages lost and sent again.
+    pub resent: u64,
+    /// Gradients computed.
+    pub gradients: u64,
+    /// Gradients a shard applied (summed over shards).
+    pub applied: u64,
+    /// Gradients a shard dropped (summed over shards).
+    pub dropped: u64,
+    /// Updates applied (summed over shards).
+    pub updates: u64,
+}
+
+/// One row of `loss.csv`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LossRow {
+    /// Virtual time.
+    pub virtual_seconds: f64,
+    /// Gradients computed so far.
+    pub gradients: u64,
+    /// Updates so far (the shard with the most).
+    pub updates: u64,
+    /// The objective at the shards' values (quadratic), or the mean minibatch loss since the
+    /// previous row (model).
+    pub loss: f64,
+}
+
+/// A learner's time (`learners.csv`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct LearnerReport {
+    /// The learner.
+    pub learner: u32,
+    /// Whether it is a straggler.
+    pub straggler: bool,
+    /// Gradients it computed.
+    pub gradients: u64,
+    /// Virtual seconds spent computing.
+    pub compute_seconds: f64,
+    /// Virtual seconds spent waiting for weights or the center.
+    pub wait_seconds: f64,
+    /// `compute / (compute + wait)`.
+    pub utilisation: f64,
+}
+
+#[derive(Clone, Copy, Default)]
+struct LearnerTime {
+    busy: Nanos,
+    since: Option<Nanos>,
+    gradients: u64,
+}
+
+/// Shared machinery of a simulation: the clock, the queue, the models, the random generator,
+/// the statistics and the trace.
+pub struct Engine<M> {
+    now: Nanos,
+    queue: EventQueue<Event<M>>,
+    rng: ChaCha8Rng,
+    compute: ComputeModel,
+    net: Network,
+    gradients: Gradients,
+    hash: TraceHash,
+    counts: EventCounts,
+    staleness: StalenessStats,
+    learners: Vec<LearnerTime>,
+    loss_window: (f64, u64),
+    loss_rows: Vec<LossRow>,
+}
+
+/// What a finished run of the driver leaves.
+pub struct Finished {
+    /// Virtual end time.
+    pub end: Nanos,
+    /// Event counts.
+    pub counts: EventCounts,
+    /// Staleness over all shards.
+    pub staleness: StalenessStats,
+    /// Per-learner time.
+    pub learners: Vec<LearnerReport>,
+    /// `loss.csv`.
+    pub loss: Vec<LossRow>,
+    /// The hash of the ordered event log.
+    pub hash: TraceHash,
+    /// The gradient source, for a final evaluation.
+    pub gradients: Gradients,
+}
+
+impl<M: Message> Engine<M> {
+    /// An engine for `learners` learners.
+    pub fn new(
+        rng: ChaCha8Rng,
+        compute: ComputeModel,
+        net: Network,
+        gradients: Gradients,
+        learners: usize,
+    ) -> Self {
+        Self {
+            now: 0,
+            queue: EventQueue::default(),
+            rng,
+            compute,
+            net,
+            gradients,
+            hash: TraceHash::default(),
+            counts: EventCounts::default(),
+            staleness: StalenessStats::default(),
+            learners: vec![LearnerTime::default(); learners],
+            loss_window: (0.0, 0),
+            loss_rows: Vec::new(),
+        }
+    }
+
+    /// Send `msg`; it arrives when the network model says.
+    pub fn send(&mut self, msg: M) {
+        let at = self.net.arrival(self.now, msg.route(), &mut self.rng);
+        self.counts.messages += 1;
+        self.queue.push(at, Event::Deliver(msg));
+    }
+
+    /// `learner` starts computing its gradient at the parameters made of `parts`: the gradient
+    /// is taken now and is ready after a compute time drawn from the model.
+    pub fn start_compute(
+        &mut self,
+        learner: LearnerId,
+        parts: &[Part<'_>],
+    ) -> Result<Vec<f32>, RuntimeError> {
+        let l = learner.index();
+        let took = self.compute.sample(l, &mut self.rng);
+        let (grad, loss) = self.gradients.compute(l, parts, &mut self.rng)?;
+        self.loss_window.0 += loss;
+        self.loss_window.1 += 1;
+        self.learners[l].since = Some(self.now);
+        self.queue.push(self.now + took, Event::Computed(learner));
+        Ok(grad)
+    }
+
+    /// A shard reported a gradient's fate (the staleness tracker's part).
+    pub fn record_gradient(&mut self, g: &GradientRecord) {
+        let h = &mut self.hash;
+        for v in [u64::from(g.shard.0), u64::from(g.learner.0), g.computed_on.0, g.staleness.0] {
+            h.u64(v);
+        }
+        match g.outcome {
+            Outcome::Applied { alpha } => {
+                h.u64(u64::from(alpha.to_bits()));
+                self.staleness.record_applied(g.staleness);
+                self.counts.applied += 1;
+            }
+            Outcome::Dropped(_) => {
+                h.u64(u64::MAX);
+                self.staleness.record_dropped();
+                self.counts.dropped += 1;
+            }
+        }
+    }
+
+    /// A shard applied an update.
+    pub fn record_update(&mut self, u: &UpdateRecord) {
+        self.hash.u64(u64::from(u.shard.0));
+        self.hash.u64(u.clock.0);
+        self.counts.updates += 1;
+    }
+
+    /// A row of `loss.csv`; none while a model has computed no minibatch since the last row.
+    fn loss_row<W: World<Msg = M>>(&mut self, world: &W) {
+        let values = world.values();
+        let loss = match self.gradients.objective(values.iter().map(|v| &v[..])) {
+            Some(exact) => exact,
+            None => match std::mem::take(&mut self.loss_window) {
+                (_, 0) => return,
+                (sum, n) => sum / n as f64,
+            },
+        };
+        self.loss_rows.push(LossRow {
+            virtual_seconds: seconds(self.now),
+            gradients: self.counts.gradients,
+            updates: world.updates(),
+            loss,
+        });
+    }
+
+    /// The learners' times up to `end`, counting computations still under way.
+    fn learner_reports(&self, end: Nanos) -> Vec<LearnerReport> {
+        self.learners
+            .iter()
+            .enumerate()
+            .map(|(l, t)| {
+                let busy = t.busy + t.since.map_or(0, |s| end.saturating_sub(s));
+                let (compute, total) = (seconds(busy), seconds(end));
+                LearnerReport {
+                    learner: l as u32,
+                    straggler: self.compute.is_straggler(l),
+                    gradients: t.gradients,
+                    compute_seconds: compute,
+                    wait_seconds: (total - compute).max(0.0),
+                    utilisation: if end == 0 { 0.0 } else { compute / total },
+                }
+            })
+            .collect()
+    }
+
+    /// Run `world` until the queue is empty (every learner finished) or a limit of `stop` is
+    /// reached; a row of `loss.csv` every `loss_every` gradients. `expected` is the number of
+    /// gradients of a run that ends by itself, for the progress display.
+    pub fn run<W: World<Msg = M>>(
+        mut self,
+        world: &mut W,
+        stop: &StopSpec,
+        (loss_every, expected): (u64, Option<u64>),
+        progress: &mut Progress,
+    ) -> Result<Finished, RuntimeError> {
+        let limit = stop.seconds.map(super::events::nanos);
+        world.start(&mut self)?;
+        self.loss_row(world);
+        let mut end = None;
+        while let Some((at, event)) = self.queue.pop() {
+            if limit.is_some_and(|t| at > t) {
+                end = limit;
+                break;
+            }
+            self.now = at;
+            self.counts.processed += 1;
+            self.hash.u64(at);
+            match event {
+                Event::Deliver(msg) => {
+                    msg.trace(&mut self.hash);
+                    world.deliver(&mut self, msg)?;
+                }
+                Event::Computed(learner) => {
+                    self.hash.u64(u64::from(learner.0));
+                    let t = &mut self.learners[learner.index()];
+                    t.busy += t.since.take().map_or(0, |s| at - s);
+                    t.gradients += 1;
+                    self.counts.gradients += 1;
+                    world.computed(&mut self, learner)?;
+                    if self.counts.gradients.is_multiple_of(loss_every) {
+                        self.loss_row(world);
+                    }
+                }
+            }
+            let updates = world.updates();
+            if stop.gradients.is_some_and(|g| self.counts.gradients >= g)
+                || stop.updates.is_some_and(|u| updates >= u)
+            {
+                break;
+            }
+            if self.counts.processed.is_multiple_of(4096) {
+                let done = [
+                    stop.gradients.zip(Some(self.counts.gradients)),
+                    stop.updates.zip(Some(updates)),
+                    limit.zip(Some(self.now)),
+                    expected.zip(Some(self.counts.gradients)),
+                ]
+                .into_iter()
+                .flatten()
+                .map(|(of, at)| at as f64 / of.max(1) as f64)
+                .fold(0.0, f64::max);
+                progress.update(done, || {
+                    format!(
+                        "{:.1} virtual s, {} gradients, {updates} updates, ⟨σ⟩ {:.2}",
+                        seconds(self.now),
+                        self.counts.gradients,
+                        self.staleness.mean()
+                    )
+                });
+            }
+        }
+        let end = end.unwrap_or(self.now);
+        self.now = end;
+        if self.loss_rows.last().is_none_or(|r| r.gradients != self.counts.gradients) {
+            self.loss_row(world);
+        }
+        self.counts.resent = self.net.resent;
+        for values in world.values() {
+            for v in values.iter() {
+                self.hash.u64(u64::from(v.to_bits()));
+            }
+        }
+        Ok(Finished {
+            end,
+            learners: self.learner_reports(end),
+            counts: self.counts,
+            staleness: self.staleness,
+            loss: self.loss_rows,
+            hash: self.hash,
+            gradients: self.gradients,
+        })
+    }
+}

@@ -1,0 +1,210 @@
+//! `rudra-node simulate`: thousands of virtual learners on the real protocol cores.
+//!
+//! A discrete-event driver feeds the pure cores of `rudra_actors::protocol` exactly the
+//! inputs their actors would — [`SgdShard`] and [`LearnerCore`] for hardsync, n-softsync and
+//! async; the elastic center and learner cores for EASGD — in virtual time. Compute and network
+//! times come from models ([`settings::ComputeSpec`], [`settings::NetworkSpec`]); every random
+//! draw comes from one generator seeded with `simulation.seed`, and events at equal times are
+//! taken in the order they were scheduled, so a configuration and seed give one event log,
+//! whose hash is printed at the end.
+//!
+//! The entry points are [`simulate`] (one run, returning a [`SimReport`]) and [`run_command`]
+//! (the command: one run or a sweep, written to a run directory).
+
+mod driver;
+mod elastic;
+mod events;
+mod gradients;
+mod model;
+mod output;
+mod progress;
+pub mod settings;
+mod sgd;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use rudra_actors::learner::shard_ranges;
+use rudra_actors::protocol::shard::SgdShardConfig;
+use rudra_actors::protocol::{LearnerCore, SgdShard};
+use rudra_transport::{LearnerId, ShardId};
+
+use driver::{Engine, Finished, World};
+pub use driver::{EventCounts, LearnerReport, LossRow, ShardReport};
+use elastic::ElasticWorld;
+use gradients::Gradients;
+use model::{ComputeModel, Network};
+pub use output::{SimReport, SimSummary, Trend};
+use progress::Progress;
+use settings::{GradientSource, StopSpec};
+pub use settings::{RawSimulation, Simulation};
+use sgd::SgdWorld;
+
+use crate::local::ProgressMode;
+use crate::{Config, RunDir, RuntimeError};
+
+/// The protocol a simulation of `config` runs: `[protocol]`'s kind, or the EASGD variant.
+#[must_use]
+pub fn protocol_label(config: &Config) -> String {
+    config.simulation.easgd.map_or_else(|| config.protocol_name().to_owned(), |e| e.name())
+}
+
+/// Check what can be checked of `config` before any simulation runs (the dataset is checked
+/// when a model simulation loads it).
+pub fn validate(config: &Config) -> Result<(), RuntimeError> {
+    let params = match config.simulation.gradients {
+        GradientSource::Synthetic(q) => q.dimension,
+        GradientSource::Model => config.cluster.model.layout().len,
+    };
+    Ok(config.cluster.validate_settings(params)?)
+}
+
+/// Run one simulation of `config` (a sweep in it is not expanded).
+pub fn simulate(config: &Config, progress: ProgressMode) -> Result<SimReport, RuntimeError> {
+    let started = Instant::now();
+    validate(config)?;
+    let (spec, sim) = (&config.cluster, &config.simulation);
+    let learners = spec.learners as usize;
+    let mut rng = ChaCha8Rng::seed_from_u64(sim.seed);
+    // Model gradients: the learners' cores and minibatches exactly as the actors get them.
+    let (gradients, init, model_run) = match sim.gradients {
+        GradientSource::Synthetic(q) => (Gradients::Quadratic(q), q.init(), None),
+        GradientSource::Model => {
+            let data = config.data.load()?;
+            spec.validate(&data)?;
+            let train_len = data.train.len();
+            let (cores, batches): (Vec<_>, Vec<_>) =
+                (0..learners).map(|l| spec.learner_parts(l, Arc::clone(&data.train))).unzip();
+            let gradients = Gradients::model(spec.model.clone(), batches, data.test)?;
+            (gradients, spec.model.init(spec.seed), Some((cores, train_len)))
+        }
+    };
+    let ranges = shard_ranges(init.len(), spec.shards as usize);
+    let compute = ComputeModel::new(&sim.compute, learners, &mut rng);
+    let lens: Vec<usize> = ranges.iter().map(|r| r.len()).collect();
+    let net = Network::new(&sim.network, learners, &lens)?;
+    let expected = model_run.as_ref().map(|(_, len)| spec.steps_per_learner(*len) * u64::from(spec.learners));
+    let mut progress = Progress::new(progress);
+    let run = (sim.loss_every, expected);
+    let (finished, world) = match sim.easgd {
+        Some(easgd) => {
+            // Elastic learners have no last step of their own: a model run ends after its epochs.
+            let stop =
+                StopSpec { gradients: sim.stop.gradients.into_iter().chain(expected).min(), ..sim.stop };
+            let mut world = ElasticWorld::new(&easgd, spec.schedule.base, &init, ranges, spec.learners);
+            let engine = Engine::new(rng, compute, net, gradients, learners);
+            (engine.run(&mut world, &stop, run, &mut progress)?, summarize(&world))
+        }
+        None => {
+            let (shards, cores) = match model_run {
+                Some((cores, train_len)) => {
+                    ((0..spec.shards as usize).map(|s| spec.shard_core(s, train_len)).collect(), cores)
+                }
+                None => synthetic_cores(config, &init, &ranges),
+            };
+            let mut world = SgdWorld::new(shards, ranges, cores);
+            let engine = Engine::new(rng, compute, net, gradients, learners);
+            (engine.run(&mut world, &sim.stop, run, &mut progress)?, summarize(&world))
+        }
+    };
+    drop(progress);
+    let Finished { end, counts, staleness, learners, loss, hash, mut gradients } = finished;
+    let (shards, updates, params) = world;
+    let test = gradients.evaluate(&params)?;
+    Ok(SimReport {
+        protocol: protocol_label(config),
+        virtual_seconds: events::seconds(end),
+        wall_seconds: started.elapsed().as_secs_f64(),
+        updates,
+        counts,
+        staleness: staleness.summary(),
+        shards,
+        learners,
+        loss,
+        trace_hash: hash.value(),
+        params,
+        test,
+    })
+}
+
+/// A world's shard reports, updates and final parameters.
+fn summarize<W: World>(world: &W) -> (Vec<ShardReport>, u64, Vec<f32>) {
+    let params = world.values().iter().flat_map(|v| v.iter().copied()).collect();
+    (world.shard_reports(), world.updates(), params)
+}
+
+/// Shard and learner cores over the quadratic: the configured protocol with a constant α0
+/// (there are no epochs), learners that run until the simulation stops.
+fn synthetic_cores(
+    config: &Config,
+    init: &[f32],
+    ranges: &[std::ops::Range<usize>],
+) -> (Vec<SgdShard>, Vec<LearnerCore>) {
+    let spec = &config.cluster;
+    let active: BTreeSet<LearnerId> = (0..spec.learners).map(LearnerId).collect();
+    let shards = ranges
+        .iter()
+        .enumerate()
+        .map(|(s, r)| {
+            let cfg = SgdShardConfig {
+                id: ShardId(s as u32),
+                rule: spec.protocol.rule,
+                modulation: spec.protocol.modulation,
+                max_staleness: spec.protocol.max_staleness,
+                schedule: spec.schedule,
+                gradients_per_epoch: u64::MAX,
+            };
+            SgdShard::new(cfg, init[r.clone()].to_vec(), active.clone())
+        })
+        .collect();
+    let learners = active.iter().map(|&l| LearnerCore::new(l, ranges.len(), u64::MAX)).collect();
+    (shards, learners)
+}
+
+/// `rudra-node simulate`: load the configuration, run it (once, or once per point of its
+/// sweep), write the run directory and print what happened.
+pub fn run_command(
+    file: Option<&Path>,
+    overrides: &[String],
+    out: Option<&Path>,
+    progress: ProgressMode,
+) -> Result<(), RuntimeError> {
+    let base = Config::load(file, overrides)?;
+    let points = base.simulation.sweep_points();
+    // Every point is loaded and checked before the first one runs.
+    let configs = points
+        .iter()
+        .map(|sets| {
+            let config = Config::load(file, &[overrides, sets].concat())?;
+            validate(&config)?;
+            Ok((sets.clone(), config))
+        })
+        .collect::<Result<Vec<_>, RuntimeError>>()?;
+    let dir = RunDir::create(out, &format!("sim-{}", protocol_label(&base)))?;
+    dir.write_config(&base)?;
+    tracing::info!(dir = %dir.path().display(), points = configs.len(), "simulation directory");
+    if let [(_, config)] = configs.as_slice() {
+        let report = simulate(config, progress)?;
+        let summary = output::write_run(&dir, config, &report)?;
+        println!("{}; wrote {}", summary.headline(), dir.path().display());
+        println!("trace hash {}", summary.trace_hash);
+        return Ok(());
+    }
+    let mut rows = Vec::new();
+    for (i, (sets, config)) in configs.into_iter().enumerate() {
+        let report = simulate(&config, ProgressMode::Quiet)?;
+        let sub = RunDir::create(Some(&dir.path().join(format!("point-{i:03}"))), "")?;
+        sub.write_config(&config)?;
+        let summary = output::write_run(&sub, &config, &report)?;
+        println!("[{i:03}] {}: {}", sets.join(" "), summary.headline());
+        rows.push((sets, summary));
+    }
+    let keys: Vec<String> = base.simulation.sweep.iter().flat_map(|a| a.keys.iter().cloned()).collect();
+    dir.write_file("sweep.csv", &output::sweep_csv(&keys, &rows))?;
+    println!("{} simulations; wrote {}", rows.len(), dir.path().join("sweep.csv").display());
+    Ok(())
+}

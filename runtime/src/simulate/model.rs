@@ -1,0 +1,246 @@
+//! What the simulator assumes about time: how long a learner computes a gradient (a
+//! distribution, with stragglers), and how long a message travels (latency plus its encoded
+//! size over the link's bandwidth, jitter, resends of lost messages; links deliver in order).
+
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+use rudra_transport::{LearnerId, Msg, ShardId};
+
+use super::events::{Nanos, nanos};
+use super::settings::{ComputeDist, ComputeSpec, NetworkSpec};
+use crate::RuntimeError;
+
+/// A uniform draw in `[0, 1)`.
+pub fn uniform(rng: &mut ChaCha8Rng) -> f64 {
+    rng.random::<f64>()
+}
+
+/// Standard normal draws (Box–Muller, two per pair of uniforms) into `out`, times `scale`.
+pub fn fill_normal(rng: &mut ChaCha8Rng, out: &mut [f32], scale: f32) {
+    for pair in out.chunks_mut(2) {
+        let (z0, z1) = normal_pair(rng);
+        pair[0] = scale * z0 as f32;
+        if let Some(second) = pair.get_mut(1) {
+            *second = scale * z1 as f32;
+        }
+    }
+}
+
+fn normal_pair(rng: &mut ChaCha8Rng) -> (f64, f64) {
+    let u1 = 1.0 - uniform(rng); // in (0, 1], so the logarithm is finite
+    let u2 = uniform(rng);
+    let r = (-2.0 * u1.ln()).sqrt();
+    let (s, c) = (std::f64::consts::TAU * u2).sin_cos();
+    (r * c, r * s)
+}
+
+/// Compute times of every learner.
+pub struct ComputeModel {
+    dist: ComputeDist,
+    mean_ns: f64,
+    /// Per learner: 1, or the straggler factor.
+    factor: Vec<f64>,
+}
+
+impl ComputeModel {
+    /// The model of `spec` for `learners` learners; the stragglers (the fraction rounded to
+    /// the nearest count) are drawn from `rng`.
+    pub fn new(spec: &ComputeSpec, learners: usize, rng: &mut ChaCha8Rng) -> Self {
+        let stragglers = ((spec.straggler_fraction * learners as f64).round() as usize).min(learners);
+        let mut order: Vec<usize> = (0..learners).collect();
+        for i in 0..stragglers {
+            let j = rng.random_range(i..learners);
+            order.swap(i, j);
+        }
+        let mut factor = vec![1.0; learners];
+        for &l in &order[..stragglers] {
+            factor[l] = spec.straggler_factor;
+        }
+        Self { dist: spec.dist, mean_ns: spec.mean_seconds * 1e9, factor }
+    }
+
+    /// Whether learner `l` is a straggler.
+    pub fn is_straggler(&self, l: usize) -> bool {
+        self.factor[l] != 1.0
+    }
+
+    /// The time learner `l` takes for its next gradient (at least 1 ns).
+    pub fn sample(&self, l: usize, rng: &mut ChaCha8Rng) -> Nanos {
+        let unit = match self.dist {
+            ComputeDist::Constant => 1.0,
+            ComputeDist::Uniform { spread } => 1.0 + spread * (2.0 * uniform(rng) - 1.0),
+            ComputeDist::LogNormal { sigma } => (sigma * normal_pair(rng).0 - sigma * sigma / 2.0).exp(),
+        };
+        ((self.mean_ns * self.factor[l] * unit).round() as Nanos).max(1)
+    }
+}
+
+/// What a message carries, which fixes its size on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Payload {
+    /// A pull request (learner → shard).
+    Pull,
+    /// A shard's range of values, learner → shard (a gradient, or x^i for an exchange).
+    Up,
+    /// A shard's range of values, shard → learner (weights, or the center).
+    Down,
+}
+
+/// The link a message travels and what it carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Route {
+    /// The learner at one end.
+    pub learner: LearnerId,
+    /// The shard at the other.
+    pub shard: ShardId,
+    /// What it carries; [`Payload::Down`] goes shard → learner, the others learner → shard.
+    pub payload: Payload,
+}
+
+/// Message times on every learner–shard link, both directions.
+pub struct Network {
+    /// Latency plus size over bandwidth, per shard: (pull, values up, values down).
+    transit: Vec<(Nanos, Nanos, Nanos)>,
+    jitter: f64,
+    drop_probability: f64,
+    retransmit: Nanos,
+    shards: usize,
+    /// Arrival time of the latest message on each link and direction, so links stay in order.
+    last: Vec<Nanos>,
+    /// Messages sent again after a loss.
+    pub resent: u64,
+}
+
+impl Network {
+    /// The network of `spec` between `learners` learners and shards holding `ranges` values
+    /// each; message sizes are those of the encoded wire frames.
+    pub fn new(spec: &NetworkSpec, learners: usize, ranges: &[usize]) -> Result<Self, RuntimeError> {
+        let time = |bytes: usize| nanos(spec.latency + bytes as f64 / spec.bandwidth);
+        let pull = time(Msg::Pull { learner: 0, last: false }.encode()?.len());
+        let transit = ranges
+            .iter()
+            .map(|&len| {
+                let up = Msg::Push { learner: 0, computed_on: 0, values: vec![0.0; len] }.encode()?.len();
+                let down = Msg::Weights { shard: 0, clock: 0, values: vec![0.0; len] }.encode()?.len();
+                Ok((pull, time(up), time(down)))
+            })
+            .collect::<Result<_, RuntimeError>>()?;
+        Ok(Self {
+            transit,
+            jitter: spec.jitter * 1e9,
+            drop_probability: spec.drop_probability,
+            retransmit: nanos(spec.retransmit_seconds),
+            shards: ranges.len(),
+            last: vec![0; learners * ranges.len() * 2],
+            resent: 0,
+        })
+    }
+
+    /// When a message sent at `now` along `route` arrives.
+    pub fn arrival(&mut self, now: Nanos, route: Route, rng: &mut ChaCha8Rng) -> Nanos {
+        let s = route.shard.index();
+        let (pull, up, down) = self.transit[s];
+        let mut at = now
+            + match route.payload {
+                Payload::Pull => pull,
+                Payload::Up => up,
+                Payload::Down => down,
+            };
+        if self.jitter > 0.0 {
+            at += (self.jitter * uniform(rng)) as Nanos;
+        }
+        if self.drop_probability > 0.0 {
+            while uniform(rng) < self.drop_probability {
+                at += self.retransmit;
+                self.resent += 1;
+            }
+        }
+        let down = usize::from(route.payload == Payload::Down);
+        let link = &mut self.last[(route.learner.index() * self.shards + s) * 2 + down];
+        *link = (*link).max(at);
+        *link
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::SeedableRng;
+
+    use super::*;
+
+    fn rng() -> ChaCha8Rng {
+        ChaCha8Rng::seed_from_u64(3)
+    }
+
+    fn spec(dist: ComputeDist) -> ComputeSpec {
+        ComputeSpec { dist, mean_seconds: 0.2, straggler_fraction: 0.1, straggler_factor: 4.0 }
+    }
+
+    fn mean_time(model: &ComputeModel, l: usize, rng: &mut ChaCha8Rng) -> f64 {
+        (0..20_000).map(|_| model.sample(l, rng) as f64).sum::<f64>() / 20_000.0 / 1e9
+    }
+
+    #[test]
+    fn compute_distributions_have_the_configured_mean_and_stragglers_are_slower() {
+        let mut rng = rng();
+        for dist in [
+            ComputeDist::Constant,
+            ComputeDist::Uniform { spread: 0.5 },
+            ComputeDist::LogNormal { sigma: 0.5 },
+        ] {
+            let m = ComputeModel::new(&spec(dist), 30, &mut rng);
+            assert_eq!((0..30).filter(|&l| m.is_straggler(l)).count(), 3);
+            let normal = (0..30).find(|&l| !m.is_straggler(l)).unwrap();
+            let slow = (0..30).find(|&l| m.is_straggler(l)).unwrap();
+            let (a, b) = (mean_time(&m, normal, &mut rng), mean_time(&m, slow, &mut rng));
+            assert!((a - 0.2).abs() < 0.005, "{dist:?}: mean {a}");
+            assert!((b - 0.8).abs() < 0.02, "{dist:?}: straggler mean {b}");
+        }
+        let uniform = ComputeModel::new(&spec(ComputeDist::Uniform { spread: 0.5 }), 1, &mut rng);
+        assert!(
+            (0..1000).map(|_| uniform.sample(0, &mut rng)).all(|t| (100_000_000..=300_000_000).contains(&t))
+        );
+    }
+
+    #[test]
+    fn normal_draws_have_unit_variance() {
+        let mut rng = rng();
+        let mut z = vec![0.0; 100_001];
+        fill_normal(&mut rng, &mut z, 2.0);
+        let mean = z.iter().map(|&v| f64::from(v)).sum::<f64>() / z.len() as f64;
+        let var = z.iter().map(|&v| (f64::from(v) - mean).powi(2)).sum::<f64>() / z.len() as f64;
+        assert!(mean.abs() < 0.03 && (var - 4.0).abs() < 0.08, "mean {mean}, variance {var}");
+    }
+
+    #[test]
+    fn messages_take_latency_plus_size_over_bandwidth_and_links_stay_in_order() {
+        let spec = NetworkSpec {
+            latency: 0.001,
+            bandwidth: 1e6,
+            jitter: 0.0,
+            drop_probability: 0.0,
+            retransmit_seconds: 1.0,
+        };
+        let mut net = Network::new(&spec, 2, &[1000]).unwrap();
+        let mut rng = rng();
+        let route = |payload| Route { learner: LearnerId(0), shard: ShardId(0), payload };
+        let up = net.arrival(0, route(Payload::Up), &mut rng);
+        // 4000 bytes of values plus the frame: a little over 1 ms + 4 ms.
+        assert!((5_000_000..5_200_000).contains(&up), "{up}");
+        let pull = net.arrival(0, route(Payload::Pull), &mut rng);
+        assert_eq!(pull, up, "a pull sent after a push does not overtake it");
+        let other = net.arrival(0, Route { learner: LearnerId(1), ..route(Payload::Pull) }, &mut rng);
+        assert!(other < 1_200_000, "another link is not held up: {other}");
+
+        let lossy = NetworkSpec { drop_probability: 0.5, ..spec };
+        let mut net = Network::new(&lossy, 1000, &[1]).unwrap();
+        let late = (0..1000)
+            .filter(|&l| {
+                let r = Route { learner: LearnerId(l), ..route(Payload::Pull) };
+                net.arrival(0, r, &mut rng) >= 1_000_000_000
+            })
+            .count();
+        assert!((400..600).contains(&late), "about half the messages are resent: {late}");
+        assert!(net.resent >= late as u64);
+    }
+}

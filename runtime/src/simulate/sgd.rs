@@ -1,0 +1,206 @@
+//! Rudra's SGD protocols (hardsync, n-softsync, async) in the simulator: the [`SgdShard`] and
+//! [`LearnerCore`] cores, fed the inputs the shard and learner actors feed them.
+
+use rudra_transport::Floats;
+use std::ops::Range;
+use std::sync::Arc;
+
+use rudra_actors::protocol::{LearnerCore, LearnerEvent, SgdShard, ShardEvent, Weights};
+use rudra_transport::{Clock, LearnerId, ShardId};
+
+use super::driver::{Engine, Message, ShardReport, World};
+use super::events::TraceHash;
+use super::gradients::Part;
+use super::model::{Payload, Route};
+use crate::RuntimeError;
+
+/// A message of the SGD protocols.
+pub enum SgdMsg {
+    /// Learner → shard: send me your weights (`last`: once more, after my last push).
+    Pull {
+        /// Who asks.
+        learner: LearnerId,
+        /// Whom.
+        shard: ShardId,
+        /// After the last push.
+        last: bool,
+    },
+    /// Learner → shard: a gradient; the shard reads its range of it.
+    Push {
+        /// Who computed it.
+        learner: LearnerId,
+        /// For whom.
+        shard: ShardId,
+        /// The clock of that shard's weights it was computed on.
+        computed_on: Clock,
+        /// The whole gradient, shared by the pushes to every shard.
+        grad: Arc<Vec<f32>>,
+    },
+    /// Shard → learner: weights.
+    Weights {
+        /// For whom.
+        learner: LearnerId,
+        /// The weights.
+        weights: Weights,
+    },
+}
+
+impl Message for SgdMsg {
+    fn route(&self) -> Route {
+        let (learner, shard, payload) = match self {
+            Self::Pull { learner, shard, .. } => (*learner, *shard, Payload::Pull),
+            Self::Push { learner, shard, .. } => (*learner, *shard, Payload::Up),
+            Self::Weights { learner, weights } => (*learner, weights.shard, Payload::Down),
+        };
+        Route { learner, shard, payload }
+    }
+
+    fn trace(&self, hash: &mut TraceHash) {
+        let (kind, clock) = match self {
+            Self::Pull { last, .. } => (u64::from(*last), 0),
+            Self::Push { computed_on, .. } => (2, computed_on.0),
+            Self::Weights { weights, .. } => (3, weights.clock.0),
+        };
+        let route = self.route();
+        for v in [kind, u64::from(route.learner.0), u64::from(route.shard.0), clock] {
+            hash.u64(v);
+        }
+    }
+}
+
+struct Learner {
+    core: LearnerCore,
+    /// Weights received for the current step, per shard.
+    weights: Vec<Option<Floats>>,
+    /// The gradient being computed.
+    grad: Option<Arc<Vec<f32>>>,
+}
+
+/// Shards and learners of an SGD protocol.
+pub struct SgdWorld {
+    shards: Vec<SgdShard>,
+    ranges: Vec<Range<usize>>,
+    learners: Vec<Learner>,
+}
+
+impl SgdWorld {
+    /// A world of these cores; shard `s` holds `ranges[s]` of the parameter vector.
+    #[must_use]
+    pub fn new(shards: Vec<SgdShard>, ranges: Vec<Range<usize>>, learners: Vec<LearnerCore>) -> Self {
+        let learners = learners
+            .into_iter()
+            .map(|core| Learner { core, weights: vec![None; ranges.len()], grad: None })
+            .collect();
+        Self { shards, ranges, learners }
+    }
+
+    /// Carry out a learner core's effects, as the learner actor does.
+    fn carry_out(
+        &mut self,
+        eng: &mut Engine<SgdMsg>,
+        learner: LearnerId,
+        events: impl IntoIterator<Item = LearnerEvent>,
+    ) -> Result<(), RuntimeError> {
+        let me = &mut self.learners[learner.index()];
+        for event in events {
+            match event {
+                LearnerEvent::Pull { shard, last } => eng.send(SgdMsg::Pull { learner, shard, last }),
+                LearnerEvent::Push { shard, computed_on } => {
+                    let grad = me.grad.clone().ok_or_else(|| internal("a push without a gradient"))?;
+                    eng.send(SgdMsg::Push { learner, shard, computed_on, grad });
+                }
+                LearnerEvent::Compute => {
+                    let weights: Vec<Floats> = me.weights.iter_mut().filter_map(Option::take).collect();
+                    let parts: Vec<Part<'_>> =
+                        self.ranges.iter().zip(&weights).map(|(r, w)| (r.start, &w[..])).collect();
+                    me.grad = Some(Arc::new(eng.start_compute(learner, &parts)?));
+                }
+                LearnerEvent::Finished => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Carry out a shard core's effects, as the shard and tracker actors do.
+    fn drain(&mut self, eng: &mut Engine<SgdMsg>, shard: ShardId) {
+        while let Some(event) = self.shards[shard.index()].poll_event() {
+            match event {
+                ShardEvent::Serve { learner, weights } => eng.send(SgdMsg::Weights { learner, weights }),
+                ShardEvent::Gradient(g) => eng.record_gradient(&g),
+                ShardEvent::Update(u) => eng.record_update(&u),
+            }
+        }
+    }
+}
+
+fn internal(what: &str) -> RuntimeError {
+    RuntimeError::Simulation(format!("internal error: {what}"))
+}
+
+impl World for SgdWorld {
+    type Msg = SgdMsg;
+
+    fn start(&mut self, eng: &mut Engine<SgdMsg>) -> Result<(), RuntimeError> {
+        for l in 0..self.learners.len() {
+            let events = self.learners[l].core.on_start();
+            self.carry_out(eng, LearnerId(l as u32), events)?;
+        }
+        Ok(())
+    }
+
+    fn deliver(&mut self, eng: &mut Engine<SgdMsg>, msg: SgdMsg) -> Result<(), RuntimeError> {
+        match msg {
+            SgdMsg::Pull { learner, shard, last } => {
+                let core = &mut self.shards[shard.index()];
+                (if last { core.on_last_pull(learner) } else { core.on_pull(learner) })?;
+                self.drain(eng, shard);
+            }
+            SgdMsg::Push { learner, shard, computed_on, grad } => {
+                let range = self.ranges[shard.index()].clone();
+                self.shards[shard.index()].on_push(learner, computed_on, &grad[range])?;
+                drop(grad);
+                self.drain(eng, shard);
+            }
+            SgdMsg::Weights { learner, weights } => {
+                let me = &mut self.learners[learner.index()];
+                me.weights[weights.shard.index()] = Some(weights.values);
+                if let Some(event) = me.core.on_weights(weights.shard, weights.clock)? {
+                    self.carry_out(eng, learner, [event])?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn computed(&mut self, eng: &mut Engine<SgdMsg>, learner: LearnerId) -> Result<(), RuntimeError> {
+        let events = self.learners[learner.index()].core.on_computed()?;
+        self.carry_out(eng, learner, events)?;
+        self.learners[learner.index()].grad = None;
+        Ok(())
+    }
+
+    fn updates(&self) -> u64 {
+        self.shards.iter().map(|s| s.clock().0).max().unwrap_or(0)
+    }
+
+    fn values(&self) -> Vec<Floats> {
+        self.shards.iter().map(|s| s.snapshot().values).collect()
+    }
+
+    fn shard_reports(&self) -> Vec<ShardReport> {
+        self.shards
+            .iter()
+            .map(|s| {
+                let st = s.stats().summary();
+                ShardReport {
+                    shard: s.id().0,
+                    updates: s.clock().0,
+                    applied: st.applied,
+                    dropped: st.dropped,
+                    mean_staleness: st.mean,
+                    max_staleness: st.max,
+                }
+            })
+            .collect()
+    }
+}
