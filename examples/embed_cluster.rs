@@ -22,12 +22,14 @@ fn main() -> anyhow::Result<()> {
             rule: SyncRule::Softsync { n: 3 },
             modulation: LrModulation::PerGradient,
             max_staleness: None,
+            elastic: None,
         },
         model: ModelSpec { inputs: 784, hidden: vec![], classes: 10 },
         batch_size: 16,
         epochs: 3,
         schedule: LrSchedule { base: 0.2, decay: 0.9 },
         seed: 1,
+        evals_per_epoch: 1,
     };
     let cluster = Cluster::new(spec, data)?;
     let report = actix::System::new().block_on(async move {

@@ -3,9 +3,14 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use rudra::actors::protocol::{LrModulation, LrSchedule, SyncRule};
-use rudra::actors::{Cluster, ClusterSpec, ProtocolSpec, TrainingData};
+use std::collections::VecDeque;
+
+use rudra::actors::learner::LearnerLoop;
+use rudra::actors::protocol::{CenterEvent, LrModulation, LrSchedule, SyncRule, WorkerEvent};
+use rudra::actors::shard::ShardCore;
+use rudra::actors::{Cluster, ClusterSpec, ElasticMethod, ElasticSpec, ProtocolSpec, TrainingData};
 use rudra::compute::{BatchStream, CpuBackend, Dataset, Model, ModelSpec, Partition};
+use rudra::transport::{LearnerId, ShardId};
 
 fn mnist() -> (Dataset, Dataset) {
     rudra::compute::data::load_mnist(&Path::new(env!("CARGO_MANIFEST_DIR")).join("data/mnist")).unwrap()
@@ -15,12 +20,18 @@ fn spec(learners: u32, shards: u32, rule: SyncRule, batch_size: usize) -> Cluste
     ClusterSpec {
         learners,
         shards,
-        protocol: ProtocolSpec { rule, modulation: LrModulation::PerGradient, max_staleness: None },
+        protocol: ProtocolSpec {
+            rule,
+            modulation: LrModulation::PerGradient,
+            max_staleness: None,
+            elastic: None,
+        },
         model: ModelSpec { inputs: 784, hidden: vec![32], classes: 10 },
         batch_size,
         epochs: 1,
         schedule: LrSchedule { base: 0.1, decay: 1.0 },
         seed: 11,
+        evals_per_epoch: 1,
     }
 }
 
@@ -81,6 +92,99 @@ fn softsync_over_actors_applies_every_gradient_and_counts_updates() -> anyhow::R
         let gradients = (learners * steps) as u64;
         assert_eq!(report.staleness.applied + report.staleness.dropped, 3 * gradients, "n = {n}");
         assert_eq!(report.updates, gradients / c as u64, "n = {n}: one update per c = {c} gradients");
+    }
+    Ok(())
+}
+
+fn elastic(method: ElasticMethod, tau: u64, lr: f32, momentum: f32) -> ClusterSpec {
+    let mut s = spec(3, 2, SyncRule::Hardsync, 16);
+    s.protocol.elastic =
+        Some(ElasticSpec { method, tau, alpha: 0.3, beta: 0.9, momentum, lr_decay_gamma: 0.0 });
+    s.schedule.base = lr;
+    s
+}
+
+/// Sync EASGD has a barrier at every exchange, so its result cannot depend on thread timing:
+/// the actors must give what a sequential driver of the same cores gives.
+#[test]
+fn sync_easgd_over_actors_equals_a_sequential_driver_of_the_cores() -> anyhow::Result<()> {
+    let spec = elastic(ElasticMethod::Easgd { sync: true }, 4, 0.1, 0.0);
+    let (train, test) = mnist();
+    let train = Arc::new(train.head(3 * 16 * 30));
+    let data = TrainingData { train: Arc::clone(&train), test: Arc::new(test.head(200)) };
+    let cluster = Cluster::new(spec.clone(), data)?;
+    let report = actix::System::new().block_on(async move { cluster.start().wait().await })?;
+    assert_eq!(report.updates, 30 / 4 + 1, "one round at t = 0, 4, …, 28");
+
+    let mut learners: Vec<_> = (0..3)
+        .map(|l| match spec.learner_loop(l, Arc::clone(&train)) {
+            (LearnerLoop::Elastic(w), batches) => (w, batches),
+            (other, _) => panic!("expected an elastic loop, got {other:?}"),
+        })
+        .collect();
+    let mut centers: Vec<_> = (0..2)
+        .map(|s| match spec.shard_actor_core(s, train.len()) {
+            ShardCore::Center(c) => c,
+            other => panic!("expected a center shard, got {other:?}"),
+        })
+        .collect();
+    let ranges = spec.shard_ranges();
+    let mut model = Model::new(CpuBackend, spec.model.clone())?;
+    let mut queue: VecDeque<(usize, WorkerEvent)> = VecDeque::new();
+    for (l, (w, _)) in learners.iter_mut().enumerate() {
+        queue.extend(w.on_start().into_iter().map(|e| (l, e)));
+    }
+    let mut finished = 0;
+    while let Some((l, event)) = queue.pop_front() {
+        match event {
+            WorkerEvent::Compute(point) => {
+                let (w, batches) = &mut learners[l];
+                let (x, y) = batches.next_batch();
+                model.loss_and_gradient_at(&point, x, y)?;
+                let mut g = vec![0.0; point.len()];
+                model.take_gradient(&mut g)?;
+                queue.extend(w.on_gradient(g)?.into_iter().map(|e| (l, e)));
+            }
+            WorkerEvent::Exchange(values) => {
+                for (s, (center, range)) in centers.iter_mut().zip(&ranges).enumerate() {
+                    center.on_exchange(LearnerId(l as u32), &values[range.clone()])?;
+                    while let Some(CenterEvent::Reply { learner, center }) = center.poll_event() {
+                        let (w, _) = &mut learners[learner.index()];
+                        let events = w.on_center(ShardId(s as u32), &center.values)?;
+                        queue.extend(events.into_iter().map(|e| (learner.index(), e)));
+                    }
+                }
+            }
+            WorkerEvent::Finished => finished += 1,
+        }
+    }
+    assert_eq!(finished, 3);
+    let want: Vec<f32> = centers.iter().flat_map(|c| c.snapshot().values.to_vec()).collect();
+    let worst = want.iter().zip(&report.params).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    let init = spec.model.init(spec.seed);
+    let moved = init.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    assert!(moved > 1e-2, "training moved the center (by {moved})");
+    assert!(worst < 1e-5, "sync EASGD over actors differs from the sequential driver by {worst}");
+    Ok(())
+}
+
+#[test]
+fn every_elastic_method_trains_over_actors() -> anyhow::Result<()> {
+    let (train, test) = mnist();
+    let data = TrainingData { train: Arc::new(train.head(6000)), test: Arc::new(test.head(1000)) };
+    for (method, tau, lr, momentum) in [
+        (ElasticMethod::Easgd { sync: false }, 4, 0.1, 0.0),
+        (ElasticMethod::Easgd { sync: true }, 4, 0.1, 0.0),
+        (ElasticMethod::Eamsgd, 4, 0.01, 0.9),
+        (ElasticMethod::Downpour, 1, 0.1, 0.0),
+        (ElasticMethod::MDownpour, 1, 0.02, 0.9),
+    ] {
+        let mut spec = elastic(method, tau, lr, momentum);
+        spec.epochs = 2;
+        let cluster = Cluster::new(spec, data.clone())?;
+        let report = actix::System::new().block_on(async move { cluster.start().wait().await })?;
+        assert!(report.final_test_accuracy > 0.8, "{method:?}: test accuracy {}", report.final_test_accuracy);
+        assert!(report.updates > 0, "{method:?}");
     }
     Ok(())
 }

@@ -19,13 +19,15 @@ use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::ActorError;
-use crate::learner::{LearnerActor, SchedulerLink, ShardLink, shard_ranges};
+use crate::learner::{LearnerActor, LearnerLoop, SchedulerLink, ShardLink, shard_ranges};
+use crate::protocol::elastic::{DownpourLearner, ElasticLearner, ElasticSettings};
 use crate::protocol::shard::SgdShardConfig;
 use crate::protocol::{
-    LearnerCore, LrModulation, LrSchedule, SchedulerCore, SgdShard, StalenessSummary, SyncRule,
+    CenterRule, CenterShard, ElasticWorker, LearnerCore, LocalRule, LrModulation, LrSchedule, SchedulerCore,
+    SgdShard, StalenessSummary, SyncRule,
 };
 use crate::scheduler::{Joined, LearnerHandle, Members, SchedulerActor, ShardHandle};
-use crate::shard::ShardActor;
+use crate::shard::{ShardActor, ShardCore};
 use crate::tracker::StalenessTracker;
 
 /// Which protocol the shards run.
@@ -37,6 +39,109 @@ pub struct ProtocolSpec {
     pub modulation: LrModulation,
     /// The staleness bound `s`, if any.
     pub max_staleness: Option<u64>,
+    /// The EASGD family instead of Rudra's SGD shards: the shards hold the center variable
+    /// and `rule`, `modulation` and `max_staleness` do not apply.
+    pub elastic: Option<ElasticSpec>,
+}
+
+/// A method of the EASGD family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum ElasticMethod {
+    /// Elastic averaging SGD, with a barrier round per exchange (`sync`) or without.
+    Easgd {
+        /// Synchronous rounds.
+        sync: bool,
+    },
+    /// Asynchronous EASGD with Nesterov momentum at the learners.
+    Eamsgd,
+    /// Local SGD whose accumulated update is added to the center every τ steps.
+    Downpour,
+    /// DOWNPOUR with τ = 1 and Nesterov momentum kept at the shards.
+    MDownpour,
+}
+
+/// Settings of the EASGD family (ALGORITHMS.md); the learning rate η is the schedule's base.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ElasticSpec {
+    /// The method.
+    pub method: ElasticMethod,
+    /// Communication period τ in local steps.
+    pub tau: u64,
+    /// Moving rate α (learner side).
+    pub alpha: f32,
+    /// Center rate β (sync EASGD).
+    pub beta: f32,
+    /// Momentum δ (EAMSGD, MDOWNPOUR).
+    pub momentum: f32,
+    /// Decay γ of `η_t = η / (1 + γ t)^0.5` on each learner's own clock.
+    pub lr_decay_gamma: f32,
+}
+
+impl ElasticSpec {
+    /// The center shards' rule with learning rate `lr`.
+    #[must_use]
+    pub fn center_rule(&self, lr: f32) -> CenterRule {
+        match self.method {
+            ElasticMethod::Easgd { sync: true } => CenterRule::ElasticSync { beta: self.beta },
+            ElasticMethod::Easgd { sync: false } | ElasticMethod::Eamsgd => {
+                CenterRule::ElasticAsync { alpha: self.alpha }
+            }
+            ElasticMethod::Downpour => CenterRule::Downpour,
+            ElasticMethod::MDownpour => CenterRule::MDownpour { momentum: self.momentum, lr },
+        }
+    }
+
+    /// The learners' local rule with learning rate `lr` over `len` parameters.
+    #[must_use]
+    pub fn local_rule(&self, lr: f32, len: usize) -> LocalRule {
+        let momentum = if self.method == ElasticMethod::Eamsgd { self.momentum } else { 0.0 };
+        let settings = ElasticSettings {
+            tau: self.tau,
+            alpha: self.alpha,
+            lr,
+            lr_decay_gamma: self.lr_decay_gamma,
+            momentum,
+        };
+        match self.method {
+            ElasticMethod::Easgd { .. } | ElasticMethod::Eamsgd => {
+                LocalRule::Elastic(ElasticLearner::new(settings, len))
+            }
+            ElasticMethod::Downpour => LocalRule::Downpour(DownpourLearner::new(self.tau, lr, len)),
+            ElasticMethod::MDownpour => LocalRule::MDownpour,
+        }
+    }
+
+    fn validate(&self) -> Result<(), ActorError> {
+        let unit = |key, v: f32, max: f32| {
+            if v.is_finite() && v > 0.0 && v <= max {
+                Ok(())
+            } else {
+                Err(spec_err(key, format!("is {v}; it must be in (0, {max}]")))
+            }
+        };
+        if self.tau == 0 {
+            return Err(spec_err("protocol.tau", "must be at least 1".into()));
+        }
+        if self.method == ElasticMethod::MDownpour && self.tau != 1 {
+            return Err(spec_err(
+                "protocol.tau",
+                format!("is {}; MDOWNPOUR exchanges every step (τ = 1)", self.tau),
+            ));
+        }
+        // β first: α defaults to β / λ.
+        unit("protocol.beta", self.beta, 1.0)?;
+        unit("protocol.alpha", self.alpha, 1.0)?;
+        if !(self.momentum.is_finite() && (0.0..1.0).contains(&self.momentum)) {
+            return Err(spec_err("protocol.momentum", format!("is {}; it must be in [0, 1)", self.momentum)));
+        }
+        if !(self.lr_decay_gamma.is_finite() && self.lr_decay_gamma >= 0.0) {
+            return Err(spec_err(
+                "training.lr_decay_gamma",
+                format!("is {}; it must be 0 or more", self.lr_decay_gamma),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Everything that defines a run, already typed.
@@ -58,6 +163,8 @@ pub struct ClusterSpec {
     pub schedule: LrSchedule,
     /// Seed of initial weights, partitions and shuffles.
     pub seed: u64,
+    /// Test-set evaluations per epoch (rows of `metrics.csv`).
+    pub evals_per_epoch: u32,
 }
 
 /// The training and test sets of a run.
@@ -182,7 +289,9 @@ impl ClusterSpec {
         if self.shards == 0 || self.shards as usize > params {
             return Err(spec_err("cluster.shards", format!("must be between 1 and the {params} parameters")));
         }
-        if let SyncRule::Softsync { n } = self.protocol.rule
+        if let Some(e) = &self.protocol.elastic {
+            e.validate()?;
+        } else if let SyncRule::Softsync { n } = self.protocol.rule
             && !(1..=self.learners).contains(&n)
         {
             return Err(spec_err(
@@ -195,6 +304,9 @@ impl ClusterSpec {
         }
         if self.epochs == 0 {
             return Err(spec_err("training.epochs", "must be at least 1".into()));
+        }
+        if self.evals_per_epoch == 0 {
+            return Err(spec_err("training.evals_per_epoch", "must be at least 1".into()));
         }
         if !(self.schedule.base.is_finite() && self.schedule.base > 0.0) {
             return Err(spec_err(
@@ -231,8 +343,29 @@ impl ClusterSpec {
             gradients_per_epoch: self.steps_per_learner(train_len) / u64::from(self.epochs)
                 * u64::from(self.learners),
         };
-        let active: BTreeSet<LearnerId> = (0..self.learners).map(LearnerId).collect();
-        SgdShard::new(cfg, self.model.init(self.seed)[range].to_vec(), active)
+        SgdShard::new(cfg, self.model.init(self.seed)[range].to_vec(), self.active_learners())
+    }
+
+    /// Shard `s`'s core for this protocol: [`Self::shard_core`], or a center shard for the
+    /// EASGD family.
+    #[must_use]
+    pub fn shard_actor_core(&self, s: usize, train_len: usize) -> ShardCore {
+        match &self.protocol.elastic {
+            None => ShardCore::Sgd(self.shard_core(s, train_len)),
+            Some(e) => {
+                let range = self.shard_ranges()[s].clone();
+                ShardCore::Center(CenterShard::new(
+                    ShardId(s as u32),
+                    e.center_rule(self.schedule.base),
+                    self.model.init(self.seed)[range].to_vec(),
+                    self.active_learners(),
+                ))
+            }
+        }
+    }
+
+    fn active_learners(&self) -> BTreeSet<LearnerId> {
+        (0..self.learners).map(LearnerId).collect()
     }
 
     /// Gradient steps each learner takes over the run, for a training set of `train_len`.
@@ -251,6 +384,23 @@ impl ClusterSpec {
         (core, Minibatches::new(train, stream))
     }
 
+    /// Learner `l`'s loop for this protocol and its minibatches (see [`Self::learner_parts`]).
+    #[must_use]
+    pub fn learner_loop(&self, l: usize, train: Arc<Dataset>) -> (LearnerLoop, Minibatches) {
+        let steps = self.steps_per_learner(train.len());
+        let (core, batches) = self.learner_parts(l, train);
+        let Some(e) = &self.protocol.elastic else { return (LearnerLoop::Sgd(core), batches) };
+        let len = self.model.layout().len;
+        let worker = ElasticWorker::new(
+            core.id(),
+            e.local_rule(self.schedule.base, len),
+            self.model.init(self.seed),
+            self.shard_ranges(),
+            steps,
+        );
+        (LearnerLoop::Elastic(worker), batches)
+    }
+
     /// The scheduler's core for a training set of `train_len`.
     #[must_use]
     pub fn scheduler_core(&self, train_len: usize) -> SchedulerCore {
@@ -258,6 +408,7 @@ impl ClusterSpec {
             * self.batch_size as u64
             * u64::from(self.learners);
         SchedulerCore::new(self.learners, self.shards, per_epoch, u64::from(self.epochs))
+            .with_evals_per_epoch(u64::from(self.evals_per_epoch))
     }
 
     /// μλ, the examples behind one hardsync update.
@@ -304,7 +455,8 @@ impl Cluster {
         let tracker = StalenessTracker::default().start();
         let shards: Vec<Addr<ShardActor>> = (0..spec.shards as usize)
             .map(|s| {
-                let (core, recipient) = (spec.shard_core(s, data.train.len()), tracker.clone().recipient());
+                let (core, recipient) =
+                    (spec.shard_actor_core(s, data.train.len()), tracker.clone().recipient());
                 let arbiter = Arbiter::new();
                 let addr = ShardActor::start_in_arbiter(&arbiter.handle(), move |_| {
                     ShardActor::new(core, recipient)
@@ -316,7 +468,12 @@ impl Cluster {
         let links: Vec<ShardLink> = shards
             .iter()
             .zip(spec.shard_ranges())
-            .map(|(a, range)| ShardLink { range, pull: a.clone().recipient(), push: a.clone().recipient() })
+            .map(|(a, range)| ShardLink {
+                range,
+                pull: a.clone().recipient(),
+                push: a.clone().recipient(),
+                exchange: a.clone().recipient(),
+            })
             .collect();
         let train_len = data.train.len();
         let scheduler = SchedulerActor::create(|ctx| {
@@ -324,7 +481,7 @@ impl Cluster {
             let link = SchedulerLink { progress: me.clone().recipient(), done: me.recipient() };
             let learners: Vec<Addr<LearnerActor>> = (0..spec.learners as usize)
                 .map(|l| {
-                    let (core, batches) = spec.learner_parts(l, Arc::clone(&data.train));
+                    let (core, batches) = spec.learner_loop(l, Arc::clone(&data.train));
                     let (model, links, link) = (spec.model.clone(), links.clone(), link.clone());
                     let arbiter = Arbiter::new();
                     let addr = LearnerActor::start_in_arbiter(&arbiter.handle(), move |_| {

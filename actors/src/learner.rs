@@ -1,4 +1,5 @@
-//! The learner actor: a thin shell over [`LearnerCore`] that computes gradients with a
+//! The learner actor: a thin shell over its loop core ([`LearnerCore`] for Rudra's SGD
+//! protocols, [`ElasticWorker`] for the EASGD family) that computes gradients with a
 //! [`Model`] on its own partition of the training set.
 
 use std::ops::Range;
@@ -6,12 +7,12 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 use rudra_compute::{CpuBackend, Minibatches, Model};
-use rudra_transport::Floats;
+use rudra_transport::{Floats, LearnerId};
 
 use crate::ActorError;
-use crate::protocol::{LearnerCore, LearnerEvent};
+use crate::protocol::{ElasticWorker, LearnerCore, LearnerEvent, WorkerEvent};
 use crate::scheduler::{LearnerDone, Progress};
-use crate::shard::{Pull, Push, Served};
+use crate::shard::{Exchange, Pull, Push, Served};
 
 /// Begin the loop.
 #[derive(Message)]
@@ -32,6 +33,17 @@ pub struct ShardLink {
     pub pull: Recipient<Pull>,
     /// Where pushes go.
     pub push: Recipient<Push>,
+    /// Where elastic exchanges go.
+    pub exchange: Recipient<Exchange>,
+}
+
+/// The loop a learner runs.
+#[derive(Debug)]
+pub enum LearnerLoop {
+    /// Pull, compute, push (hardsync, softsync, async).
+    Sgd(LearnerCore),
+    /// Local steps and periodic exchanges (the EASGD family).
+    Elastic(ElasticWorker),
 }
 
 /// Where a learner reports.
@@ -45,7 +57,7 @@ pub struct SchedulerLink {
 
 /// The learner actor.
 pub struct LearnerActor {
-    core: LearnerCore,
+    core: LearnerLoop,
     model: Model<CpuBackend>,
     batches: Minibatches,
     shards: Vec<ShardLink>,
@@ -63,7 +75,7 @@ impl LearnerActor {
     /// A learner that computes on `model` over `batches`.
     #[must_use]
     pub fn new(
-        core: LearnerCore,
+        core: LearnerLoop,
         model: Model<CpuBackend>,
         batches: Minibatches,
         shards: Vec<ShardLink>,
@@ -73,11 +85,31 @@ impl LearnerActor {
         Self { core, model, batches, shards, scheduler, grad, shared: None, unreported: Progress::default() }
     }
 
+    fn id(&self) -> LearnerId {
+        match &self.core {
+            LearnerLoop::Sgd(c) => c.id(),
+            LearnerLoop::Elastic(w) => w.id(),
+        }
+    }
+
+    /// Report `error` to the scheduler and stop.
+    fn fail(&mut self, error: &ActorError, ctx: &mut Context<Self>) {
+        self.scheduler.done.do_send(LearnerDone { learner: self.id(), error: Some(error.to_string()) });
+        ctx.stop();
+    }
+
+    fn finish(&mut self) {
+        self.scheduler.progress.do_send(std::mem::take(&mut self.unreported));
+        self.scheduler.done.do_send(LearnerDone { learner: self.id(), error: None });
+    }
+
     fn carry_out(&mut self, events: Vec<LearnerEvent>, ctx: &mut Context<Self>) {
+        let LearnerLoop::Sgd(core) = &mut self.core else { return };
+        let learner = core.id();
         for event in events {
             match event {
                 LearnerEvent::Pull { shard, last } => self.shards[shard.index()].pull.do_send(Pull {
-                    learner: self.core.id(),
+                    learner,
                     last,
                     reply_to: ctx.address().recipient(),
                 }),
@@ -85,32 +117,66 @@ impl LearnerActor {
                     let link = &self.shards[shard.index()];
                     let grad = Floats::from(Arc::clone(&self.grad));
                     if let Some(values) = grad.slice(link.range.clone()) {
-                        link.push.do_send(Push { learner: self.core.id(), computed_on, values });
+                        link.push.do_send(Push { learner, computed_on, values });
                     }
                 }
-                LearnerEvent::Compute => match self.compute() {
-                    Ok(more) => self.carry_out(more, ctx),
-                    Err(e) => {
-                        self.scheduler
-                            .done
-                            .do_send(LearnerDone { learner: self.core.id(), error: Some(e.to_string()) });
-                        ctx.stop();
+                LearnerEvent::Compute => {
+                    let at = self.shared.take();
+                    let next = self.gradient(at.as_ref()).and_then(|()| match &mut self.core {
+                        LearnerLoop::Sgd(core) => core.on_computed(),
+                        LearnerLoop::Elastic(_) => Ok(Vec::new()),
+                    });
+                    match next {
+                        Ok(more) => self.carry_out(more, ctx),
+                        Err(e) => self.fail(&e, ctx),
                     }
-                },
-                LearnerEvent::Finished => {
-                    self.scheduler.progress.do_send(std::mem::take(&mut self.unreported));
-                    self.scheduler.done.do_send(LearnerDone { learner: self.core.id(), error: None });
                 }
+                LearnerEvent::Finished => self.finish(),
             }
         }
     }
 
-    /// One gradient on the next minibatch; its pushes and next pulls.
-    fn compute(&mut self) -> Result<Vec<LearnerEvent>, ActorError> {
+    fn carry_out_elastic(&mut self, events: Vec<WorkerEvent>, ctx: &mut Context<Self>) {
+        for event in events {
+            match event {
+                WorkerEvent::Exchange(values) => {
+                    let values = Floats::from(values);
+                    for link in &self.shards {
+                        if let Some(part) = values.slice(link.range.clone()) {
+                            link.exchange.do_send(Exchange {
+                                learner: self.id(),
+                                values: part,
+                                reply_to: ctx.address().recipient(),
+                            });
+                        }
+                    }
+                }
+                WorkerEvent::Compute(point) => {
+                    let next = self.gradient(Some(&point)).and_then(|()| {
+                        let mut g = vec![0.0; self.grad.len()];
+                        std::mem::swap(Arc::make_mut(&mut self.grad), &mut g);
+                        match &mut self.core {
+                            LearnerLoop::Elastic(w) => w.on_gradient(g),
+                            LearnerLoop::Sgd(_) => Ok(Vec::new()),
+                        }
+                    });
+                    match next {
+                        Ok(more) => self.carry_out_elastic(more, ctx),
+                        Err(e) => self.fail(&e, ctx),
+                    }
+                }
+                WorkerEvent::Finished => self.finish(),
+            }
+        }
+    }
+
+    /// One gradient on the next minibatch, at `at` or at the model's own parameters, into
+    /// `self.grad`; progress is reported every few steps.
+    fn gradient(&mut self, at: Option<&Arc<Vec<f32>>>) -> Result<(), ActorError> {
         let (x, y) = self.batches.next_batch();
         let samples = y.len() as u64;
-        let loss = match self.shared.take() {
-            Some(params) => self.model.loss_and_gradient_at(&params, x, y)?,
+        let loss = match at {
+            Some(params) => self.model.loss_and_gradient_at(params, x, y)?,
             None => self.model.loss_and_gradient(x, y)?,
         };
         // The shards dropped last step's gradient before answering this step's pulls, so the
@@ -121,7 +187,7 @@ impl LearnerActor {
         if p.steps >= REPORT_EVERY {
             self.scheduler.progress.do_send(std::mem::take(p));
         }
-        self.core.on_computed()
+        Ok(())
     }
 }
 
@@ -132,31 +198,48 @@ impl Actor for LearnerActor {
 impl Handler<StartLearner> for LearnerActor {
     type Result = ();
     fn handle(&mut self, _: StartLearner, ctx: &mut Context<Self>) {
-        let events = self.core.on_start();
-        self.carry_out(events, ctx);
+        match &mut self.core {
+            LearnerLoop::Sgd(core) => {
+                let events = core.on_start();
+                self.carry_out(events, ctx);
+            }
+            LearnerLoop::Elastic(worker) => {
+                let events = worker.on_start();
+                self.carry_out_elastic(events, ctx);
+            }
+        }
     }
 }
 
 impl Handler<Served> for LearnerActor {
     type Result = ();
     fn handle(&mut self, Served(w): Served, ctx: &mut Context<Self>) {
+        let learner = self.id();
         let Some(link) = self.shards.get(w.shard.index()) else {
-            tracing::warn!(learner = %self.core.id(), "weights from unknown {}", w.shard);
-            return;
+            return tracing::warn!(%learner, "weights from unknown {}", w.shard);
+        };
+        let core = match &mut self.core {
+            LearnerLoop::Sgd(core) => core,
+            LearnerLoop::Elastic(worker) => {
+                match worker.on_center(w.shard, &w.values) {
+                    Ok(events) => self.carry_out_elastic(events, ctx),
+                    Err(e) => tracing::warn!(%learner, "{e}"),
+                }
+                return;
+            }
         };
         if let Some(whole) = w.values.whole_vec().filter(|v| v.len() == self.model.layout().len) {
             self.shared = Some(Arc::clone(whole));
         } else if let Err(e) = self.model.write_params(link.range.start, &w.values) {
-            tracing::warn!(learner = %self.core.id(), "weights from {} rejected: {e}", w.shard);
-            return;
+            return tracing::warn!(%learner, "weights from {} rejected: {e}", w.shard);
         }
-        match self.core.on_weights(w.shard, w.clock) {
+        match core.on_weights(w.shard, w.clock) {
             Ok(Some(event)) => {
                 drop(w);
                 self.carry_out(vec![event], ctx);
             }
             Ok(None) => {}
-            Err(e) => tracing::warn!(learner = %self.core.id(), "{e}"),
+            Err(e) => tracing::warn!(%learner, "{e}"),
         }
     }
 }

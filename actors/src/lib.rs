@@ -22,6 +22,7 @@ pub mod shard;
 pub mod tracker;
 
 pub use cluster::{
-    Cluster, ClusterHandle, ClusterSpec, MetricsRow, ProtocolSpec, RunEvent, RunReport, TrainingData,
+    Cluster, ClusterHandle, ClusterSpec, ElasticMethod, ElasticSpec, MetricsRow, ProtocolSpec, RunEvent,
+    RunReport, TrainingData,
 };
 pub use error::ActorError;

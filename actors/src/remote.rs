@@ -13,7 +13,7 @@ use tokio::sync::oneshot;
 use crate::learner::{StartLearner, StopLearner};
 use crate::protocol::{DropReason, GradientRecord, Outcome, UpdateRecord, Weights};
 use crate::scheduler::{LearnerDone, Progress};
-use crate::shard::{Pull, Push, Served, Snapshot, StopShard};
+use crate::shard::{Exchange, Pull, Push, Served, Snapshot, StopShard};
 use crate::tracker::Records;
 
 /// A shard's answer to a snapshot request, delivered by the connection's reader.
@@ -149,6 +149,7 @@ forward!(Push, |m| Msg::Push {
     computed_on: m.computed_on.0,
     values: m.values.to_vec(),
 });
+forward!(Exchange, |m| Msg::Exchange { learner: m.learner.0, values: m.values.to_vec() });
 forward!(AnswerSnapshot, |m| Msg::Snapshot {
     request: m.request,
     clock: m.weights.clock.0,

@@ -1,11 +1,12 @@
-//! The shard actor: a thin shell over [`SgdShard`].
+//! The shard actor: a thin shell over its protocol core, an [`SgdShard`] (hardsync, softsync,
+//! async) or a [`CenterShard`] (the EASGD family).
 
 use std::collections::BTreeMap;
 
 use actix::prelude::*;
 use rudra_transport::{Clock, Floats, LearnerId};
 
-use crate::protocol::{SgdShard, ShardEvent, Weights};
+use crate::protocol::{CenterEvent, CenterShard, SgdShard, ShardEvent, UpdateRecord, Weights};
 use crate::tracker::Records;
 
 /// A learner asks for the shard's weights; they are sent to `reply_to`, maybe later.
@@ -38,6 +39,19 @@ pub struct Push {
     pub values: Floats,
 }
 
+/// A learner's exchange with a center shard: its values for the shard's range (x^i, DOWNPOUR's
+/// `v`, or MDOWNPOUR's gradient); the center is sent to `reply_to`.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Exchange {
+    /// Who sends.
+    pub learner: LearnerId,
+    /// The values for this shard's range.
+    pub values: Floats,
+    /// Where the center goes.
+    pub reply_to: Recipient<Served>,
+}
+
 /// The current weights, without gating, for evaluation and checkpoints.
 #[derive(Message)]
 #[rtype(result = "Weights")]
@@ -51,9 +65,36 @@ pub struct StopShard;
 /// Records are sent to the tracker in batches of this many (and on every snapshot and stop).
 const REPORT_BATCH: usize = 256;
 
+/// The protocol core a shard runs.
+#[derive(Debug)]
+// One per shard actor, built once and never moved on a hot path.
+#[allow(clippy::large_enum_variant)]
+pub enum ShardCore {
+    /// Rudra's SGD shard.
+    Sgd(SgdShard),
+    /// The EASGD family's center variable.
+    Center(CenterShard),
+}
+
+impl ShardCore {
+    fn snapshot(&self) -> Weights {
+        match self {
+            Self::Sgd(c) => c.snapshot(),
+            Self::Center(c) => c.snapshot(),
+        }
+    }
+
+    fn id(&self) -> rudra_transport::ShardId {
+        match self {
+            Self::Sgd(c) => c.id(),
+            Self::Center(c) => c.id(),
+        }
+    }
+}
+
 /// The shard actor.
 pub struct ShardActor {
-    core: SgdShard,
+    core: ShardCore,
     tracker: Recipient<Records>,
     replies: BTreeMap<LearnerId, Recipient<Served>>,
     pending: Records,
@@ -62,23 +103,33 @@ pub struct ShardActor {
 impl ShardActor {
     /// A shard actor around `core`, reporting to `tracker`.
     #[must_use]
-    pub fn new(core: SgdShard, tracker: Recipient<Records>) -> Self {
+    pub fn new(core: ShardCore, tracker: Recipient<Records>) -> Self {
         Self { core, tracker, replies: BTreeMap::new(), pending: Records::default() }
     }
 
-    fn drain(&mut self) {
-        while let Some(event) = self.core.poll_event() {
-            match event {
-                ShardEvent::Serve { learner, weights } => {
-                    if let Some(to) = self.replies.get(&learner) {
-                        to.do_send(Served(weights));
+    /// Carry out the core's effects; `updated` says whether a center moved.
+    fn drain(&mut self, updated: bool) {
+        match &mut self.core {
+            ShardCore::Sgd(core) => {
+                while let Some(event) = core.poll_event() {
+                    match event {
+                        ShardEvent::Serve { learner, weights } => serve(&self.replies, learner, weights),
+                        ShardEvent::Gradient(g) => self.pending.gradients.push(g),
+                        ShardEvent::Update(u) => self.pending.updates.push(u),
                     }
                 }
-                ShardEvent::Gradient(g) => self.pending.gradients.push(g),
-                ShardEvent::Update(u) => self.pending.updates.push(u),
+            }
+            ShardCore::Center(core) => {
+                if updated {
+                    let (shard, clock) = (core.id(), core.clock());
+                    self.pending.updates.push(UpdateRecord { shard, clock, gradients: 1 });
+                }
+                while let Some(CenterEvent::Reply { learner, center }) = core.poll_event() {
+                    serve(&self.replies, learner, center);
+                }
             }
         }
-        if self.pending.gradients.len() >= REPORT_BATCH {
+        if self.pending.gradients.len() + self.pending.updates.len() >= REPORT_BATCH {
             self.flush();
         }
     }
@@ -90,6 +141,12 @@ impl ShardActor {
     }
 }
 
+fn serve(replies: &BTreeMap<LearnerId, Recipient<Served>>, learner: LearnerId, weights: Weights) {
+    if let Some(to) = replies.get(&learner) {
+        to.do_send(Served(weights));
+    }
+}
+
 impl Actor for ShardActor {
     type Context = Context<Self>;
 }
@@ -97,11 +154,13 @@ impl Actor for ShardActor {
 impl Handler<Pull> for ShardActor {
     type Result = ();
     fn handle(&mut self, msg: Pull, _: &mut Context<Self>) {
+        let ShardCore::Sgd(core) = &mut self.core else {
+            return tracing::warn!(shard = %self.core.id(), "rejected a pull: this shard holds a center");
+        };
         self.replies.insert(msg.learner, msg.reply_to);
-        let result =
-            if msg.last { self.core.on_last_pull(msg.learner) } else { self.core.on_pull(msg.learner) };
+        let result = if msg.last { core.on_last_pull(msg.learner) } else { core.on_pull(msg.learner) };
         match result {
-            Ok(()) => self.drain(),
+            Ok(()) => self.drain(false),
             Err(e) => tracing::warn!(shard = %self.core.id(), "rejected pull: {e}"),
         }
     }
@@ -110,9 +169,30 @@ impl Handler<Pull> for ShardActor {
 impl Handler<Push> for ShardActor {
     type Result = ();
     fn handle(&mut self, msg: Push, _: &mut Context<Self>) {
-        match self.core.on_push(msg.learner, msg.computed_on, &msg.values) {
-            Ok(()) => self.drain(),
+        let ShardCore::Sgd(core) = &mut self.core else {
+            return tracing::warn!(shard = %self.core.id(), "rejected a push: this shard holds a center");
+        };
+        match core.on_push(msg.learner, msg.computed_on, &msg.values) {
+            Ok(()) => self.drain(false),
             Err(e) => tracing::warn!(shard = %self.core.id(), "rejected push: {e}"),
+        }
+    }
+}
+
+impl Handler<Exchange> for ShardActor {
+    type Result = ();
+    fn handle(&mut self, msg: Exchange, _: &mut Context<Self>) {
+        let ShardCore::Center(core) = &mut self.core else {
+            return tracing::warn!(shard = %self.core.id(), "rejected an exchange: this shard runs SGD");
+        };
+        self.replies.insert(msg.learner, msg.reply_to);
+        let before = core.clock();
+        match core.on_exchange(msg.learner, &msg.values) {
+            Ok(()) => {
+                let updated = core.clock() != before;
+                self.drain(updated);
+            }
+            Err(e) => tracing::warn!(shard = %self.core.id(), "rejected exchange: {e}"),
         }
     }
 }

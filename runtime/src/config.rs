@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rudra_actors::protocol::{LrModulation, LrSchedule, SyncRule};
-use rudra_actors::{ClusterSpec, ProtocolSpec, TrainingData};
+use rudra_actors::{ClusterSpec, ElasticMethod, ElasticSpec, ProtocolSpec, TrainingData};
 use rudra_compute::ModelSpec;
 use serde::{Deserialize, Serialize};
 
@@ -46,7 +46,7 @@ pub struct RawCluster {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawProtocol {
-    /// `hardsync | softsync | async`.
+    /// `hardsync | softsync | async | easgd | eamsgd | downpour | mdownpour`.
     pub kind: String,
     /// Softsync splitting parameter.
     pub n: u32,
@@ -54,6 +54,16 @@ pub struct RawProtocol {
     pub lr_modulation: String,
     /// Optional staleness bound.
     pub max_staleness: Option<u64>,
+    /// EASGD: synchronous rounds.
+    pub sync: bool,
+    /// EASGD family: communication period τ (default 10 for EASGD/EAMSGD, 1 for DOWNPOUR).
+    pub tau: Option<u64>,
+    /// EASGD family: moving rate α (default β / λ).
+    pub alpha: Option<f32>,
+    /// EASGD family: center rate β (default 0.9).
+    pub beta: Option<f32>,
+    /// EAMSGD and MDOWNPOUR: Nesterov momentum δ (default 0.99).
+    pub momentum: Option<f32>,
 }
 
 /// `[training]`
@@ -78,6 +88,12 @@ pub struct RawTraining {
     pub learning_rate: f32,
     /// Per-epoch multiplier of α0.
     pub lr_decay: f32,
+    /// Test-set evaluations per epoch.
+    pub evals_per_epoch: u32,
+    /// The accuracy whose time to reach the summary reports.
+    pub target_accuracy: f64,
+    /// EASGD family: γ in `η_t = η / (1 + γ t)^0.5` on each learner's clock (0 = off).
+    pub lr_decay_gamma: f32,
     /// Passes over each learner's partition.
     pub epochs: u32,
     /// Seed of weights, partitions and shuffles.
@@ -188,14 +204,33 @@ impl TryFrom<RawConfig> for Config {
 
     fn try_from(raw: RawConfig) -> Result<Self, RuntimeError> {
         let p = &raw.protocol;
-        let rule = match p.kind.as_str() {
-            "hardsync" => SyncRule::Hardsync,
-            "softsync" => SyncRule::Softsync { n: p.n },
-            "async" => SyncRule::Softsync { n: raw.cluster.learners },
+        let elastic = |method| {
+            let default_tau =
+                if matches!(method, ElasticMethod::Easgd { .. } | ElasticMethod::Eamsgd) { 10 } else { 1 };
+            let beta = p.beta.unwrap_or(0.9);
+            ElasticSpec {
+                method,
+                tau: p.tau.unwrap_or(default_tau),
+                alpha: p.alpha.unwrap_or(beta / raw.cluster.learners.max(1) as f32),
+                beta,
+                momentum: p.momentum.unwrap_or(0.99),
+                lr_decay_gamma: raw.training.lr_decay_gamma,
+            }
+        };
+        let (rule, elastic) = match p.kind.as_str() {
+            "hardsync" => (SyncRule::Hardsync, None),
+            "softsync" => (SyncRule::Softsync { n: p.n }, None),
+            "async" => (SyncRule::Softsync { n: raw.cluster.learners }, None),
+            "easgd" => (SyncRule::Hardsync, Some(elastic(ElasticMethod::Easgd { sync: p.sync }))),
+            "eamsgd" => (SyncRule::Hardsync, Some(elastic(ElasticMethod::Eamsgd))),
+            "downpour" => (SyncRule::Hardsync, Some(elastic(ElasticMethod::Downpour))),
+            "mdownpour" => (SyncRule::Hardsync, Some(elastic(ElasticMethod::MDownpour))),
             other => {
                 return Err(invalid(
                     "protocol.kind",
-                    format!("{other:?} is not one of hardsync, softsync, async"),
+                    format!(
+                        "{other:?} is not one of hardsync, softsync, async, easgd, eamsgd, downpour, mdownpour"
+                    ),
                 ));
             }
         };
@@ -211,6 +246,12 @@ impl TryFrom<RawConfig> for Config {
             }
         };
         let t = &raw.training;
+        if !(t.target_accuracy > 0.0 && t.target_accuracy <= 1.0) {
+            return Err(invalid(
+                "training.target_accuracy",
+                format!("is {}; it must be in (0, 1]", t.target_accuracy),
+            ));
+        }
         if t.dataset != "mnist" {
             return Err(invalid(
                 "training.dataset",
@@ -233,18 +274,22 @@ impl TryFrom<RawConfig> for Config {
         let cluster = ClusterSpec {
             learners: raw.cluster.learners,
             shards: raw.cluster.shards,
-            protocol: ProtocolSpec { rule, modulation, max_staleness: p.max_staleness },
+            protocol: ProtocolSpec { rule, modulation, max_staleness: p.max_staleness, elastic },
             model: ModelSpec { inputs: 28 * 28, hidden, classes: 10 },
             batch_size: t.batch_size,
             epochs: t.epochs,
             schedule: LrSchedule { base: t.learning_rate, decay: t.lr_decay },
             seed: t.seed,
+            evals_per_epoch: t.evals_per_epoch,
         };
         let data = DataSource {
             dir: t.data_dir.clone(),
             train_examples: (t.train_examples > 0).then_some(t.train_examples),
             test_examples: (t.test_examples > 0).then_some(t.test_examples),
         };
+        // Settings checks that need no data, once for every command; the data-dependent ones
+        // run where the data is loaded.
+        cluster.validate_settings(cluster.model.layout().len)?;
         let simulation = Simulation::from_raw(&raw)?;
         Ok(Self { cluster, data, device, simulation, raw })
     }
@@ -260,6 +305,25 @@ impl Config {
     #[must_use]
     pub fn protocol_name(&self) -> &str {
         &self.raw.protocol.kind
+    }
+
+    /// The protocol and its key settings, e.g. `softsync n=4` or `easgd τ=10 α=0.225`.
+    #[must_use]
+    pub fn protocol_label(&self) -> String {
+        let p = &self.cluster.protocol;
+        match (&p.elastic, p.rule) {
+            (Some(e), _) => match e.method {
+                ElasticMethod::Easgd { sync: true } => {
+                    format!("easgd sync τ={} α={} β={}", e.tau, e.alpha, e.beta)
+                }
+                ElasticMethod::Easgd { sync: false } => format!("easgd τ={} α={}", e.tau, e.alpha),
+                ElasticMethod::Eamsgd => format!("eamsgd τ={} α={} δ={}", e.tau, e.alpha, e.momentum),
+                ElasticMethod::Downpour => format!("downpour τ={}", e.tau),
+                ElasticMethod::MDownpour => format!("mdownpour δ={}", e.momentum),
+            },
+            (None, SyncRule::Hardsync) => "hardsync".into(),
+            (None, SyncRule::Softsync { n }) => format!("{} n={n}", self.protocol_name()),
+        }
     }
 
     /// Softsync's `n` as reports give it: λ for async, 0 for hardsync.
@@ -347,6 +411,23 @@ mod tests {
     }
 
     #[test]
+    fn elastic_protocols_take_the_papers_defaults() {
+        let e = |set: &[&str]| load(set).unwrap().cluster.protocol.elastic.expect("an elastic protocol");
+        let easgd = e(&["protocol.kind=easgd", "cluster.learners=6"]);
+        assert_eq!(easgd.method, ElasticMethod::Easgd { sync: false });
+        assert_eq!((easgd.tau, easgd.beta), (10, 0.9));
+        assert!((easgd.alpha - 0.9 / 6.0).abs() < 1e-7, "α = β / λ");
+        let sync =
+            e(&["protocol.kind=easgd", "protocol.sync=true", "protocol.alpha=0.25", "protocol.beta=1"]);
+        assert_eq!((sync.method, sync.alpha, sync.beta), (ElasticMethod::Easgd { sync: true }, 0.25, 1.0));
+        assert_eq!(e(&["protocol.kind=eamsgd"]).momentum, 0.99);
+        assert_eq!(e(&["protocol.kind=downpour"]).tau, 1);
+        let gamma = e(&["protocol.kind=mdownpour", "training.lr_decay_gamma=0.5"]);
+        assert_eq!((gamma.method, gamma.lr_decay_gamma), (ElasticMethod::MDownpour, 0.5));
+        assert_eq!(load(&[]).unwrap().cluster.protocol.elastic, None);
+    }
+
+    #[test]
     fn bad_values_name_their_key() {
         let key_of = |set: &[&str]| match load(set) {
             Err(RuntimeError::Invalid { key, .. }) => key.to_string(),
@@ -354,6 +435,21 @@ mod tests {
             other => panic!("expected an error, got {other:?}"),
         };
         assert_eq!(key_of(&["protocol.kind=paxos"]), "protocol.kind");
+        for (set, key) in [
+            ("protocol.tau=0", "protocol.tau"),
+            ("protocol.alpha=1.5", "protocol.alpha"),
+            ("protocol.beta=0", "protocol.beta"),
+            ("protocol.momentum=1", "protocol.momentum"),
+            ("training.lr_decay_gamma=-1", "training.lr_decay_gamma"),
+        ] {
+            let got = match load(&["protocol.kind=easgd", set]) {
+                Err(RuntimeError::Actor(rudra_actors::ActorError::Spec { key, .. })) => key,
+                other => panic!("{set}: expected an error naming {key}, got {other:?}"),
+            };
+            assert_eq!(got, key, "{set}");
+        }
+        assert!(load(&["protocol.kind=mdownpour", "protocol.tau=2"]).is_err(), "MDOWNPOUR has τ = 1");
+        assert_eq!(key_of(&["training.target_accuracy=1.5"]), "training.target_accuracy");
         assert_eq!(key_of(&["protocol.lr_modulation=cubic"]), "protocol.lr_modulation");
         assert_eq!(key_of(&["training.model=resnet"]), "training.model");
         assert_eq!(key_of(&["compute.device=tpu"]), "compute.device");

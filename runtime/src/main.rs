@@ -316,10 +316,13 @@ fn finish(dir: &RunDir, config: &Config, report: &RunReport) -> Result<(), Runti
     if let Err(e) = plot::draw_run(dir.path()) {
         tracing::warn!("the run's plots were not drawn: {e}");
     }
+    let reached = s.time_to_target.map_or_else(
+        || format!("{} never reached", s.target_accuracy),
+        |t| format!("{} reached after {t:.1} s", s.target_accuracy),
+    );
     println!(
-        "{} n={} λ={} μ={} μλ={}: test accuracy {:.4}, train loss {:.4}, ⟨σ⟩ {:.2} (max {}), {} updates, {:.0} samples/s over {:.1} s; wrote {}",
-        s.protocol,
-        s.n,
+        "{} λ={} μ={} μλ={}: test accuracy {:.4} ({reached}), train loss {:.4}, ⟨σ⟩ {:.2} (max {}), {} updates, {:.0} samples/s over {:.1} s; wrote {}",
+        config.protocol_label(),
         s.learners,
         s.batch_size,
         s.global_batch,

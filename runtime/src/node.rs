@@ -18,7 +18,7 @@ use rudra_actors::remote::{AnswerSnapshot, RemotePeer, SnapshotReply, records_fr
 use rudra_actors::scheduler::{
     Joined, LearnerDone, LearnerHandle, Members, Progress, SchedulerActor, ShardHandle,
 };
-use rudra_actors::shard::{Pull, Push, Served, ShardActor, Snapshot, StopShard};
+use rudra_actors::shard::{Exchange, Pull, Push, Served, ShardActor, Snapshot, StopShard};
 use rudra_actors::tracker::StalenessTracker;
 use rudra_actors::{RunReport, TrainingData};
 use rudra_compute::{CpuBackend, Model};
@@ -368,7 +368,7 @@ pub fn run_shard(opts: &NodeOptions) -> Result<(), RuntimeError> {
         let (sched, mut rx, welcome) = join(&ep, &opts, Role::Shard).await?;
         let id = ShardId(welcome.id);
         let tracker = RemotePeer::new(sched.clone(), id).start();
-        let core = welcome.config.cluster.shard_core(id.index(), welcome.train_examples);
+        let core = welcome.config.cluster.shard_actor_core(id.index(), welcome.train_examples);
         let shard = ShardActor::new(core, tracker.clone().recipient()).start();
         let policy = LearnerPolicy {
             names: Arc::new(welcome.learners),
@@ -450,6 +450,9 @@ async fn serve_learner(peer: Peer, shard: Addr<ShardActor>, policy: LearnerPolic
                     shard.do_send(Pull { learner, last, reply_to: reply.clone() });
                 }
             }
+            Inbound::Exchange { learner: l, values } if l == learner && values.len() == policy.range_len => {
+                shard.do_send(Exchange { learner, values, reply_to: reply.clone() });
+            }
             Inbound::Push { learner: l, computed_on, values }
                 if l == learner && values.len() == policy.range_len =>
             {
@@ -462,10 +465,17 @@ async fn serve_learner(peer: Peer, shard: Addr<ShardActor>, policy: LearnerPolic
             }
             other => {
                 let why = match &other {
-                    Inbound::Push { values, .. } if values.len() != policy.range_len => {
-                        format!("a push of {} values to a shard of {}", values.len(), policy.range_len)
+                    Inbound::Push { values, .. } | Inbound::Exchange { values, .. }
+                        if values.len() != policy.range_len =>
+                    {
+                        format!(
+                            "{:?} of {} values to a shard of {}",
+                            other.kind(),
+                            values.len(),
+                            policy.range_len
+                        )
                     }
-                    _ => format!("{:?} that is not {learner}'s own pull or push", other.kind()),
+                    _ => format!("{:?} that is not {learner}'s own", other.kind()),
                 };
                 tracing::warn!(peer = peer.name(), "rejected {why}; closing the connection");
                 peer.close("protocol violation");
@@ -509,11 +519,16 @@ fn learner_node(opts: &NodeOptions, data: Option<TrainingData>) -> Result<(), Ru
             inboxes.push(peer.incoming(8));
             peer.send(&Msg::Hello { learner: id }).await?;
             let remote = RemotePeer::new(peer, ShardId(s as u32)).start();
-            links.push(ShardLink { range, pull: remote.clone().recipient(), push: remote.recipient() });
+            links.push(ShardLink {
+                range,
+                pull: remote.clone().recipient(),
+                push: remote.clone().recipient(),
+                exchange: remote.recipient(),
+            });
         }
         let to_sched = RemotePeer::new(sched.clone(), ShardId(0)).start();
         let link = SchedulerLink { progress: to_sched.clone().recipient(), done: to_sched.recipient() };
-        let (core, batches) = spec.learner_parts(id as usize, data.train);
+        let (core, batches) = spec.learner_loop(id as usize, data.train);
         let arbiter = Arbiter::new();
         let model = spec.model.clone();
         let learner = LearnerActor::start_in_arbiter(&arbiter.handle(), move |_| {
@@ -599,6 +614,7 @@ mod tests {
 
     use rudra_actors::protocol::shard::SgdShardConfig;
     use rudra_actors::protocol::{LrModulation, LrSchedule, SgdShard, SyncRule};
+    use rudra_actors::shard::ShardCore;
     use rudra_transport::Clock;
 
     use super::*;
@@ -648,7 +664,8 @@ mod tests {
             };
             let learners: BTreeSet<_> = [LearnerId(0), LearnerId(1)].into();
             let core = SgdShard::new(cfg, vec![1.0; 4], learners);
-            let shard = ShardActor::new(core, StalenessTracker::default().start().recipient()).start();
+            let tracker = StalenessTracker::default().start().recipient();
+            let shard = ShardActor::new(ShardCore::Sgd(core), tracker).start();
             let policy =
                 LearnerPolicy { names: Arc::new(vec!["learner-0".into(), "learner-1".into()]), range_len: 4 };
             actix::spawn(accept_learners(ep.clone(), shard.clone(), policy));

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use rudra_actors::protocol::StalenessSummary;
-use rudra_actors::{MetricsRow, RunReport};
+use rudra_actors::{ElasticSpec, MetricsRow, RunReport};
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::Checkpoint;
@@ -66,6 +66,14 @@ pub struct Summary {
     pub final_train_loss: f64,
     /// Staleness statistics.
     pub staleness: StalenessSummary,
+    /// `training.target_accuracy`.
+    pub target_accuracy: f64,
+    /// Seconds until the first evaluation at or above the target accuracy (`null`: never).
+    pub time_to_target: Option<f64>,
+    /// Updates applied by then.
+    pub updates_to_target: Option<u64>,
+    /// The EASGD family's settings, for those protocols.
+    pub elastic: Option<ElasticSpec>,
 }
 
 impl Summary {
@@ -73,6 +81,8 @@ impl Summary {
     #[must_use]
     pub fn new(config: &Config, report: &RunReport) -> Self {
         let c = &config.cluster;
+        let target = config.raw.training.target_accuracy;
+        let reached = report.metrics.iter().find(|m| m.test_accuracy >= target);
         Self {
             protocol: config.protocol_name().to_owned(),
             n: config.sync_n(),
@@ -93,6 +103,10 @@ impl Summary {
             final_test_accuracy: report.final_test_accuracy,
             final_train_loss: report.final_train_loss,
             staleness: report.staleness.clone(),
+            target_accuracy: target,
+            time_to_target: reached.map(|m| m.wall_seconds),
+            updates_to_target: reached.map(|m| m.updates),
+            elastic: c.protocol.elastic.clone(),
         }
     }
 }

@@ -172,6 +172,14 @@ pub enum Msg {
         /// The values.
         values: Vec<f32>,
     },
+    /// Learner → center shard (EASGD family): x^i, DOWNPOUR's accumulated update, or
+    /// MDOWNPOUR's gradient for the shard's range; answered with `Weights` (the center).
+    Exchange {
+        /// Who.
+        learner: u32,
+        /// The values.
+        values: Vec<f32>,
+    },
 }
 
 /// Message kinds, as written in frame headers.
@@ -194,9 +202,10 @@ pub enum Kind {
     Pull,
     Weights,
     Push,
+    Exchange,
 }
 
-const KINDS: [Kind; 15] = [
+const KINDS: [Kind; 16] = [
     Kind::Join,
     Kind::Welcome,
     Kind::Ready,
@@ -212,6 +221,7 @@ const KINDS: [Kind; 15] = [
     Kind::Pull,
     Kind::Weights,
     Kind::Push,
+    Kind::Exchange,
 ];
 
 impl Kind {
@@ -228,9 +238,13 @@ impl Kind {
             Self::Join => &[Role::Shard, Role::Learner],
             Self::Heartbeat => &[Role::Shard, Role::Learner, Role::Scheduler],
             Self::Welcome | Self::Start | Self::Stop | Self::SnapshotRequest => &[Role::Scheduler],
-            Self::Ready | Self::Progress | Self::LearnerDone | Self::Hello | Self::Pull | Self::Push => {
-                &[Role::Learner]
-            }
+            Self::Ready
+            | Self::Progress
+            | Self::LearnerDone
+            | Self::Hello
+            | Self::Pull
+            | Self::Push
+            | Self::Exchange => &[Role::Learner],
             Self::Records | Self::Snapshot | Self::Weights => &[Role::Shard],
         }
     }
@@ -249,7 +263,7 @@ impl Kind {
             | Self::Snapshot => &[Role::Scheduler],
             Self::Heartbeat | Self::Stop => &[Role::Shard, Role::Learner, Role::Scheduler],
             Self::Welcome | Self::Start => &[Role::Shard, Role::Learner],
-            Self::SnapshotRequest | Self::Hello | Self::Pull | Self::Push => &[Role::Shard],
+            Self::SnapshotRequest | Self::Hello | Self::Pull | Self::Push | Self::Exchange => &[Role::Shard],
             Self::Weights => &[Role::Learner],
         }
     }
@@ -259,7 +273,7 @@ impl Kind {
     /// the staleness records they must follow.)
     #[must_use]
     pub fn is_payload(self) -> bool {
-        matches!(self, Self::Weights | Self::Push)
+        matches!(self, Self::Weights | Self::Push | Self::Exchange)
     }
 }
 
@@ -283,6 +297,7 @@ impl Msg {
             Self::Pull { .. } => Kind::Pull,
             Self::Weights { .. } => Kind::Weights,
             Self::Push { .. } => Kind::Push,
+            Self::Exchange { .. } => Kind::Exchange,
         }
     }
 
@@ -322,6 +337,13 @@ pub enum Inbound {
         /// The values.
         values: Floats,
     },
+    /// Values for an elastic exchange from a learner.
+    Exchange {
+        /// The learner.
+        learner: LearnerId,
+        /// The values.
+        values: Floats,
+    },
     /// A shard's weights for the scheduler.
     Snapshot {
         /// The request answered.
@@ -354,6 +376,10 @@ impl Inbound {
                 computed_on: Clock(computed_on.to_native()),
                 values: Floats::in_frame(buf, values),
             },
+            ArchivedMsg::Exchange { learner, values } => Self::Exchange {
+                learner: LearnerId(learner.to_native()),
+                values: Floats::in_frame(buf, values),
+            },
             ArchivedMsg::Snapshot { request, clock, values } => Self::Snapshot {
                 request: request.to_native(),
                 clock: Clock(clock.to_native()),
@@ -380,6 +406,7 @@ impl Inbound {
             Self::Control(m) => m.kind(),
             Self::Weights { .. } => Kind::Weights,
             Self::Push { .. } => Kind::Push,
+            Self::Exchange { .. } => Kind::Exchange,
             Self::Snapshot { .. } => Kind::Snapshot,
         }
     }
@@ -446,6 +473,7 @@ mod tests {
             Msg::Pull { learner: 2, last: false },
             Msg::Weights { shard: 1, clock: 5, values: vec![0.5; 1000] },
             Msg::Push { learner: 2, computed_on: 5, values: (0..777).map(|i| i as f32).collect() },
+            Msg::Exchange { learner: 3, values: vec![0.25; 333] },
         ]
     }
 
@@ -468,6 +496,9 @@ mod tests {
                     Msg::Push { learner: l, computed_on: c, values: v },
                 ) => {
                     assert_eq!((learner.0, computed_on.0, &values[..]), (*l, *c, &v[..]));
+                }
+                (Inbound::Exchange { learner, values }, Msg::Exchange { learner: l, values: v }) => {
+                    assert_eq!((learner.0, &values[..]), (*l, &v[..]));
                 }
                 (
                     Inbound::Snapshot { request, clock, values },

@@ -91,6 +91,12 @@ impl CenterShard {
         }
     }
 
+    /// The shard's id.
+    #[must_use]
+    pub fn id(&self) -> ShardId {
+        self.id
+    }
+
     /// The center x̃ now.
     #[must_use]
     pub fn snapshot(&self) -> Weights {
@@ -505,6 +511,58 @@ mod tests {
             checked += 1;
         }
         assert!(checked > 19_000);
+    }
+
+    /// With β = 1 the center after every round is the plain average of the learners' models
+    /// (model averaging every τ steps); with α = 1/p each learner keeps (1 − 1/p) of its own
+    /// model and takes 1/p of the previous average.
+    #[test]
+    fn sync_easgd_with_alpha_one_over_p_and_beta_one_is_model_averaging() {
+        let (p, tau, lr) = (4u32, 3u64, 0.1f32);
+        let active: BTreeSet<LearnerId> = (0..p).map(LearnerId).collect();
+        let init = vec![1.0, -1.0];
+        let mut shard =
+            CenterShard::new(ShardId(0), CenterRule::ElasticSync { beta: 1.0 }, init.clone(), active);
+        let alpha = 1.0 / p as f32;
+        let mut learners: Vec<ElasticLearner> =
+            (0..p).map(|_| ElasticLearner::new(easgd(tau, alpha, lr, 0.0), 2)).collect();
+        let mut xs: Vec<Vec<f32>> = vec![init.clone(); p as usize];
+        // Learner i minimises |x − c_i|²/2: each drifts toward its own optimum between rounds.
+        let optimum = |i: usize| [i as f32, -(i as f32)];
+        let mut average = init;
+        for t in 0..4 * tau {
+            let exchange = learners[0].exchanges_now();
+            let centers: Vec<Option<Vec<f32>>> = if exchange {
+                let mean: Vec<f32> =
+                    (0..2).map(|k| xs.iter().map(|x| x[k]).sum::<f32>() / p as f32).collect();
+                for (i, x) in xs.iter().enumerate() {
+                    shard.on_exchange(LearnerId(i as u32), x).unwrap();
+                }
+                let before = std::mem::replace(&mut average, mean);
+                close(&shard.snapshot().values, &average);
+                replies(&mut shard)
+                    .into_iter()
+                    .map(|(_, c)| {
+                        assert_eq!(c, before, "each learner is pulled toward the previous average");
+                        Some(c)
+                    })
+                    .collect()
+            } else {
+                vec![None; p as usize]
+            };
+            for (i, ((l, x), c)) in learners.iter_mut().zip(&mut xs).zip(&centers).enumerate() {
+                let expected: Vec<f32> = (0..2)
+                    .map(|k| {
+                        let pull = c.as_ref().map_or(0.0, |c| alpha * (x[k] - c[k]));
+                        x[k] - pull - lr * (x[k] - optimum(i)[k])
+                    })
+                    .collect();
+                let g: Vec<f32> = (0..2).map(|k| x[k] - optimum(i)[k]).collect();
+                l.step(x, &g, c.as_deref());
+                close(x, &expected);
+            }
+            assert_eq!(shard.clock(), Clock(t / tau + 1), "one round per τ steps");
+        }
     }
 
     #[test]

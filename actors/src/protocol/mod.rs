@@ -10,14 +10,19 @@
 //! - [`scheduler`]: registration, evaluation points and the stop; the learning-rate schedule
 //!   (applied by each shard on its own gradient count, so it is exact in every deployment).
 //! - [`modulation`]: the staleness-dependent learning rate α(σ).
+//! - [`elastic`]: the EASGD family's center shard and local update rules, and
+//!   [`elastic_worker`]: its learner loop.
 
 pub mod elastic;
+pub mod elastic_worker;
 pub mod learner;
 pub mod modulation;
 pub mod scheduler;
 pub mod shard;
 pub mod staleness;
 
+pub use elastic::{CenterEvent, CenterRule, CenterShard};
+pub use elastic_worker::{ElasticWorker, LocalRule, WorkerEvent};
 pub use learner::{LearnerCore, LearnerEvent};
 pub use modulation::LrModulation;
 pub use scheduler::{LrSchedule, SchedulerCore, SchedulerEvent};

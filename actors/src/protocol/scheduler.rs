@@ -50,8 +50,10 @@ pub struct SchedulerCore {
     finished: BTreeSet<LearnerId>,
     examples_per_epoch: u64,
     epochs_total: u64,
+    evals_per_epoch: u64,
     samples: u64,
-    epoch: u64,
+    /// Evaluation points passed.
+    evals: u64,
     started: bool,
 }
 
@@ -68,10 +70,18 @@ impl SchedulerCore {
             finished: BTreeSet::new(),
             examples_per_epoch: examples_per_epoch.max(1),
             epochs_total,
+            evals_per_epoch: 1,
             samples: 0,
-            epoch: 0,
+            evals: 0,
             started: false,
         }
+    }
+
+    /// Evaluate `k` times per epoch (at equal sample counts) instead of once.
+    #[must_use]
+    pub fn with_evals_per_epoch(mut self, k: u64) -> Self {
+        self.evals_per_epoch = k.max(1);
+        self
     }
 
     /// The learners that joined.
@@ -116,16 +126,19 @@ impl SchedulerCore {
         vec![SchedulerEvent::Start]
     }
 
-    /// A learner processed `samples` more examples. Every epoch boundary but the last (which
-    /// the final evaluation covers) sets the learning rate and asks for an evaluation.
+    /// A learner processed `samples` more examples. Every evaluation point (each epoch
+    /// boundary, or each `1/k` of an epoch) but the last, which the final evaluation covers,
+    /// asks for an evaluation.
     #[must_use]
     pub fn on_progress(&mut self, samples: u64) -> Vec<SchedulerEvent> {
         self.samples += samples;
-        let epoch = (self.samples / self.examples_per_epoch).min(self.epochs_total.saturating_sub(1));
+        let k = self.evals_per_epoch;
+        let per_eval = (self.examples_per_epoch / k).max(1);
+        let point = (self.samples / per_eval).min((self.epochs_total * k).saturating_sub(1));
         let mut events = Vec::new();
-        while self.epoch < epoch {
-            self.epoch += 1;
-            events.push(SchedulerEvent::Evaluate { epoch: self.epoch, final_: false });
+        while self.evals < point {
+            self.evals += 1;
+            events.push(SchedulerEvent::Evaluate { epoch: self.evals / k, final_: false });
         }
         events
     }
@@ -135,7 +148,8 @@ impl SchedulerCore {
     pub fn on_learner_finished(&mut self, learner: LearnerId) -> Vec<SchedulerEvent> {
         let fresh = self.finished.insert(learner);
         if fresh && self.finished.len() == self.joined_learners.len() {
-            vec![SchedulerEvent::Evaluate { epoch: self.epoch, final_: true }, SchedulerEvent::Stop]
+            let epoch = self.evals / self.evals_per_epoch;
+            vec![SchedulerEvent::Evaluate { epoch, final_: true }, SchedulerEvent::Stop]
         } else {
             Vec::new()
         }
@@ -168,5 +182,18 @@ mod tests {
             s.on_learner_finished(LearnerId(1)),
             vec![SchedulerEvent::Evaluate { epoch: 2, final_: true }, SchedulerEvent::Stop]
         );
+    }
+
+    #[test]
+    fn evaluates_k_times_per_epoch() {
+        let mut s = SchedulerCore::new(1, 1, 100, 2).with_evals_per_epoch(4);
+        let points: Vec<u64> = (0..10)
+            .flat_map(|_| s.on_progress(25))
+            .map(|e| match e {
+                SchedulerEvent::Evaluate { epoch, final_: false } => epoch,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(points, vec![0, 0, 0, 1, 1, 1, 1], "7 points; the 8th is the final evaluation");
     }
 }

@@ -1,0 +1,305 @@
+//! The learner loop of the EASGD family: local steps on the learner's own x^i, and every τ
+//! steps an exchange with every shard. Like [`LearnerCore`](super::LearnerCore) it only says
+//! what to do next; the actor computes gradients and carries the messages.
+//!
+//! One step, per method (ALGORITHMS.md):
+//! - EASGD / EAMSGD: the exchange (x^i to the shards, x̃ back) and the gradient at the point
+//!   before the pull run side by side; the step then applies the pull and the local update.
+//! - DOWNPOUR: the exchange first (the accumulated `v` out, x̃ back and adopted as x^i), then
+//!   the gradient at the new x^i and the local step. The last `v` is sent before finishing.
+//! - MDOWNPOUR: the gradient first; it goes to the shards, which apply it with momentum, and
+//!   their x̃ becomes x^i.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use rudra_transport::{LearnerId, ShardId};
+
+use super::elastic::{DownpourLearner, ElasticLearner};
+use crate::ActorError;
+
+/// What the learner does between exchanges.
+#[derive(Clone, Debug)]
+pub enum LocalRule {
+    /// EASGD or EAMSGD.
+    Elastic(ElasticLearner),
+    /// DOWNPOUR.
+    Downpour(DownpourLearner),
+    /// MDOWNPOUR: every gradient goes to the shards, which keep the momentum.
+    MDownpour,
+}
+
+/// An effect the learner actor carries out.
+#[derive(Clone, Debug, PartialEq)]
+pub enum WorkerEvent {
+    /// Send each shard its range of these values; each answers with its center.
+    Exchange(Arc<Vec<f32>>),
+    /// Compute the gradient at this point on the next minibatch, then call
+    /// [`ElasticWorker::on_gradient`].
+    Compute(Arc<Vec<f32>>),
+    /// Every step is done.
+    Finished,
+}
+
+/// The learner side of the EASGD family over the whole parameter vector.
+#[derive(Clone, Debug)]
+pub struct ElasticWorker {
+    id: LearnerId,
+    rule: LocalRule,
+    x: Vec<f32>,
+    ranges: Vec<Range<usize>>,
+    steps_total: u64,
+    steps_done: u64,
+    /// Shards whose answer to the current exchange has not arrived.
+    awaiting: Vec<bool>,
+    /// EASGD: this step exchanged, and the centers that came back.
+    exchanged: bool,
+    center: Vec<f32>,
+    /// EASGD: the gradient, computed while the exchange is in flight.
+    grad: Option<Vec<f32>>,
+    finishing: bool,
+}
+
+impl ElasticWorker {
+    /// Learner `id` starting at `x0`, whose shards hold `ranges` of it, for `steps_total` steps.
+    #[must_use]
+    pub fn new(
+        id: LearnerId,
+        rule: LocalRule,
+        x0: Vec<f32>,
+        ranges: Vec<Range<usize>>,
+        steps_total: u64,
+    ) -> Self {
+        let center = if matches!(rule, LocalRule::Elastic(_)) { vec![0.0; x0.len()] } else { Vec::new() };
+        let awaiting = vec![false; ranges.len()];
+        Self {
+            id,
+            rule,
+            x: x0,
+            ranges,
+            steps_total,
+            steps_done: 0,
+            awaiting,
+            exchanged: false,
+            center,
+            grad: None,
+            finishing: false,
+        }
+    }
+
+    /// This learner.
+    #[must_use]
+    pub fn id(&self) -> LearnerId {
+        self.id
+    }
+
+    /// Local steps taken.
+    #[must_use]
+    pub fn steps_done(&self) -> u64 {
+        self.steps_done
+    }
+
+    /// The local variable x^i.
+    #[must_use]
+    pub fn params(&self) -> &[f32] {
+        &self.x
+    }
+
+    /// Begin the loop.
+    pub fn on_start(&mut self) -> Vec<WorkerEvent> {
+        self.begin_step()
+    }
+
+    /// Shard `shard` answered the exchange with `values`, its center for this learner.
+    pub fn on_center(&mut self, shard: ShardId, values: &[f32]) -> Result<Vec<WorkerEvent>, ActorError> {
+        let s = shard.index();
+        if !self.awaiting.get(s).copied().unwrap_or(false) {
+            return Err(ActorError::Protocol(format!("{} got an unexpected center from {shard}", self.id)));
+        }
+        let range = self.ranges[s].clone();
+        if values.len() != range.len() {
+            return Err(ActorError::Protocol(format!(
+                "{shard} answered {} with {} values for a range of {}",
+                self.id,
+                values.len(),
+                range.len()
+            )));
+        }
+        self.awaiting[s] = false;
+        let target = if matches!(self.rule, LocalRule::Elastic(_)) { &mut self.center } else { &mut self.x };
+        target[range].copy_from_slice(values);
+        if self.awaiting.iter().any(|&a| a) {
+            return Ok(Vec::new());
+        }
+        if self.finishing {
+            return Ok(vec![WorkerEvent::Finished]);
+        }
+        Ok(match self.rule {
+            LocalRule::Elastic(_) => self.finish_elastic_step(),
+            LocalRule::Downpour(_) => vec![WorkerEvent::Compute(Arc::new(self.x.clone()))],
+            LocalRule::MDownpour => {
+                self.steps_done += 1;
+                self.begin_step()
+            }
+        })
+    }
+
+    /// The gradient asked for by the last [`WorkerEvent::Compute`].
+    pub fn on_gradient(&mut self, g: Vec<f32>) -> Result<Vec<WorkerEvent>, ActorError> {
+        if g.len() != self.x.len() {
+            return Err(ActorError::Protocol(format!(
+                "a gradient of {} values for {} parameters",
+                g.len(),
+                self.x.len()
+            )));
+        }
+        Ok(match &mut self.rule {
+            LocalRule::Elastic(_) => {
+                self.grad = Some(g);
+                self.finish_elastic_step()
+            }
+            LocalRule::Downpour(d) => {
+                d.step(&mut self.x, &g);
+                self.steps_done += 1;
+                self.begin_step()
+            }
+            LocalRule::MDownpour => self.exchange(g),
+        })
+    }
+
+    fn exchange(&mut self, values: Vec<f32>) -> Vec<WorkerEvent> {
+        self.awaiting.fill(true);
+        vec![WorkerEvent::Exchange(Arc::new(values))]
+    }
+
+    fn begin_step(&mut self) -> Vec<WorkerEvent> {
+        if self.steps_done >= self.steps_total {
+            return match &mut self.rule {
+                // DOWNPOUR's updates since its last exchange still belong to the center.
+                LocalRule::Downpour(d) if self.steps_total > 0 => {
+                    self.finishing = true;
+                    let v = d.take_accumulated();
+                    self.exchange(v)
+                }
+                _ => vec![WorkerEvent::Finished],
+            };
+        }
+        match &mut self.rule {
+            LocalRule::Elastic(l) => {
+                let mut point = Vec::with_capacity(self.x.len());
+                l.gradient_point(&self.x, &mut point);
+                self.exchanged = l.exchanges_now();
+                let mut events = if self.exchanged { self.exchange(self.x.clone()) } else { Vec::new() };
+                events.push(WorkerEvent::Compute(Arc::new(point)));
+                events
+            }
+            LocalRule::Downpour(d) if d.exchanges_now() => {
+                let v = d.take_accumulated();
+                self.exchange(v)
+            }
+            LocalRule::Downpour(_) | LocalRule::MDownpour => {
+                vec![WorkerEvent::Compute(Arc::new(self.x.clone()))]
+            }
+        }
+    }
+
+    /// EASGD: once both the centers and the gradient are in, the pull and the local update.
+    fn finish_elastic_step(&mut self) -> Vec<WorkerEvent> {
+        let LocalRule::Elastic(l) = &mut self.rule else { return Vec::new() };
+        if self.awaiting.iter().any(|&a| a) {
+            return Vec::new();
+        }
+        let Some(g) = self.grad.take() else { return Vec::new() };
+        l.step(&mut self.x, &g, self.exchanged.then_some(&self.center[..]));
+        self.steps_done += 1;
+        self.begin_step()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::elastic::ElasticSettings;
+
+    const S0: ShardId = ShardId(0);
+    const S1: ShardId = ShardId(1);
+
+    fn worker(rule: LocalRule, steps: u64) -> ElasticWorker {
+        ElasticWorker::new(LearnerId(0), rule, vec![1.0, 2.0, 3.0], vec![0..2, 2..3], steps)
+    }
+
+    fn easgd(tau: u64, momentum: f32) -> LocalRule {
+        let s = ElasticSettings { tau, alpha: 0.5, lr: 0.1, lr_decay_gamma: 0.0, momentum };
+        LocalRule::Elastic(ElasticLearner::new(s, 3))
+    }
+
+    fn exchange(v: &[f32]) -> WorkerEvent {
+        WorkerEvent::Exchange(Arc::new(v.to_vec()))
+    }
+
+    fn compute(v: &[f32]) -> WorkerEvent {
+        WorkerEvent::Compute(Arc::new(v.to_vec()))
+    }
+
+    #[test]
+    fn easgd_exchanges_and_computes_side_by_side_then_steps() {
+        let mut w = worker(easgd(2, 0.0), 2);
+        assert_eq!(w.on_start(), vec![exchange(&[1.0, 2.0, 3.0]), compute(&[1.0, 2.0, 3.0])]);
+        assert!(w.on_gradient(vec![10.0, 10.0, 10.0]).unwrap().is_empty(), "waits for the centers");
+        assert!(w.on_center(S1, &[1.0]).unwrap().is_empty(), "waits for shard 0");
+        assert!(w.on_center(S1, &[1.0]).is_err(), "one answer per shard and exchange");
+        // x − α (x − x̃) − η g with x̃ = [0, 0, 1]; t = 1 is not a multiple of τ = 2.
+        let next = w.on_center(S0, &[0.0, 0.0]).unwrap();
+        let x = [1.0 - 0.5 - 1.0, 2.0 - 1.0 - 1.0, 3.0 - 1.0 - 1.0];
+        assert_eq!(w.params(), &x);
+        assert_eq!(next, vec![compute(&x)], "no exchange at t = 1");
+        assert_eq!(w.on_gradient(vec![0.0; 3]).unwrap(), vec![WorkerEvent::Finished]);
+        assert_eq!(w.steps_done(), 2);
+    }
+
+    #[test]
+    fn eamsgd_takes_the_gradient_at_the_nesterov_point() {
+        let mut w = worker(easgd(1, 0.5), 2);
+        w.on_start();
+        w.on_gradient(vec![1.0; 3]).unwrap();
+        w.on_center(S0, &[1.0, 2.0]).unwrap();
+        let events = w.on_center(S1, &[3.0]).unwrap();
+        // v = −0.1; x = x − 0.1 (the centers equal x: no pull); next point x + δ v.
+        assert_eq!(events[1], compute(&[0.9 - 0.05, 1.9 - 0.05, 2.9 - 0.05]));
+    }
+
+    #[test]
+    fn downpour_exchanges_first_adopts_the_center_and_sends_its_last_update() {
+        let mut w = worker(LocalRule::Downpour(DownpourLearner::new(1, 0.5, 3)), 1);
+        assert_eq!(w.on_start(), vec![exchange(&[0.0; 3])]);
+        assert!(w.on_center(S0, &[5.0, 6.0]).unwrap().is_empty());
+        assert_eq!(w.on_center(S1, &[7.0]).unwrap(), vec![compute(&[5.0, 6.0, 7.0])]);
+        // x ← x − η g and v ← v − η g; the run is over, but v still goes to the center.
+        assert_eq!(w.on_gradient(vec![2.0; 3]).unwrap(), vec![exchange(&[-1.0; 3])]);
+        assert_eq!(w.params(), &[4.0, 5.0, 6.0]);
+        w.on_center(S0, &[0.0, 0.0]).unwrap();
+        assert_eq!(w.on_center(S1, &[0.0]).unwrap(), vec![WorkerEvent::Finished]);
+    }
+
+    #[test]
+    fn mdownpour_sends_each_gradient_and_adopts_the_center() {
+        let mut w = worker(LocalRule::MDownpour, 1);
+        assert_eq!(w.on_start(), vec![compute(&[1.0, 2.0, 3.0])]);
+        assert_eq!(w.on_gradient(vec![0.5; 3]).unwrap(), vec![exchange(&[0.5; 3])]);
+        w.on_center(S0, &[9.0, 8.0]).unwrap();
+        assert_eq!(w.on_center(S1, &[7.0]).unwrap(), vec![WorkerEvent::Finished]);
+        assert_eq!(w.params(), &[9.0, 8.0, 7.0]);
+    }
+
+    #[test]
+    fn malformed_input_changes_nothing() {
+        let mut w = worker(LocalRule::MDownpour, 3);
+        w.on_start();
+        assert!(w.on_center(S0, &[0.0, 0.0]).is_err(), "no exchange in flight");
+        assert!(w.on_gradient(vec![0.0; 2]).is_err(), "wrong gradient length");
+        w.on_gradient(vec![0.0; 3]).unwrap();
+        assert!(w.on_center(S0, &[0.0]).is_err(), "wrong range length");
+        assert!(w.on_center(ShardId(5), &[0.0]).is_err(), "unknown shard");
+        assert_eq!(w.params(), &[1.0, 2.0, 3.0]);
+    }
+}
