@@ -121,3 +121,42 @@ fn hardsync_across_processes_trains_and_equals_local_mode() {
         }
     }
 }
+
+/// Sync EASGD has a barrier at every exchange, so over loopback QUIC (exchange frames, center
+/// replies) it must give the same center as in memory.
+#[test]
+fn sync_easgd_over_loopback_quic_equals_in_memory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/mnist");
+    let settings: Vec<String> = [
+        "protocol.kind=easgd",
+        "protocol.sync=true",
+        "protocol.tau=4",
+        "training.learning_rate=0.1",
+        "cluster.learners=3",
+        "cluster.shards=2",
+        "training.train_examples=6000",
+        "training.test_examples=1000",
+        "training.epochs=1",
+        &format!("training.data_dir={}", data.display()),
+    ]
+    .iter()
+    .flat_map(|s| ["--set".to_owned(), (*s).to_owned()])
+    .collect();
+    let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
+    ok(node(dir, &[&["local", "--out", "memory"][..], &settings].concat()));
+    ok(node(dir, &[&["local", "--transport", "quic", "--out", "quic"][..], &settings].concat()));
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("quic/summary.json")).unwrap()).unwrap();
+    assert!(summary["final_test_accuracy"].as_f64().unwrap() > 0.8, "{summary}");
+    assert_eq!(summary["elastic"]["tau"], 4);
+    let (q, m) = (
+        tensors(&dir.join("quic/checkpoint.safetensors")),
+        tensors(&dir.join("memory/checkpoint.safetensors")),
+    );
+    for ((name, a), (_, b)) in q.iter().zip(&m) {
+        let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+        assert!(worst < 1e-5, "{name}: sync EASGD over QUIC and in memory differ by {worst}");
+    }
+}
