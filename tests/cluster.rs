@@ -143,7 +143,8 @@ fn sync_easgd_over_actors_equals_a_sequential_driver_of_the_cores() -> anyhow::R
                 model.loss_and_gradient_at(&point, x, y)?;
                 let mut g = vec![0.0; point.len()];
                 model.take_gradient(&mut g)?;
-                queue.extend(w.on_gradient(g)?.into_iter().map(|e| (l, e)));
+                drop(point);
+                queue.extend(w.on_gradient(&g)?.into_iter().map(|e| (l, e)));
             }
             WorkerEvent::Exchange(values) => {
                 for (s, (center, range)) in centers.iter_mut().zip(&ranges).enumerate() {

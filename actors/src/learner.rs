@@ -152,13 +152,11 @@ impl LearnerActor {
                     }
                 }
                 WorkerEvent::Compute(point) => {
-                    let next = self.gradient(Some(&point)).and_then(|()| {
-                        let mut g = vec![0.0; self.grad.len()];
-                        std::mem::swap(Arc::make_mut(&mut self.grad), &mut g);
-                        match &mut self.core {
-                            LearnerLoop::Elastic(w) => w.on_gradient(g),
-                            LearnerLoop::Sgd(_) => Ok(Vec::new()),
-                        }
+                    let computed = self.gradient(Some(&point));
+                    drop(point);
+                    let next = computed.and_then(|()| match &mut self.core {
+                        LearnerLoop::Elastic(w) => w.on_gradient(&self.grad),
+                        LearnerLoop::Sgd(_) => Ok(Vec::new()),
                     });
                     match next {
                         Ok(more) => self.carry_out_elastic(more, ctx),

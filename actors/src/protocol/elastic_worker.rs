@@ -55,8 +55,11 @@ pub struct ElasticWorker {
     /// EASGD: this step exchanged, and the centers that came back.
     exchanged: bool,
     center: Vec<f32>,
-    /// EASGD: the gradient, computed while the exchange is in flight.
-    grad: Option<Vec<f32>>,
+    /// EASGD: the gradient, computed while the exchange is in flight, once it is in.
+    grad: Vec<f32>,
+    has_grad: bool,
+    /// Where the next gradient is taken; reused once the actor has let go of it.
+    point: Arc<Vec<f32>>,
     finishing: bool,
 }
 
@@ -70,7 +73,9 @@ impl ElasticWorker {
         ranges: Vec<Range<usize>>,
         steps_total: u64,
     ) -> Self {
-        let center = if matches!(rule, LocalRule::Elastic(_)) { vec![0.0; x0.len()] } else { Vec::new() };
+        let elastic = matches!(rule, LocalRule::Elastic(_));
+        let center = if elastic { vec![0.0; x0.len()] } else { Vec::new() };
+        let grad = if elastic { vec![0.0; x0.len()] } else { Vec::new() };
         let awaiting = vec![false; ranges.len()];
         Self {
             id,
@@ -82,7 +87,9 @@ impl ElasticWorker {
             awaiting,
             exchanged: false,
             center,
-            grad: None,
+            grad,
+            has_grad: false,
+            point: Arc::new(Vec::new()),
             finishing: false,
         }
     }
@@ -136,7 +143,7 @@ impl ElasticWorker {
         }
         Ok(match self.rule {
             LocalRule::Elastic(_) => self.finish_elastic_step(),
-            LocalRule::Downpour(_) => vec![WorkerEvent::Compute(Arc::new(self.x.clone()))],
+            LocalRule::Downpour(_) => vec![self.compute_at_x()],
             LocalRule::MDownpour => {
                 self.steps_done += 1;
                 self.begin_step()
@@ -144,8 +151,9 @@ impl ElasticWorker {
         })
     }
 
-    /// The gradient asked for by the last [`WorkerEvent::Compute`].
-    pub fn on_gradient(&mut self, g: Vec<f32>) -> Result<Vec<WorkerEvent>, ActorError> {
+    /// The gradient asked for by the last [`WorkerEvent::Compute`]. Drop the point of that
+    /// event first, so its buffer is reused rather than reallocated.
+    pub fn on_gradient(&mut self, g: &[f32]) -> Result<Vec<WorkerEvent>, ActorError> {
         if g.len() != self.x.len() {
             return Err(ActorError::Protocol(format!(
                 "a gradient of {} values for {} parameters",
@@ -155,16 +163,25 @@ impl ElasticWorker {
         }
         Ok(match &mut self.rule {
             LocalRule::Elastic(_) => {
-                self.grad = Some(g);
+                self.grad.copy_from_slice(g);
+                self.has_grad = true;
                 self.finish_elastic_step()
             }
             LocalRule::Downpour(d) => {
-                d.step(&mut self.x, &g);
+                d.step(&mut self.x, g);
                 self.steps_done += 1;
                 self.begin_step()
             }
-            LocalRule::MDownpour => self.exchange(g),
+            LocalRule::MDownpour => self.exchange(g.to_vec()),
         })
+    }
+
+    /// Ask for the gradient at x^i.
+    fn compute_at_x(&mut self) -> WorkerEvent {
+        let point = Arc::make_mut(&mut self.point);
+        point.clear();
+        point.extend_from_slice(&self.x);
+        WorkerEvent::Compute(Arc::clone(&self.point))
     }
 
     fn exchange(&mut self, values: Vec<f32>) -> Vec<WorkerEvent> {
@@ -186,20 +203,17 @@ impl ElasticWorker {
         }
         match &mut self.rule {
             LocalRule::Elastic(l) => {
-                let mut point = Vec::with_capacity(self.x.len());
-                l.gradient_point(&self.x, &mut point);
+                l.gradient_point(&self.x, Arc::make_mut(&mut self.point));
                 self.exchanged = l.exchanges_now();
                 let mut events = if self.exchanged { self.exchange(self.x.clone()) } else { Vec::new() };
-                events.push(WorkerEvent::Compute(Arc::new(point)));
+                events.push(WorkerEvent::Compute(Arc::clone(&self.point)));
                 events
             }
             LocalRule::Downpour(d) if d.exchanges_now() => {
                 let v = d.take_accumulated();
                 self.exchange(v)
             }
-            LocalRule::Downpour(_) | LocalRule::MDownpour => {
-                vec![WorkerEvent::Compute(Arc::new(self.x.clone()))]
-            }
+            LocalRule::Downpour(_) | LocalRule::MDownpour => vec![self.compute_at_x()],
         }
     }
 
@@ -209,8 +223,10 @@ impl ElasticWorker {
         if self.awaiting.iter().any(|&a| a) {
             return Vec::new();
         }
-        let Some(g) = self.grad.take() else { return Vec::new() };
-        l.step(&mut self.x, &g, self.exchanged.then_some(&self.center[..]));
+        if !std::mem::take(&mut self.has_grad) {
+            return Vec::new();
+        }
+        l.step(&mut self.x, &self.grad, self.exchanged.then_some(&self.center[..]));
         self.steps_done += 1;
         self.begin_step()
     }
@@ -245,7 +261,7 @@ mod tests {
     fn easgd_exchanges_and_computes_side_by_side_then_steps() {
         let mut w = worker(easgd(2, 0.0), 2);
         assert_eq!(w.on_start(), vec![exchange(&[1.0, 2.0, 3.0]), compute(&[1.0, 2.0, 3.0])]);
-        assert!(w.on_gradient(vec![10.0, 10.0, 10.0]).unwrap().is_empty(), "waits for the centers");
+        assert!(w.on_gradient(&[10.0, 10.0, 10.0]).unwrap().is_empty(), "waits for the centers");
         assert!(w.on_center(S1, &[1.0]).unwrap().is_empty(), "waits for shard 0");
         assert!(w.on_center(S1, &[1.0]).is_err(), "one answer per shard and exchange");
         // x − α (x − x̃) − η g with x̃ = [0, 0, 1]; t = 1 is not a multiple of τ = 2.
@@ -253,7 +269,7 @@ mod tests {
         let x = [1.0 - 0.5 - 1.0, 2.0 - 1.0 - 1.0, 3.0 - 1.0 - 1.0];
         assert_eq!(w.params(), &x);
         assert_eq!(next, vec![compute(&x)], "no exchange at t = 1");
-        assert_eq!(w.on_gradient(vec![0.0; 3]).unwrap(), vec![WorkerEvent::Finished]);
+        assert_eq!(w.on_gradient(&[0.0; 3]).unwrap(), vec![WorkerEvent::Finished]);
         assert_eq!(w.steps_done(), 2);
     }
 
@@ -261,7 +277,7 @@ mod tests {
     fn eamsgd_takes_the_gradient_at_the_nesterov_point() {
         let mut w = worker(easgd(1, 0.5), 2);
         w.on_start();
-        w.on_gradient(vec![1.0; 3]).unwrap();
+        w.on_gradient(&[1.0; 3]).unwrap();
         w.on_center(S0, &[1.0, 2.0]).unwrap();
         let events = w.on_center(S1, &[3.0]).unwrap();
         // v = −0.1; x = x − 0.1 (the centers equal x: no pull); next point x + δ v.
@@ -275,7 +291,7 @@ mod tests {
         assert!(w.on_center(S0, &[5.0, 6.0]).unwrap().is_empty());
         assert_eq!(w.on_center(S1, &[7.0]).unwrap(), vec![compute(&[5.0, 6.0, 7.0])]);
         // x ← x − η g and v ← v − η g; the run is over, but v still goes to the center.
-        assert_eq!(w.on_gradient(vec![2.0; 3]).unwrap(), vec![exchange(&[-1.0; 3])]);
+        assert_eq!(w.on_gradient(&[2.0; 3]).unwrap(), vec![exchange(&[-1.0; 3])]);
         assert_eq!(w.params(), &[4.0, 5.0, 6.0]);
         w.on_center(S0, &[0.0, 0.0]).unwrap();
         assert_eq!(w.on_center(S1, &[0.0]).unwrap(), vec![WorkerEvent::Finished]);
@@ -285,7 +301,7 @@ mod tests {
     fn mdownpour_sends_each_gradient_and_adopts_the_center() {
         let mut w = worker(LocalRule::MDownpour, 1);
         assert_eq!(w.on_start(), vec![compute(&[1.0, 2.0, 3.0])]);
-        assert_eq!(w.on_gradient(vec![0.5; 3]).unwrap(), vec![exchange(&[0.5; 3])]);
+        assert_eq!(w.on_gradient(&[0.5; 3]).unwrap(), vec![exchange(&[0.5; 3])]);
         w.on_center(S0, &[9.0, 8.0]).unwrap();
         assert_eq!(w.on_center(S1, &[7.0]).unwrap(), vec![WorkerEvent::Finished]);
         assert_eq!(w.params(), &[9.0, 8.0, 7.0]);
@@ -296,8 +312,8 @@ mod tests {
         let mut w = worker(LocalRule::MDownpour, 3);
         w.on_start();
         assert!(w.on_center(S0, &[0.0, 0.0]).is_err(), "no exchange in flight");
-        assert!(w.on_gradient(vec![0.0; 2]).is_err(), "wrong gradient length");
-        w.on_gradient(vec![0.0; 3]).unwrap();
+        assert!(w.on_gradient(&[0.0; 2]).is_err(), "wrong gradient length");
+        w.on_gradient(&[0.0; 3]).unwrap();
         assert!(w.on_center(S0, &[0.0]).is_err(), "wrong range length");
         assert!(w.on_center(ShardId(5), &[0.0]).is_err(), "unknown shard");
         assert_eq!(w.params(), &[1.0, 2.0, 3.0]);
