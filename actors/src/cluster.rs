@@ -112,11 +112,13 @@ impl ElasticSpec {
     }
 
     fn validate(&self) -> Result<(), ActorError> {
-        let unit = |key, v: f32, max: f32| {
-            if v.is_finite() && v > 0.0 && v <= max {
+        // α and β above 1 are points of the stability analysis (`sync_easgd_is_stable`):
+        // whether they converge is the run's question, not the configuration's.
+        let positive = |key, v: f32| {
+            if v.is_finite() && v > 0.0 {
                 Ok(())
             } else {
-                Err(spec_err(key, format!("is {v}; it must be in (0, {max}]")))
+                Err(spec_err(key, format!("is {v}; it must be positive")))
             }
         };
         if self.tau == 0 {
@@ -129,8 +131,8 @@ impl ElasticSpec {
             ));
         }
         // β first: α defaults to β / λ.
-        unit("protocol.beta", self.beta, 1.0)?;
-        unit("protocol.alpha", self.alpha, 1.0)?;
+        positive("protocol.beta", self.beta)?;
+        positive("protocol.alpha", self.alpha)?;
         if !(self.momentum.is_finite() && (0.0..1.0).contains(&self.momentum)) {
             return Err(spec_err("protocol.momentum", format!("is {}; it must be in [0, 1)", self.momentum)));
         }

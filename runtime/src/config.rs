@@ -290,7 +290,7 @@ impl TryFrom<RawConfig> for Config {
         // Settings checks that need no data, once for every command; the data-dependent ones
         // run where the data is loaded.
         cluster.validate_settings(cluster.model.layout().len)?;
-        let simulation = Simulation::from_raw(&raw)?;
+        let simulation = Simulation::from_raw(&raw.simulation)?;
         Ok(Self { cluster, data, device, simulation, raw })
     }
 }
@@ -437,8 +437,11 @@ mod tests {
         assert_eq!(key_of(&["protocol.kind=paxos"]), "protocol.kind");
         for (set, key) in [
             ("protocol.tau=0", "protocol.tau"),
-            ("protocol.alpha=1.5", "protocol.alpha"),
+            ("protocol.alpha=0", "protocol.alpha"),
+            ("protocol.alpha=-1", "protocol.alpha"),
+            ("protocol.alpha=nan", "protocol.alpha"),
             ("protocol.beta=0", "protocol.beta"),
+            ("protocol.beta=inf", "protocol.beta"),
             ("protocol.momentum=1", "protocol.momentum"),
             ("training.lr_decay_gamma=-1", "training.lr_decay_gamma"),
         ] {
@@ -449,6 +452,9 @@ mod tests {
             assert_eq!(got, key, "{set}");
         }
         assert!(load(&["protocol.kind=mdownpour", "protocol.tau=2"]).is_err(), "MDOWNPOUR has τ = 1");
+        let wide = load(&["protocol.kind=easgd", "protocol.alpha=1.5", "protocol.beta=1.95"]).unwrap();
+        let e = wide.cluster.protocol.elastic.unwrap();
+        assert_eq!((e.alpha, e.beta), (1.5, 1.95), "α and β above 1 are points of the stability analysis");
         assert_eq!(key_of(&["training.target_accuracy=1.5"]), "training.target_accuracy");
         assert_eq!(key_of(&["protocol.lr_modulation=cubic"]), "protocol.lr_modulation");
         assert_eq!(key_of(&["training.model=resnet"]), "training.model");

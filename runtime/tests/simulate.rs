@@ -180,10 +180,12 @@ fn sync_easgd_on_the_quadratic_converges_where_the_conditions_say() {
             "simulation.noise=0",
             "simulation.compute=constant",
             "simulation.stop_gradients=2000",
-            "simulation.easgd.mode=sync",
+            "protocol.kind=easgd",
+            "protocol.sync=true",
+            "protocol.tau=1",
             &format!("training.learning_rate={eta}"),
-            &format!("simulation.easgd.alpha={alpha}"),
-            &format!("simulation.easgd.beta={beta}"),
+            &format!("protocol.alpha={alpha}"),
+            &format!("protocol.beta={beta}"),
         ])
     };
     let stable = grid_point(0.5, 0.225, 0.9);
@@ -204,11 +206,8 @@ fn sync_easgd_on_the_quadratic_converges_where_the_conditions_say() {
     for line in lines {
         let f: Vec<&str> = line.split(',').collect();
         let num = |name: &str| f[col(name)].parse::<f64>().unwrap();
-        let predicted = sync_easgd_is_stable(
-            num("training.learning_rate"),
-            num("simulation.easgd.alpha"),
-            num("simulation.easgd.beta"),
-        );
+        let predicted =
+            sync_easgd_is_stable(num("training.learning_rate"), num("protocol.alpha"), num("protocol.beta"));
         assert_eq!(f[col("predicted_stable")], predicted.to_string());
         total += 1;
         match f[col("agrees")] {
@@ -220,6 +219,61 @@ fn sync_easgd_on_the_quadratic_converges_where_the_conditions_say() {
     eprintln!("EASGD grid: {agree} of {total} points agree, {undecided} undecided");
     assert_eq!(total, 150);
     assert!(undecided <= 15, "{undecided} points undecided");
+}
+
+#[test]
+fn every_easgd_family_method_runs_from_the_protocol_section() {
+    for (label, set) in [
+        ("easgd", &["protocol.kind=easgd", "protocol.tau=4"][..]),
+        ("easgd-sync", &["protocol.kind=easgd", "protocol.sync=true", "protocol.tau=4"]),
+        ("eamsgd", &["protocol.kind=eamsgd", "protocol.tau=4", "protocol.momentum=0.5"]),
+        ("downpour", &["protocol.kind=downpour", "protocol.tau=4", "training.learning_rate=0.05"]),
+        ("mdownpour", &["protocol.kind=mdownpour", "protocol.momentum=0.5", "training.learning_rate=0.02"]),
+    ] {
+        let base =
+            [&["cluster.learners=8", "cluster.shards=2", "simulation.stop_gradients=4000"], set].concat();
+        let (a, b) = (run(&base), run(&base));
+        assert_eq!(a.protocol, label);
+        assert_eq!((a.trace_hash, &a.params), (b.trace_hash, &b.params), "{label}: deterministic");
+        assert_eq!(a.counts.gradients, 4000, "{label}");
+        let (first, last) = a.loss_span();
+        eprintln!("{label}: loss {first:.4} → {last:.4}, {} exchanges per shard", a.updates);
+        assert!(last < 0.05 * first, "{label}: the center reached the minimum ({first} → {last})");
+        assert!(a.updates > 0 && a.shards.len() == 2, "{label}");
+    }
+}
+
+/// Sync EASGD has a barrier at every exchange, so its result does not depend on timing: the
+/// simulator and `rudra-node local` must end with the same center.
+#[test]
+fn sync_easgd_in_the_simulator_equals_the_local_runtime() {
+    let cfg = config(&[
+        "cluster.learners=3",
+        "cluster.shards=2",
+        "protocol.kind=easgd",
+        "protocol.sync=true",
+        "protocol.tau=4",
+        "protocol.alpha=0.3",
+        "training.model=softmax",
+        "training.learning_rate=0.1",
+        "training.train_examples=1440",
+        "training.test_examples=200",
+        "training.epochs=1",
+        "training.batch_size=16",
+        "simulation.gradients=model",
+        "simulation.stop_gradients=0",
+    ]);
+    let local = run_local(&cfg, cfg.data.load().unwrap(), ProgressMode::Quiet).unwrap();
+    let sim = simulate(&cfg, ProgressMode::Quiet).unwrap();
+    // 1440 examples over 3 learners, μ = 16: 30 steps each, a round at t = 0, 4, …, 28.
+    assert_eq!(sim.counts.gradients, 90, "the workers end after their epochs");
+    assert_eq!((sim.updates, local.updates), (8, 8));
+    let worst = sim.params.iter().zip(&local.params).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    assert_eq!(sim.params.len(), local.params.len());
+    let init = cfg.cluster.model.init(cfg.cluster.seed);
+    let moved = init.iter().zip(&sim.params).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    assert!(moved > 1e-2, "training moved the center (by {moved})");
+    assert!(worst < 1e-5, "the simulated center differs from the local runtime's by {worst}");
 }
 
 #[test]
@@ -322,8 +376,9 @@ fn bad_simulation_settings_name_their_key() {
         (&["simulation.bandwidth=0"], "simulation.bandwidth"),
         (&["simulation.stop_gradients=0"], "simulation.stop_gradients"),
         (&["simulation.loss_every=0"], "simulation.loss_every"),
-        (&["simulation.easgd.mode=gossip"], "simulation.easgd.mode"),
-        (&["simulation.easgd.mode=sync", "simulation.easgd.tau=0"], "simulation.easgd.tau"),
+        (&["simulation.easgd.mode=sync"], "easgd"),
+        (&["protocol.kind=easgd", "protocol.tau=0"], "protocol.tau"),
+        (&["protocol.kind=easgd", "protocol.alpha=0"], "protocol.alpha"),
         (&["simulation.dimension=1", "cluster.shards=2"], "cluster.shards"),
         (&["protocol.n=9"], "protocol.n"),
         (&["simulation.nonsense=1"], "nonsense"),

@@ -1,34 +1,30 @@
-//! Elastic averaging (sync and async EASGD, EAMSGD) in the simulator: the [`CenterShard`] and
-//! [`ElasticLearner`] cores. A learner step: if τ divides its clock, send x^i to every shard
-//! and wait for the centers; compute the gradient at the point before the elastic pull; then
-//! take the step (elastic pull and local update).
+//! The EASGD family (EASGD sync and async, EAMSGD, DOWNPOUR, MDOWNPOUR) in the simulator: one
+//! [`ElasticWorker`] per learner and one [`CenterShard`] per shard, fed the inputs the learner
+//! and shard actors feed them. The worker says when to exchange and where to compute; the
+//! world only carries its messages and computes its gradients, as the learner actor does.
 
 use rudra_transport::Floats;
-use std::collections::BTreeSet;
 use std::ops::Range;
 use std::sync::Arc;
 
-use rudra_actors::protocol::Weights;
-use rudra_actors::protocol::elastic::{
-    CenterEvent, CenterRule, CenterShard, ElasticLearner, ElasticSettings,
-};
+use rudra_actors::protocol::{CenterEvent, CenterShard, ElasticWorker, Weights, WorkerEvent};
 use rudra_transport::{LearnerId, ShardId};
 
 use super::driver::{Engine, Message, ShardReport, World};
 use super::events::TraceHash;
 use super::model::{Payload, Route};
-use super::settings::{EasgdMode, EasgdSpec};
 use crate::RuntimeError;
 
-/// A message of elastic averaging.
+/// A message of the EASGD family.
 pub enum ElasticMsg {
-    /// Learner → shard: x^i; the shard reads its range.
+    /// Learner → shard: the learner's side of an exchange (x^i, DOWNPOUR's accumulated update
+    /// or MDOWNPOUR's gradient); the shard reads its range.
     Exchange {
         /// Who sends.
         learner: LearnerId,
         /// To whom.
         shard: ShardId,
-        /// The learner's whole x^i, shared by the messages to every shard.
+        /// The whole vector, shared by the messages to every shard.
         values: Arc<Vec<f32>>,
     },
     /// Shard → learner: the center for the learner's side of the exchange.
@@ -65,17 +61,9 @@ impl Message for ElasticMsg {
 }
 
 struct Learner {
-    core: ElasticLearner,
-    /// x^i.
-    x: Vec<f32>,
-    /// The centers received in this step's exchange, assembled.
-    center: Vec<f32>,
-    /// Shards yet to answer this step's exchange.
-    awaiting: usize,
-    exchanged: bool,
-    /// Where the gradient is taken, and the gradient.
-    point: Vec<f32>,
-    grad: Vec<f32>,
+    worker: ElasticWorker,
+    /// The gradient being computed, handed to the worker when its compute time is over.
+    grad: Option<Vec<f32>>,
 }
 
 /// Center shards and elastic learners.
@@ -86,58 +74,36 @@ pub struct ElasticWorld {
 }
 
 impl ElasticWorld {
-    /// `learners` learners with rate `lr` and shards over `ranges`, all starting at `init`.
+    /// A world of these cores; shard `s` holds `ranges[s]` of the parameter vector and
+    /// `workers[l]` is learner `l`.
     #[must_use]
-    pub fn new(spec: &EasgdSpec, lr: f32, init: &[f32], ranges: Vec<Range<usize>>, learners: u32) -> Self {
-        let rule = match spec.mode {
-            EasgdMode::Sync => CenterRule::ElasticSync { beta: spec.beta },
-            EasgdMode::Async => CenterRule::ElasticAsync { alpha: spec.alpha },
-        };
-        let active: BTreeSet<LearnerId> = (0..learners).map(LearnerId).collect();
-        let centers = ranges
-            .iter()
-            .enumerate()
-            .map(|(s, r)| CenterShard::new(ShardId(s as u32), rule, init[r.clone()].to_vec(), active.clone()))
-            .collect();
-        let settings = ElasticSettings {
-            tau: spec.tau,
-            alpha: spec.alpha,
-            lr,
-            lr_decay_gamma: spec.gamma,
-            momentum: spec.momentum,
-        };
-        let learners = (0..learners)
-            .map(|_| Learner {
-                core: ElasticLearner::new(settings, init.len()),
-                x: init.to_vec(),
-                center: vec![0.0; init.len()],
-                awaiting: 0,
-                exchanged: false,
-                point: Vec::with_capacity(init.len()),
-                grad: Vec::new(),
-            })
-            .collect();
+    pub fn new(centers: Vec<CenterShard>, ranges: Vec<Range<usize>>, workers: Vec<ElasticWorker>) -> Self {
+        let learners = workers.into_iter().map(|worker| Learner { worker, grad: None }).collect();
         Self { centers, ranges, learners }
     }
 
-    fn begin_step(&mut self, eng: &mut Engine<ElasticMsg>, learner: LearnerId) -> Result<(), RuntimeError> {
-        let me = &mut self.learners[learner.index()];
-        if !me.core.exchanges_now() {
-            return self.compute(eng, learner);
+    /// Carry out a worker's effects, as the learner actor does.
+    fn carry_out(
+        &mut self,
+        eng: &mut Engine<ElasticMsg>,
+        learner: LearnerId,
+        events: Vec<WorkerEvent>,
+    ) -> Result<(), RuntimeError> {
+        for event in events {
+            match event {
+                WorkerEvent::Exchange(values) => {
+                    for s in 0..self.ranges.len() {
+                        let values = Arc::clone(&values);
+                        eng.send(ElasticMsg::Exchange { learner, shard: ShardId(s as u32), values });
+                    }
+                }
+                WorkerEvent::Compute(point) => {
+                    let grad = eng.start_compute(learner, &[(0, &point)])?;
+                    self.learners[learner.index()].grad = Some(grad);
+                }
+                WorkerEvent::Finished => {}
+            }
         }
-        let values = Arc::new(me.x.clone());
-        me.awaiting = self.centers.len();
-        me.exchanged = true;
-        for s in 0..self.centers.len() {
-            eng.send(ElasticMsg::Exchange { learner, shard: ShardId(s as u32), values: Arc::clone(&values) });
-        }
-        Ok(())
-    }
-
-    fn compute(&mut self, eng: &mut Engine<ElasticMsg>, learner: LearnerId) -> Result<(), RuntimeError> {
-        let me = &mut self.learners[learner.index()];
-        me.core.gradient_point(&me.x, &mut me.point);
-        me.grad = eng.start_compute(learner, &[(0, &me.point)])?;
         Ok(())
     }
 }
@@ -146,7 +112,11 @@ impl World for ElasticWorld {
     type Msg = ElasticMsg;
 
     fn start(&mut self, eng: &mut Engine<ElasticMsg>) -> Result<(), RuntimeError> {
-        (0..self.learners.len()).try_for_each(|l| self.begin_step(eng, LearnerId(l as u32)))
+        for l in 0..self.learners.len() {
+            let events = self.learners[l].worker.on_start();
+            self.carry_out(eng, LearnerId(l as u32), events)?;
+        }
+        Ok(())
     }
 
     fn deliver(&mut self, eng: &mut Engine<ElasticMsg>, msg: ElasticMsg) -> Result<(), RuntimeError> {
@@ -154,27 +124,26 @@ impl World for ElasticWorld {
             ElasticMsg::Exchange { learner, shard, values } => {
                 let center = &mut self.centers[shard.index()];
                 center.on_exchange(learner, &values[self.ranges[shard.index()].clone()])?;
+                drop(values);
                 while let Some(CenterEvent::Reply { learner, center }) = center.poll_event() {
                     eng.send(ElasticMsg::Center { learner, center });
                 }
             }
             ElasticMsg::Center { learner, center } => {
-                let me = &mut self.learners[learner.index()];
-                me.center[self.ranges[center.shard.index()].clone()].copy_from_slice(&center.values);
-                me.awaiting -= 1;
-                if me.awaiting == 0 {
-                    self.compute(eng, learner)?;
-                }
+                let events = self.learners[learner.index()].worker.on_center(center.shard, &center.values)?;
+                self.carry_out(eng, learner, events)?;
             }
         }
         Ok(())
     }
 
     fn computed(&mut self, eng: &mut Engine<ElasticMsg>, learner: LearnerId) -> Result<(), RuntimeError> {
-        let Learner { core, x, center, exchanged, grad, .. } = &mut self.learners[learner.index()];
-        core.step(x, grad, exchanged.then_some(center.as_slice()));
-        *exchanged = false;
-        self.begin_step(eng, learner)
+        let me = &mut self.learners[learner.index()];
+        let grad = me.grad.take().ok_or_else(|| {
+            RuntimeError::Simulation(format!("internal error: {learner} computed without a gradient"))
+        })?;
+        let events = me.worker.on_gradient(grad)?;
+        self.carry_out(eng, learner, events)
     }
 
     fn updates(&self) -> u64 {
@@ -188,9 +157,8 @@ impl World for ElasticWorld {
     fn shard_reports(&self) -> Vec<ShardReport> {
         self.centers
             .iter()
-            .enumerate()
-            .map(|(s, c)| ShardReport {
-                shard: s as u32,
+            .map(|c| ShardReport {
+                shard: c.id().0,
                 updates: c.clock().0,
                 applied: 0,
                 dropped: 0,

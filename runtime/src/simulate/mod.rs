@@ -2,11 +2,12 @@
 //!
 //! A discrete-event driver feeds the pure cores of `rudra_actors::protocol` exactly the
 //! inputs their actors would — [`SgdShard`] and [`LearnerCore`] for hardsync, n-softsync and
-//! async; the elastic center and learner cores for EASGD — in virtual time. Compute and network
-//! times come from models ([`settings::ComputeSpec`], [`settings::NetworkSpec`]); every random
-//! draw comes from one generator seeded with `simulation.seed`, and events at equal times are
-//! taken in the order they were scheduled, so a configuration and seed give one event log,
-//! whose hash is printed at the end.
+//! async; [`CenterShard`] and [`ElasticWorker`] for the EASGD family (EASGD, EAMSGD, DOWNPOUR,
+//! MDOWNPOUR) — in virtual time. The protocol is the configuration's `[protocol]`, as in real
+//! runs. Compute and network times come from models ([`settings::ComputeSpec`],
+//! [`settings::NetworkSpec`]); every random draw comes from one generator seeded with
+//! `simulation.seed`, and events at equal times are taken in the order they were scheduled,
+//! so a configuration and seed give one event log, whose hash is printed at the end.
 //!
 //! The entry points are [`simulate`] (one run, returning a [`SimReport`]) and [`run_command`]
 //! (the command: one run or a sweep, written to a run directory).
@@ -28,9 +29,11 @@ use std::time::Instant;
 
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use rudra_actors::learner::shard_ranges;
+use rudra_actors::learner::{LearnerLoop, shard_ranges};
 use rudra_actors::protocol::shard::SgdShardConfig;
-use rudra_actors::protocol::{LearnerCore, SgdShard};
+use rudra_actors::protocol::{CenterShard, ElasticWorker, LearnerCore, SgdShard};
+use rudra_actors::shard::ShardCore;
+use rudra_actors::{ClusterSpec, ElasticMethod, ElasticSpec};
 use rudra_transport::{LearnerId, ShardId};
 
 use driver::{Engine, Finished, World};
@@ -40,17 +43,22 @@ use gradients::Gradients;
 use model::{ComputeModel, Network};
 pub use output::{SimReport, SimSummary, Trend};
 use progress::Progress;
-use settings::{GradientSource, StopSpec};
+use settings::GradientSource;
 pub use settings::{RawSimulation, Simulation};
 use sgd::SgdWorld;
 
 use crate::local::ProgressMode;
 use crate::{Config, RunDir, RuntimeError};
 
-/// The protocol a simulation of `config` runs: `[protocol]`'s kind, or the EASGD variant.
+/// The protocol a simulation of `config` runs: `[protocol]`'s kind, with `-sync` for sync
+/// EASGD.
 #[must_use]
 pub fn protocol_label(config: &Config) -> String {
-    config.simulation.easgd.map_or_else(|| config.protocol_name().to_owned(), |e| e.name())
+    let name = config.protocol_name();
+    match config.cluster.protocol.elastic {
+        Some(ElasticSpec { method: ElasticMethod::Easgd { sync: true }, .. }) => format!("{name}-sync"),
+        _ => name.to_owned(),
+    }
 }
 
 /// Check what can be checked of `config` before any simulation runs (the dataset is checked
@@ -70,17 +78,17 @@ pub fn simulate(config: &Config, progress: ProgressMode) -> Result<SimReport, Ru
     let (spec, sim) = (&config.cluster, &config.simulation);
     let learners = spec.learners as usize;
     let mut rng = ChaCha8Rng::seed_from_u64(sim.seed);
-    // Model gradients: the learners' cores and minibatches exactly as the actors get them.
+    // Model gradients: the learners' loops and minibatches exactly as the actors get them.
     let (gradients, init, model_run) = match sim.gradients {
         GradientSource::Synthetic(q) => (Gradients::Quadratic(q), q.init(), None),
         GradientSource::Model => {
             let data = config.data.load()?;
             spec.validate(&data)?;
             let train_len = data.train.len();
-            let (cores, batches): (Vec<_>, Vec<_>) =
-                (0..learners).map(|l| spec.learner_parts(l, Arc::clone(&data.train))).unzip();
+            let (loops, batches): (Vec<_>, Vec<_>) =
+                (0..learners).map(|l| spec.learner_loop(l, Arc::clone(&data.train))).unzip();
             let gradients = Gradients::model(spec.model.clone(), batches, data.test)?;
-            (gradients, spec.model.init(spec.seed), Some((cores, train_len)))
+            (gradients, spec.model.init(spec.seed), Some((loops, train_len)))
         }
     };
     let ranges = shard_ranges(init.len(), spec.shards as usize);
@@ -90,20 +98,19 @@ pub fn simulate(config: &Config, progress: ProgressMode) -> Result<SimReport, Ru
     let expected = model_run.as_ref().map(|(_, len)| spec.steps_per_learner(*len) * u64::from(spec.learners));
     let mut progress = Progress::new(progress);
     let run = (sim.loss_every, expected);
-    let (finished, world) = match sim.easgd {
-        Some(easgd) => {
-            // Elastic learners have no last step of their own: a model run ends after its epochs.
-            let stop =
-                StopSpec { gradients: sim.stop.gradients.into_iter().chain(expected).min(), ..sim.stop };
-            let mut world = ElasticWorld::new(&easgd, spec.schedule.base, &init, ranges, spec.learners);
+    let (finished, world) = match &spec.protocol.elastic {
+        Some(elastic) => {
+            let (centers, workers) = match model_run {
+                Some((loops, train_len)) => model_elastic_cores(spec, loops, train_len)?,
+                None => synthetic_elastic_cores(spec, elastic, &init, &ranges),
+            };
+            let mut world = ElasticWorld::new(centers, ranges, workers);
             let engine = Engine::new(rng, compute, net, gradients, learners);
-            (engine.run(&mut world, &stop, run, &mut progress)?, summarize(&world))
+            (engine.run(&mut world, &sim.stop, run, &mut progress)?, summarize(&world))
         }
         None => {
             let (shards, cores) = match model_run {
-                Some((cores, train_len)) => {
-                    ((0..spec.shards as usize).map(|s| spec.shard_core(s, train_len)).collect(), cores)
-                }
+                Some((loops, train_len)) => model_sgd_cores(spec, loops, train_len)?,
                 None => synthetic_cores(config, &init, &ranges),
             };
             let mut world = SgdWorld::new(shards, ranges, cores);
@@ -135,6 +142,81 @@ pub fn simulate(config: &Config, progress: ProgressMode) -> Result<SimReport, Ru
 fn summarize<W: World>(world: &W) -> (Vec<ShardReport>, u64, Vec<f32>) {
     let params = world.values().iter().flat_map(|v| v.iter().copied()).collect();
     (world.shard_reports(), world.updates(), params)
+}
+
+fn mismatch(what: &str) -> RuntimeError {
+    RuntimeError::Simulation(format!("internal error: the cluster built {what} for another protocol"))
+}
+
+/// The SGD shard and learner cores of a model run, as the actors get them.
+fn model_sgd_cores(
+    spec: &ClusterSpec,
+    loops: Vec<LearnerLoop>,
+    train_len: usize,
+) -> Result<(Vec<SgdShard>, Vec<LearnerCore>), RuntimeError> {
+    let shards = (0..spec.shards as usize).map(|s| spec.shard_core(s, train_len)).collect();
+    let cores = loops
+        .into_iter()
+        .map(|l| match l {
+            LearnerLoop::Sgd(core) => Ok(core),
+            LearnerLoop::Elastic(_) => Err(mismatch("a learner")),
+        })
+        .collect::<Result<_, _>>()?;
+    Ok((shards, cores))
+}
+
+/// The center shards and elastic workers of a model run, as the actors get them.
+fn model_elastic_cores(
+    spec: &ClusterSpec,
+    loops: Vec<LearnerLoop>,
+    train_len: usize,
+) -> Result<(Vec<CenterShard>, Vec<ElasticWorker>), RuntimeError> {
+    let centers = (0..spec.shards as usize)
+        .map(|s| match spec.shard_actor_core(s, train_len) {
+            ShardCore::Center(center) => Ok(center),
+            ShardCore::Sgd(_) => Err(mismatch("a shard")),
+        })
+        .collect::<Result<_, _>>()?;
+    let workers = loops
+        .into_iter()
+        .map(|l| match l {
+            LearnerLoop::Elastic(worker) => Ok(worker),
+            LearnerLoop::Sgd(_) => Err(mismatch("a learner")),
+        })
+        .collect::<Result<_, _>>()?;
+    Ok((centers, workers))
+}
+
+/// Center shards and elastic workers over the quadratic: the configured method's rules with
+/// η = `training.learning_rate`, learners that run until the simulation stops.
+fn synthetic_elastic_cores(
+    spec: &ClusterSpec,
+    elastic: &ElasticSpec,
+    init: &[f32],
+    ranges: &[std::ops::Range<usize>],
+) -> (Vec<CenterShard>, Vec<ElasticWorker>) {
+    let lr = spec.schedule.base;
+    let active: BTreeSet<LearnerId> = (0..spec.learners).map(LearnerId).collect();
+    let centers = ranges
+        .iter()
+        .enumerate()
+        .map(|(s, r)| {
+            CenterShard::new(
+                ShardId(s as u32),
+                elastic.center_rule(lr),
+                init[r.clone()].to_vec(),
+                active.clone(),
+            )
+        })
+        .collect();
+    let workers = active
+        .iter()
+        .map(|&l| {
+            let rule = elastic.local_rule(lr, init.len());
+            ElasticWorker::new(l, rule, init.to_vec(), ranges.to_vec(), u64::MAX)
+        })
+        .collect();
+    (centers, workers)
 }
 
 /// Shard and learner cores over the quadratic: the configured protocol with a constant α0

@@ -4,13 +4,13 @@
 
 use std::fmt::Write as _;
 
-use rudra_actors::RunReport;
 use rudra_actors::protocol::StalenessSummary;
 use rudra_actors::protocol::elastic::sync_easgd_is_stable;
+use rudra_actors::{ElasticMethod, RunReport};
 use serde::Serialize;
 
 use super::driver::{EventCounts, LearnerReport, LossRow, ShardReport};
-use super::settings::{EasgdMode, GradientSource};
+use super::settings::GradientSource;
 use crate::{Config, RunDir, RuntimeError, Summary};
 
 /// Final loss below this fraction of the initial loss: converged.
@@ -21,7 +21,8 @@ const DIVERGED: f64 = 1e4;
 /// The outcome of one simulation.
 #[derive(Clone, Debug)]
 pub struct SimReport {
-    /// The protocol that ran: `hardsync`, `softsync`, `async`, `easgd-sync`, ….
+    /// The protocol that ran: `protocol.kind` (`hardsync`, `softsync`, `async`, `easgd`,
+    /// `eamsgd`, `downpour`, `mdownpour`), `easgd-sync` for sync EASGD.
     pub protocol: String,
     /// Virtual seconds simulated.
     pub virtual_seconds: f64,
@@ -144,7 +145,8 @@ pub struct SimSummary {
     pub final_loss: f64,
     /// Converged, diverged or undecided (synthetic gradients, whose objective is exact).
     pub outcome: Option<Trend>,
-    /// Sync EASGD on the quadratic: whether the stability conditions predict convergence.
+    /// Sync EASGD with τ = 1 and constant η on the quadratic: whether the stability
+    /// conditions predict convergence.
     pub predicted_stable: Option<bool>,
     /// Per-shard ⟨σ⟩, max σ and counts.
     pub shards: Vec<ShardReport>,
@@ -182,17 +184,17 @@ impl SimSummary {
         if synthetic.is_some() {
             run.model = "quadratic".into();
         }
-        let easgd = config.simulation.easgd;
-        if easgd.is_some() {
-            run.n = 0;
-        }
-        let predicted_stable =
-            synthetic.zip(easgd).filter(|(_, e)| e.mode == EasgdMode::Sync).map(|(q, e)| {
-                let eta_h = f64::from(c.schedule.base) * f64::from(q.curvature);
-                sync_easgd_is_stable(eta_h, f64::from(e.alpha), f64::from(e.beta))
-            });
+        let elastic = c.protocol.elastic.as_ref();
+        // The conditions are those of sync EASGD with an exchange every step and a constant η.
+        let analysed = elastic.filter(|e| {
+            e.method == ElasticMethod::Easgd { sync: true } && e.tau == 1 && e.lr_decay_gamma == 0.0
+        });
+        let predicted_stable = synthetic.zip(analysed).map(|(q, e)| {
+            let eta_h = f64::from(c.schedule.base) * f64::from(q.curvature);
+            sync_easgd_is_stable(eta_h, f64::from(e.alpha), f64::from(e.beta))
+        });
         Self {
-            fraction_above_2n: (easgd.is_none() && run.n > 0)
+            fraction_above_2n: (elastic.is_none() && run.n > 0)
                 .then(|| report.fraction_above(2 * u64::from(run.n))),
             run,
             gradient_source: if synthetic.is_some() { "synthetic" } else { "model" }.into(),

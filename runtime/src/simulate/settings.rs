@@ -3,7 +3,6 @@
 use serde::{Deserialize, Serialize};
 
 use crate::RuntimeError;
-use crate::config::RawConfig;
 
 /// `[simulation]` as written.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -49,43 +48,9 @@ pub struct RawSimulation {
     pub stop_seconds: f64,
     /// A row of `loss.csv` every this many gradients.
     pub loss_every: u64,
-    /// `[simulation.easgd]`: run elastic averaging instead of the `[protocol]`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub easgd: Option<RawEasgd>,
     /// `[[simulation.sweep]]`: run once per combination of these settings.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sweep: Vec<RawSweepAxis>,
-}
-
-/// `[simulation.easgd]` as written.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawEasgd {
-    /// `sync | async`.
-    pub mode: String,
-    /// Moving rate α (default `β / λ`).
-    #[serde(default)]
-    pub alpha: Option<f32>,
-    /// Center rate β of sync rounds.
-    #[serde(default = "default_beta")]
-    pub beta: f32,
-    /// Communication period τ in local steps.
-    #[serde(default = "default_tau")]
-    pub tau: u64,
-    /// Nesterov momentum δ (EAMSGD when above 0).
-    #[serde(default)]
-    pub momentum: f32,
-    /// Decay γ of `η_t = η / (1 + γ t)^0.5`.
-    #[serde(default)]
-    pub gamma: f32,
-}
-
-fn default_beta() -> f32 {
-    0.9
-}
-
-fn default_tau() -> u64 {
-    1
 }
 
 /// One `[[simulation.sweep]]` axis as written: `key` and a list of values, or `keys` and a list
@@ -181,45 +146,6 @@ pub struct StopSpec {
     pub seconds: Option<f64>,
 }
 
-/// Sync or async elastic averaging.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EasgdMode {
-    /// Every exchange is a barrier round over all learners.
-    Sync,
-    /// Every exchange is answered at once.
-    Async,
-}
-
-/// Elastic averaging settings; the learner rate η is `training.learning_rate`.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct EasgdSpec {
-    /// Sync or async.
-    pub mode: EasgdMode,
-    /// Moving rate α.
-    pub alpha: f32,
-    /// Center rate β (sync rounds).
-    pub beta: f32,
-    /// Communication period τ.
-    pub tau: u64,
-    /// Nesterov momentum δ.
-    pub momentum: f32,
-    /// Learning-rate decay γ on the local clock.
-    pub gamma: f32,
-}
-
-impl EasgdSpec {
-    /// `easgd-sync`, `easgd-async`, or `eamsgd-…` with momentum.
-    #[must_use]
-    pub fn name(&self) -> String {
-        let family = if self.momentum == 0.0 { "easgd" } else { "eamsgd" };
-        let mode = match self.mode {
-            EasgdMode::Sync => "sync",
-            EasgdMode::Async => "async",
-        };
-        format!("{family}-{mode}")
-    }
-}
-
 /// One sweep axis: the keys it sets and, per step, their values as TOML literals.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SweepAxis {
@@ -244,8 +170,6 @@ pub struct Simulation {
     pub stop: StopSpec,
     /// Gradients between rows of `loss.csv`.
     pub loss_every: u64,
-    /// Elastic averaging instead of the `[protocol]`, if set.
-    pub easgd: Option<EasgdSpec>,
     /// Settings to sweep over; empty for a single simulation.
     pub sweep: Vec<SweepAxis>,
 }
@@ -268,9 +192,8 @@ fn nonzero<T: PartialEq + Default>(v: T) -> Option<T> {
 }
 
 impl Simulation {
-    /// Validate `raw.simulation` (with `raw.cluster` for defaults that depend on λ).
-    pub fn from_raw(raw: &RawConfig) -> Result<Self, RuntimeError> {
-        let s = &raw.simulation;
+    /// Validate `[simulation]` as written.
+    pub fn from_raw(s: &RawSimulation) -> Result<Self, RuntimeError> {
         let gradients = match s.gradients.as_str() {
             "model" => GradientSource::Model,
             "synthetic" => {
@@ -364,7 +287,7 @@ impl Simulation {
             )?),
         };
         let unbounded = stop == StopSpec::default();
-        if unbounded && (gradients != GradientSource::Model || s.easgd.is_some()) {
+        if unbounded && gradients != GradientSource::Model {
             return Err(invalid(
                 "simulation.stop_gradients",
                 "this simulation has no natural end: set stop_gradients, stop_updates or stop_seconds",
@@ -373,9 +296,8 @@ impl Simulation {
         if s.loss_every == 0 {
             return Err(invalid("simulation.loss_every", "must be at least 1"));
         }
-        let easgd = s.easgd.as_ref().map(|e| easgd_spec(e, raw.cluster.learners)).transpose()?;
         let sweep = s.sweep.iter().map(sweep_axis).collect::<Result<_, _>>()?;
-        Ok(Self { gradients, seed: s.seed, compute, network, stop, loss_every: s.loss_every, easgd, sweep })
+        Ok(Self { gradients, seed: s.seed, compute, network, stop, loss_every: s.loss_every, sweep })
     }
 
     /// Every combination of the sweep's steps, each as `key=value` overrides (one empty
@@ -397,26 +319,6 @@ impl Simulation {
         }
         points
     }
-}
-
-fn easgd_spec(e: &RawEasgd, learners: u32) -> Result<EasgdSpec, RuntimeError> {
-    let mode = match e.mode.as_str() {
-        "sync" => EasgdMode::Sync,
-        "async" => EasgdMode::Async,
-        other => {
-            return Err(invalid("simulation.easgd.mode", format!("{other:?} is not one of sync, async")));
-        }
-    };
-    let beta = check("simulation.easgd.beta", f64::from(e.beta), true, "finite")? as f32;
-    let alpha = e.alpha.unwrap_or(beta / learners.max(1) as f32);
-    check("simulation.easgd.alpha", f64::from(alpha), true, "finite")?;
-    if e.tau == 0 {
-        return Err(invalid("simulation.easgd.tau", "must be at least 1"));
-    }
-    let momentum = f64::from(e.momentum);
-    check("simulation.easgd.momentum", momentum, (0.0..1.0).contains(&momentum), "in [0, 1)")?;
-    check("simulation.easgd.gamma", f64::from(e.gamma), e.gamma >= 0.0, "0 or more")?;
-    Ok(EasgdSpec { mode, alpha, beta, tau: e.tau, momentum: e.momentum, gamma: e.gamma })
 }
 
 fn sweep_axis(raw: &RawSweepAxis) -> Result<SweepAxis, RuntimeError> {
@@ -492,7 +394,7 @@ values = [0.0, 0.25, 0.5]
     }
 
     #[test]
-    fn malformed_sweeps_and_easgd_defaults() {
+    fn malformed_sweeps_name_the_problem() {
         let message = |toml: &str| match load(toml) {
             Err(RuntimeError::Invalid { key, message }) => format!("{key}: {message}"),
             other => panic!("expected an invalid setting, got {other:?}"),
@@ -504,10 +406,5 @@ values = [0.0, 0.25, 0.5]
             message(&format!("{axis}keys = [\"a.b\", \"c.d\"]\nvalues = [[1]]")).contains("one for each")
         );
         assert!(message(&format!("{axis}key = \"simulation.sweep\"\nvalues = [1]")).contains("cannot set"));
-        let c =
-            load("[cluster]\nlearners = 8\n[simulation.easgd]\nmode = \"async\"\nmomentum = 0.9\n").unwrap();
-        let e = c.simulation.easgd.unwrap();
-        assert_eq!((e.mode, e.beta, e.alpha, e.tau), (EasgdMode::Async, 0.9, 0.9 / 8.0, 1));
-        assert_eq!(e.name(), "eamsgd-async");
     }
 }
