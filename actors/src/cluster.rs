@@ -60,7 +60,7 @@ pub enum ElasticMethod {
     MDownpour,
 }
 
-/// Settings of the EASGD family (ALGORITHMS.md); the learning rate η is the schedule's base.
+/// Settings of the EASGD family (Zhang, Choromanska, LeCun); the learning rate η is the schedule's base.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ElasticSpec {
     /// The method.

@@ -1,7 +1,7 @@
 //! The EASGD family (Zhang, Choromanska, LeCun): the center variable x̃ at the shards and the
 //! local variables x^i at the learners, plus the DOWNPOUR and MDOWNPOUR baselines.
 //!
-//! Exchange rules (ALGORITHMS.md):
+//! Exchange rules:
 //! - async EASGD / EAMSGD: the shard answers with its current x̃ and moves it by
 //!   `d = α (x^i − x̃)`; the learner moves by `−d` with the same x̃.
 //! - sync EASGD: a round gathers every active learner's x^i; each gets the x̃ from before the
@@ -309,7 +309,7 @@ impl DownpourLearner {
     }
 }
 
-/// Whether sync EASGD's mean dynamics on `f(x) = h x² / 2` are stable (ALGORITHMS.md):
+/// Whether sync EASGD's mean dynamics on `f(x) = h x² / 2` are stable:
 /// `ηhβ > 0`, `(2 − ηh)(2 − β) > 2α` and `|(1 − ηh)(1 − β) − α| < 1`.
 #[must_use]
 pub fn sync_easgd_is_stable(eta_h: f64, alpha: f64, beta: f64) -> bool {

@@ -2,7 +2,7 @@
 //! steps an exchange with every shard. Like [`LearnerCore`](super::LearnerCore) it only says
 //! what to do next; the actor computes gradients and carries the messages.
 //!
-//! One step, per method (ALGORITHMS.md):
+//! One step, per method:
 //! - EASGD / EAMSGD: the exchange (x^i to the shards, x̃ back) and the gradient at the point
 //!   before the pull run side by side; the step then applies the pull and the local update.
 //! - DOWNPOUR: the exchange first (the accumulated `v` out, x̃ back and adopted as x^i), then

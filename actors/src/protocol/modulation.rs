@@ -1,4 +1,4 @@
-//! Staleness-dependent learning rates, `α(σ)` of ALGORITHMS.md.
+//! Staleness-dependent learning rates `α(σ)` (Rudra, Gupta, Zhang, Wang).
 
 use std::fmt;
 

@@ -1,7 +1,7 @@
 //! Rudra's SGD shard: hardsync, n-softsync and async (n = λ) as one core parameterised by
 //! its [`SyncRule`], with the staleness bound and learning-rate modulation.
 //!
-//! Update rule (ALGORITHMS.md): once `c` gradients are held,
+//! Update rule: once `c` gradients are held,
 //! `θ ← θ − (1/c) Σ_k α(σ_k) g_k`, `i ← i + 1`; hardsync is the case `c = λ` with a barrier,
 //! so every gradient has `σ = 0` and the update is `θ ← θ − α0 (1/λ) Σ_l g_l`.
 
