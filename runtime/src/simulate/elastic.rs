@@ -142,7 +142,7 @@ impl World for ElasticWorld {
         let grad = me.grad.take().ok_or_else(|| {
             RuntimeError::Simulation(format!("internal error: {learner} computed without a gradient"))
         })?;
-        let events = me.worker.on_gradient(grad)?;
+        let events = me.worker.on_gradient(&grad)?;
         self.carry_out(eng, learner, events)
     }
 
