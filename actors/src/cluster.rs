@@ -20,6 +20,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::ActorError;
 use crate::learner::{LearnerActor, SchedulerLink, ShardLink, shard_ranges};
+use crate::metrics::Metrics;
 use crate::protocol::shard::SgdShardConfig;
 use crate::protocol::{
     LearnerCore, LrModulation, LrSchedule, SchedulerCore, SgdShard, StalenessSummary, SyncRule,
@@ -90,6 +91,8 @@ pub struct MetricsRow {
     pub mean_staleness: f64,
     /// `samples / wall_seconds`.
     pub samples_per_second: f64,
+    /// Examples processed so far by each learner, by learner id.
+    pub learner_samples: Vec<u64>,
 }
 
 /// Training progress between evaluations.
@@ -129,6 +132,8 @@ pub struct RunReport {
     pub updates: u64,
     /// Examples processed.
     pub samples: u64,
+    /// Examples processed by each learner, by learner id.
+    pub learner_samples: Vec<u64>,
     /// Seconds from start to the final evaluation.
     pub wall_seconds: f64,
     /// Test accuracy at the end.
@@ -273,6 +278,7 @@ pub struct Cluster {
     spec: ClusterSpec,
     data: TrainingData,
     observer: Option<mpsc::UnboundedSender<RunEvent>>,
+    metrics: Option<Arc<Metrics>>,
 }
 
 /// A started cluster; [`ClusterHandle::wait`] gives its report.
@@ -285,7 +291,7 @@ impl Cluster {
     /// A cluster for `spec` over `data`, validated.
     pub fn new(spec: ClusterSpec, data: TrainingData) -> Result<Self, ActorError> {
         spec.validate(&data)?;
-        Ok(Self { spec, data, observer: None })
+        Ok(Self { spec, data, observer: None, metrics: None })
     }
 
     /// Send progress and evaluations to `tx` while the run goes on.
@@ -295,19 +301,28 @@ impl Cluster {
         self
     }
 
+    /// Record the run's live metrics in `metrics`: the shards count every gradient and update,
+    /// the scheduler the learners alive and their samples.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
     /// Start every actor. Must be called from inside an actix `System`.
     #[must_use]
     pub fn start(self) -> ClusterHandle {
-        let Self { spec, data, observer } = self;
+        let Self { spec, data, observer, metrics } = self;
         let (tx, rx) = oneshot::channel();
         let mut arbiters = Vec::new();
         let tracker = StalenessTracker::default().start();
         let shards: Vec<Addr<ShardActor>> = (0..spec.shards as usize)
             .map(|s| {
                 let (core, recipient) = (spec.shard_core(s, data.train.len()), tracker.clone().recipient());
+                let counters = metrics.as_ref().map(|m| m.shard(ShardId(s as u32)));
                 let arbiter = Arbiter::new();
                 let addr = ShardActor::start_in_arbiter(&arbiter.handle(), move |_| {
-                    ShardActor::new(core, recipient)
+                    ShardActor::new(core, recipient).with_metrics(counters)
                 });
                 arbiters.push(arbiter);
                 addr
@@ -347,6 +362,7 @@ impl Cluster {
                 train_len,
                 (data.test, observer, tx),
             )
+            .with_metrics(metrics)
         });
         for s in 0..spec.shards {
             scheduler.do_send(Joined::Shard(ShardId(s)));

@@ -1,11 +1,12 @@
 //! The learner actor: a thin shell over [`LearnerCore`] that computes gradients with a
-//! [`Model`] on its own partition of the training set.
+//! [`GradientModel`] (a [`rudra_compute::Model`], or a model of your own) on its own partition
+//! of the training set.
 
 use std::ops::Range;
 use std::sync::Arc;
 
 use actix::prelude::*;
-use rudra_compute::{CpuBackend, Minibatches, Model};
+use rudra_compute::{GradientModel, Minibatches};
 use rudra_transport::Floats;
 
 use crate::ActorError;
@@ -46,7 +47,7 @@ pub struct SchedulerLink {
 /// The learner actor.
 pub struct LearnerActor {
     core: LearnerCore,
-    model: Model<CpuBackend>,
+    model: Box<dyn GradientModel>,
     batches: Minibatches,
     shards: Vec<ShardLink>,
     scheduler: SchedulerLink,
@@ -64,13 +65,21 @@ impl LearnerActor {
     #[must_use]
     pub fn new(
         core: LearnerCore,
-        model: Model<CpuBackend>,
+        model: impl GradientModel,
         batches: Minibatches,
         shards: Vec<ShardLink>,
         scheduler: SchedulerLink,
     ) -> Self {
-        let grad = Arc::new(vec![0.0; model.layout().len]);
-        Self { core, model, batches, shards, scheduler, grad, shared: None, unreported: Progress::default() }
+        let grad = Arc::new(vec![0.0; model.param_count()]);
+        let unreported = Progress::none(core.id());
+        let model = Box::new(model);
+        Self { core, model, batches, shards, scheduler, grad, shared: None, unreported }
+    }
+
+    /// Send the progress not yet reported.
+    fn report(&mut self) {
+        let fresh = Progress::none(self.core.id());
+        self.scheduler.progress.do_send(std::mem::replace(&mut self.unreported, fresh));
     }
 
     fn carry_out(&mut self, events: Vec<LearnerEvent>, ctx: &mut Context<Self>) {
@@ -98,7 +107,7 @@ impl LearnerActor {
                     }
                 },
                 LearnerEvent::Finished => {
-                    self.scheduler.progress.do_send(std::mem::take(&mut self.unreported));
+                    self.report();
                     self.scheduler.done.do_send(LearnerDone { learner: self.core.id(), error: None });
                 }
             }
@@ -119,7 +128,7 @@ impl LearnerActor {
         let p = &mut self.unreported;
         (p.samples, p.steps, p.loss_sum) = (p.samples + samples, p.steps + 1, p.loss_sum + f64::from(loss));
         if p.steps >= REPORT_EVERY {
-            self.scheduler.progress.do_send(std::mem::take(p));
+            self.report();
         }
         self.core.on_computed()
     }
@@ -144,7 +153,7 @@ impl Handler<Served> for LearnerActor {
             tracing::warn!(learner = %self.core.id(), "weights from unknown {}", w.shard);
             return;
         };
-        if let Some(whole) = w.values.whole_vec().filter(|v| v.len() == self.model.layout().len) {
+        if let Some(whole) = w.values.whole_vec().filter(|v| v.len() == self.model.param_count()) {
             self.shared = Some(Arc::clone(whole));
         } else if let Err(e) = self.model.write_params(link.range.start, &w.values) {
             tracing::warn!(learner = %self.core.id(), "weights from {} rejected: {e}", w.shard);

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use actix::prelude::*;
 use rudra_transport::{Clock, Floats, LearnerId};
 
+use crate::metrics::ShardMetrics;
 use crate::protocol::{SgdShard, ShardEvent, Weights};
 use crate::tracker::Records;
 
@@ -57,13 +58,21 @@ pub struct ShardActor {
     tracker: Recipient<Records>,
     replies: BTreeMap<LearnerId, Recipient<Served>>,
     pending: Records,
+    metrics: Option<ShardMetrics>,
 }
 
 impl ShardActor {
     /// A shard actor around `core`, reporting to `tracker`.
     #[must_use]
     pub fn new(core: SgdShard, tracker: Recipient<Records>) -> Self {
-        Self { core, tracker, replies: BTreeMap::new(), pending: Records::default() }
+        Self { core, tracker, replies: BTreeMap::new(), pending: Records::default(), metrics: None }
+    }
+
+    /// Also count every gradient and update in `metrics`, if given, as it happens.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: Option<ShardMetrics>) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     fn drain(&mut self) {
@@ -74,8 +83,18 @@ impl ShardActor {
                         to.do_send(Served(weights));
                     }
                 }
-                ShardEvent::Gradient(g) => self.pending.gradients.push(g),
-                ShardEvent::Update(u) => self.pending.updates.push(u),
+                ShardEvent::Gradient(g) => {
+                    if let Some(m) = &self.metrics {
+                        m.record_gradient(&g);
+                    }
+                    self.pending.gradients.push(g);
+                }
+                ShardEvent::Update(u) => {
+                    if let Some(m) = &self.metrics {
+                        m.record_update(&u);
+                    }
+                    self.pending.updates.push(u);
+                }
             }
         }
         if self.pending.gradients.len() >= REPORT_BATCH {

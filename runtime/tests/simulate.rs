@@ -264,7 +264,7 @@ fn simulator_and_local_runtime_do_the_same_work() {
             "simulation.gradients=model",
             "simulation.stop_gradients=0",
         ]);
-        let local = run_local(&cfg, cfg.data.load().unwrap(), ProgressMode::Quiet).unwrap();
+        let local = run_local(&cfg, cfg.data.load().unwrap(), ProgressMode::Quiet, None).unwrap();
         let sim = simulate(&cfg, ProgressMode::Quiet).unwrap();
         let (s, l) = (sim.staleness.mean, local.staleness.mean);
         eprintln!("λ = 4, n = {n}: simulator ⟨σ⟩ = {s:.3}, local ⟨σ⟩ = {l:.3}");
