@@ -72,3 +72,52 @@ impl<B: Backend> GradientModel for Model<B> {
         Model::loss_and_gradient_at(self, params, x, labels)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{CpuBackend, ModelSpec};
+
+    /// `½|θ|²` whatever the batch: its gradient is θ.
+    struct Quadratic(Vec<f32>);
+
+    impl GradientModel for Quadratic {
+        fn param_count(&self) -> usize {
+            self.0.len()
+        }
+        fn write_params(&mut self, offset: usize, values: &[f32]) -> Result<(), ComputeError> {
+            let dst = self.0.get_mut(offset..offset + values.len());
+            dst.ok_or_else(|| ComputeError::Shape("out of range".into()))?.copy_from_slice(values);
+            Ok(())
+        }
+        fn loss_and_gradient(&mut self, _: &[f32], _: &[u8]) -> Result<f32, ComputeError> {
+            Ok(self.0.iter().map(|v| v * v).sum::<f32>() / 2.0)
+        }
+        fn take_gradient(&mut self, out: &mut Vec<f32>) -> Result<(), ComputeError> {
+            out.copy_from_slice(&self.0);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn the_default_shared_parameter_path_writes_them_first_and_checks_their_length() {
+        let mut q = Quadratic(vec![0.0; 3]);
+        let loss = q.loss_and_gradient_at(&Arc::new(vec![1.0, 2.0, 2.0]), &[], &[]).unwrap();
+        let mut grad = vec![0.0; 3];
+        q.take_gradient(&mut grad).unwrap();
+        assert_eq!((loss, grad), (4.5, vec![1.0, 2.0, 2.0]));
+        assert!(q.loss_and_gradient_at(&Arc::new(vec![1.0; 4]), &[], &[]).is_err());
+    }
+
+    #[test]
+    fn a_model_through_the_trait_computes_what_it_computes_directly() {
+        let spec = ModelSpec { inputs: 3, hidden: vec![], classes: 2 };
+        let params = Arc::new(spec.init(4));
+        let (x, y) = ([0.5, -1.0, 2.0, 0.0, 1.0, 1.0], [1, 0]);
+        let mut direct = Model::new(CpuBackend, spec.clone()).unwrap();
+        let expected = direct.loss_and_gradient_at(&params, &x, &y).unwrap();
+        let mut model: Box<dyn GradientModel> = Box::new(Model::new(CpuBackend, spec).unwrap());
+        assert_eq!(model.param_count(), params.len());
+        assert_eq!(model.loss_and_gradient_at(&params, &x, &y).unwrap(), expected);
+    }
+}
