@@ -20,6 +20,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::ActorError;
 use crate::learner::{LearnerActor, LearnerLoop, SchedulerLink, ShardLink, shard_ranges};
+use crate::metrics::Metrics;
 use crate::protocol::elastic::{DownpourLearner, ElasticLearner, ElasticSettings};
 use crate::protocol::shard::SgdShardConfig;
 use crate::protocol::{
@@ -199,6 +200,8 @@ pub struct MetricsRow {
     pub mean_staleness: f64,
     /// `samples / wall_seconds`.
     pub samples_per_second: f64,
+    /// Examples processed so far by each learner, by learner id.
+    pub learner_samples: Vec<u64>,
 }
 
 /// Training progress between evaluations.
@@ -238,6 +241,8 @@ pub struct RunReport {
     pub updates: u64,
     /// Examples processed.
     pub samples: u64,
+    /// Examples processed by each learner, by learner id.
+    pub learner_samples: Vec<u64>,
     /// Seconds from start to the final evaluation.
     pub wall_seconds: f64,
     /// Test accuracy at the end.
@@ -426,6 +431,7 @@ pub struct Cluster {
     spec: ClusterSpec,
     data: TrainingData,
     observer: Option<mpsc::UnboundedSender<RunEvent>>,
+    metrics: Option<Arc<Metrics>>,
 }
 
 /// A started cluster; [`ClusterHandle::wait`] gives its report.
@@ -438,7 +444,7 @@ impl Cluster {
     /// A cluster for `spec` over `data`, validated.
     pub fn new(spec: ClusterSpec, data: TrainingData) -> Result<Self, ActorError> {
         spec.validate(&data)?;
-        Ok(Self { spec, data, observer: None })
+        Ok(Self { spec, data, observer: None, metrics: None })
     }
 
     /// Send progress and evaluations to `tx` while the run goes on.
@@ -448,10 +454,18 @@ impl Cluster {
         self
     }
 
+    /// Record the run's live metrics in `metrics`: the shards count every gradient and update,
+    /// the scheduler the learners alive and their samples.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
     /// Start every actor. Must be called from inside an actix `System`.
     #[must_use]
     pub fn start(self) -> ClusterHandle {
-        let Self { spec, data, observer } = self;
+        let Self { spec, data, observer, metrics } = self;
         let (tx, rx) = oneshot::channel();
         let mut arbiters = Vec::new();
         let tracker = StalenessTracker::default().start();
@@ -459,24 +473,17 @@ impl Cluster {
             .map(|s| {
                 let (core, recipient) =
                     (spec.shard_actor_core(s, data.train.len()), tracker.clone().recipient());
+                let counters = metrics.as_ref().map(|m| m.shard(ShardId(s as u32)));
                 let arbiter = Arbiter::new();
                 let addr = ShardActor::start_in_arbiter(&arbiter.handle(), move |_| {
-                    ShardActor::new(core, recipient)
+                    ShardActor::new(core, recipient).with_metrics(counters)
                 });
                 arbiters.push(arbiter);
                 addr
             })
             .collect();
-        let links: Vec<ShardLink> = shards
-            .iter()
-            .zip(spec.shard_ranges())
-            .map(|(a, range)| ShardLink {
-                range,
-                pull: a.clone().recipient(),
-                push: a.clone().recipient(),
-                exchange: a.clone().recipient(),
-            })
-            .collect();
+        let links: Vec<ShardLink> =
+            shards.iter().zip(spec.shard_ranges()).map(|(a, range)| ShardLink::local(range, a)).collect();
         let train_len = data.train.len();
         let scheduler = SchedulerActor::create(|ctx| {
             let me = ctx.address();
@@ -506,6 +513,7 @@ impl Cluster {
                 train_len,
                 (data.test, observer, tx),
             )
+            .with_metrics(metrics)
         });
         for s in 0..spec.shards {
             scheduler.do_send(Joined::Shard(ShardId(s)));

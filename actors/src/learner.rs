@@ -1,18 +1,19 @@
 //! The learner actor: a thin shell over its loop core ([`LearnerCore`] for Rudra's SGD
 //! protocols, [`ElasticWorker`] for the EASGD family) that computes gradients with a
-//! [`Model`] on its own partition of the training set.
+//! [`GradientModel`] (a [`rudra_compute::Model`], or a model of your own) on its own partition
+//! of the training set.
 
 use std::ops::Range;
 use std::sync::Arc;
 
 use actix::prelude::*;
-use rudra_compute::{CpuBackend, Minibatches, Model};
+use rudra_compute::{GradientModel, Minibatches};
 use rudra_transport::{Floats, LearnerId};
 
 use crate::ActorError;
 use crate::protocol::{ElasticWorker, LearnerCore, LearnerEvent, WorkerEvent};
 use crate::scheduler::{LearnerDone, Progress};
-use crate::shard::{Exchange, Pull, Push, Served};
+use crate::shard::{Exchange, Pull, Push, Served, ShardActor};
 
 /// Begin the loop.
 #[derive(Message)]
@@ -37,6 +38,19 @@ pub struct ShardLink {
     pub exchange: Recipient<Exchange>,
 }
 
+impl ShardLink {
+    /// The link to a shard actor in this process holding `range`.
+    #[must_use]
+    pub fn local(range: Range<usize>, shard: &Addr<ShardActor>) -> Self {
+        Self {
+            range,
+            pull: shard.clone().recipient(),
+            push: shard.clone().recipient(),
+            exchange: shard.clone().recipient(),
+        }
+    }
+}
+
 /// The loop a learner runs.
 #[derive(Debug)]
 pub enum LearnerLoop {
@@ -44,6 +58,17 @@ pub enum LearnerLoop {
     Sgd(LearnerCore),
     /// Local steps and periodic exchanges (the EASGD family).
     Elastic(ElasticWorker),
+}
+
+impl LearnerLoop {
+    /// The learner running this loop.
+    #[must_use]
+    pub fn id(&self) -> LearnerId {
+        match self {
+            Self::Sgd(c) => c.id(),
+            Self::Elastic(w) => w.id(),
+        }
+    }
 }
 
 /// Where a learner reports.
@@ -58,7 +83,7 @@ pub struct SchedulerLink {
 /// The learner actor.
 pub struct LearnerActor {
     core: LearnerLoop,
-    model: Model<CpuBackend>,
+    model: Box<dyn GradientModel>,
     batches: Minibatches,
     shards: Vec<ShardLink>,
     scheduler: SchedulerLink,
@@ -76,20 +101,25 @@ impl LearnerActor {
     #[must_use]
     pub fn new(
         core: LearnerLoop,
-        model: Model<CpuBackend>,
+        model: impl GradientModel,
         batches: Minibatches,
         shards: Vec<ShardLink>,
         scheduler: SchedulerLink,
     ) -> Self {
-        let grad = Arc::new(vec![0.0; model.layout().len]);
-        Self { core, model, batches, shards, scheduler, grad, shared: None, unreported: Progress::default() }
+        let grad = Arc::new(vec![0.0; model.param_count()]);
+        let unreported = Progress::none(core.id());
+        let model = Box::new(model);
+        Self { core, model, batches, shards, scheduler, grad, shared: None, unreported }
+    }
+
+    /// Send the progress not yet reported.
+    fn report(&mut self) {
+        let fresh = Progress::none(self.id());
+        self.scheduler.progress.do_send(std::mem::replace(&mut self.unreported, fresh));
     }
 
     fn id(&self) -> LearnerId {
-        match &self.core {
-            LearnerLoop::Sgd(c) => c.id(),
-            LearnerLoop::Elastic(w) => w.id(),
-        }
+        self.core.id()
     }
 
     /// Report `error` to the scheduler and stop.
@@ -99,7 +129,7 @@ impl LearnerActor {
     }
 
     fn finish(&mut self) {
-        self.scheduler.progress.do_send(std::mem::take(&mut self.unreported));
+        self.report();
         self.scheduler.done.do_send(LearnerDone { learner: self.id(), error: None });
     }
 
@@ -183,7 +213,7 @@ impl LearnerActor {
         let p = &mut self.unreported;
         (p.samples, p.steps, p.loss_sum) = (p.samples + samples, p.steps + 1, p.loss_sum + f64::from(loss));
         if p.steps >= REPORT_EVERY {
-            self.scheduler.progress.do_send(std::mem::take(p));
+            self.report();
         }
         Ok(())
     }
@@ -226,7 +256,7 @@ impl Handler<Served> for LearnerActor {
                 return;
             }
         };
-        if let Some(whole) = w.values.whole_vec().filter(|v| v.len() == self.model.layout().len) {
+        if let Some(whole) = w.values.whole_vec().filter(|v| v.len() == self.model.param_count()) {
             self.shared = Some(Arc::clone(whole));
         } else if let Err(e) = self.model.write_params(link.range.start, &w.values) {
             return tracing::warn!(%learner, "weights from {} rejected: {e}", w.shard);

@@ -9,12 +9,14 @@
 //! - [`protocol`]: shard, learner, staleness and scheduler cores.
 //! - [`shard`], [`learner`], [`tracker`], [`scheduler`]: the actix actors and their messages.
 //! - [`remote`]: stand-ins for actors on other nodes, over QUIC.
+//! - [`metrics`]: the live metrics a node serves in the Prometheus text format.
 //! - [`cluster`]: the spec, the builder that starts everything in one process, the report.
 //! - [`error`]: the crate's error type.
 
 pub mod cluster;
 pub mod error;
 pub mod learner;
+pub mod metrics;
 pub mod protocol;
 pub mod remote;
 pub mod scheduler;

@@ -141,7 +141,12 @@ forward!(Records, |m| records_to_wire(&m));
 forward!(StopShard, |_m| Msg::Stop);
 forward!(StartLearner, |_m| Msg::Start);
 forward!(StopLearner, |_m| Msg::Stop);
-forward!(Progress, |m| Msg::Progress { samples: m.samples, steps: m.steps, loss_sum: m.loss_sum });
+forward!(Progress, |m| Msg::Progress {
+    learner: m.learner.0,
+    samples: m.samples,
+    steps: m.steps,
+    loss_sum: m.loss_sum
+});
 forward!(LearnerDone, |m| Msg::LearnerDone { error: m.error });
 forward!(Pull, |m| Msg::Pull { learner: m.learner.0, last: m.last });
 forward!(Push, |m| Msg::Push {

@@ -12,6 +12,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::ActorError;
 use crate::cluster::{ClusterSpec, MetricsRow, ProgressSnapshot, RunEvent, RunReport};
 use crate::learner::{LearnerActor, StartLearner, StopLearner};
+use crate::metrics::Metrics;
 use crate::protocol::{SchedulerCore, SchedulerEvent};
 use crate::shard::{ShardActor, Snapshot, StopShard};
 use crate::tracker::{GetStats, StalenessTracker, TrackerReport};
@@ -27,15 +28,25 @@ pub enum Joined {
 }
 
 /// A learner computed `steps` more gradients on `samples` examples in all.
-#[derive(Message, Clone, Debug, Default)]
+#[derive(Message, Clone, Debug)]
 #[rtype(result = "()")]
 pub struct Progress {
+    /// The learner.
+    pub learner: LearnerId,
     /// Examples in those minibatches.
     pub samples: u64,
     /// Gradients computed.
     pub steps: u64,
     /// Sum of the minibatches' mean training losses.
     pub loss_sum: f64,
+}
+
+impl Progress {
+    /// Nothing computed yet by `learner`.
+    #[must_use]
+    pub fn none(learner: LearnerId) -> Self {
+        Self { learner, samples: 0, steps: 0, loss_sum: 0.0 }
+    }
 }
 
 /// A learner finished its steps, or failed with `error`.
@@ -107,6 +118,8 @@ pub struct SchedulerActor {
     model: ModelSpec,
     test: Arc<Dataset>,
     total_samples: u64,
+    learner_samples: Vec<u64>,
+    metrics: Option<Arc<Metrics>>,
     started: Option<Instant>,
     loss_window: (f64, u64),
     last_progress: Instant,
@@ -142,12 +155,27 @@ impl SchedulerActor {
             model: spec.model.clone(),
             test,
             total_samples,
+            learner_samples: vec![0; spec.learners as usize],
+            metrics: None,
             started: None,
             loss_window: (0.0, 0),
             last_progress: Instant::now(),
             rows: Vec::new(),
             observer,
             report: Some(report),
+        }
+    }
+
+    /// Also report learners alive and each learner's samples in `metrics`, if given.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: Option<Arc<Metrics>>) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    fn count_alive(&self) {
+        if let Some(m) = &self.metrics {
+            m.set_learners_alive(self.core.learners_alive());
         }
     }
 
@@ -183,7 +211,7 @@ impl SchedulerActor {
         let tracker = self.members.tracker.clone();
         let (spec, test) = (self.model.clone(), Arc::clone(&self.test));
         let window = std::mem::take(&mut self.loss_window);
-        let at = (self.elapsed(), self.core.samples(), self.core.epochs());
+        let at = (self.elapsed(), self.core.samples(), self.core.epochs(), self.learner_samples.clone());
         let fut = async move {
             let mut params = Vec::new();
             for s in &shards {
@@ -207,7 +235,7 @@ impl SchedulerActor {
         &mut self,
         eval: Evaluation,
         (loss_sum, loss_n): (f64, u64),
-        (wall, samples, epochs): (f64, u64, f64),
+        (wall, samples, epochs, learner_samples): (f64, u64, f64, Vec<u64>),
         final_: bool,
         ctx: &mut Context<Self>,
     ) {
@@ -221,6 +249,7 @@ impl SchedulerActor {
             test_accuracy: eval.test_accuracy,
             mean_staleness: eval.tracker.staleness.mean,
             samples_per_second: if wall > 0.0 { samples as f64 / wall } else { 0.0 },
+            learner_samples,
         };
         tracing::info!(
             epoch = format!("{:.2}", row.epoch),
@@ -240,6 +269,7 @@ impl SchedulerActor {
                 staleness: eval.tracker.staleness,
                 updates: eval.tracker.updates,
                 samples,
+                learner_samples: row.learner_samples.clone(),
                 wall_seconds: wall,
                 final_test_accuracy: row.test_accuracy,
                 final_train_loss: row.train_loss,
@@ -286,6 +316,7 @@ impl Handler<Joined> for SchedulerActor {
             Joined::Shard(s) => self.core.on_shard_joined(s),
             Joined::Learner(l) => self.core.on_learner_joined(l),
         };
+        self.count_alive();
         self.carry_out(events, ctx);
     }
 }
@@ -295,6 +326,13 @@ impl Handler<Progress> for SchedulerActor {
     fn handle(&mut self, msg: Progress, ctx: &mut Context<Self>) {
         self.loss_window.0 += msg.loss_sum;
         self.loss_window.1 += msg.steps;
+        match self.learner_samples.get_mut(msg.learner.index()) {
+            Some(n) => *n += msg.samples,
+            None => tracing::warn!("progress from unknown {}", msg.learner),
+        }
+        if let Some(m) = &self.metrics {
+            m.add_learner_samples(msg.learner, msg.samples);
+        }
         let events = self.core.on_progress(msg.samples);
         if self.last_progress.elapsed() >= PROGRESS_EVERY {
             self.last_progress = Instant::now();
@@ -319,6 +357,7 @@ impl Handler<LearnerDone> for SchedulerActor {
             return;
         }
         let events = self.core.on_learner_finished(msg.learner);
+        self.count_alive();
         self.carry_out(events, ctx);
     }
 }

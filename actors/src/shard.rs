@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use actix::prelude::*;
 use rudra_transport::{Clock, Floats, LearnerId};
 
+use crate::metrics::ShardMetrics;
 use crate::protocol::{CenterEvent, CenterShard, SgdShard, ShardEvent, UpdateRecord, Weights};
 use crate::tracker::Records;
 
@@ -98,13 +99,21 @@ pub struct ShardActor {
     tracker: Recipient<Records>,
     replies: BTreeMap<LearnerId, Recipient<Served>>,
     pending: Records,
+    metrics: Option<ShardMetrics>,
 }
 
 impl ShardActor {
     /// A shard actor around `core`, reporting to `tracker`.
     #[must_use]
     pub fn new(core: ShardCore, tracker: Recipient<Records>) -> Self {
-        Self { core, tracker, replies: BTreeMap::new(), pending: Records::default() }
+        Self { core, tracker, replies: BTreeMap::new(), pending: Records::default(), metrics: None }
+    }
+
+    /// Also count every gradient and update in `metrics`, if given, as it happens.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: Option<ShardMetrics>) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// Carry out the core's effects; `updated` says whether a center moved.
@@ -114,15 +123,28 @@ impl ShardActor {
                 while let Some(event) = core.poll_event() {
                     match event {
                         ShardEvent::Serve { learner, weights } => serve(&self.replies, learner, weights),
-                        ShardEvent::Gradient(g) => self.pending.gradients.push(g),
-                        ShardEvent::Update(u) => self.pending.updates.push(u),
+                        ShardEvent::Gradient(g) => {
+                            if let Some(m) = &self.metrics {
+                                m.record_gradient(&g);
+                            }
+                            self.pending.gradients.push(g);
+                        }
+                        ShardEvent::Update(u) => {
+                            if let Some(m) = &self.metrics {
+                                m.record_update(&u);
+                            }
+                            self.pending.updates.push(u);
+                        }
                     }
                 }
             }
             ShardCore::Center(core) => {
                 if updated {
-                    let (shard, clock) = (core.id(), core.clock());
-                    self.pending.updates.push(UpdateRecord { shard, clock, gradients: 1 });
+                    let u = UpdateRecord { shard: core.id(), clock: core.clock(), gradients: 1 };
+                    if let Some(m) = &self.metrics {
+                        m.record_update(&u);
+                    }
+                    self.pending.updates.push(u);
                 }
                 while let Some(CenterEvent::Reply { learner, center }) = core.poll_event() {
                     serve(&self.replies, learner, center);

@@ -1,8 +1,11 @@
 //! The staleness tracker actor: gathers every shard's gradient and update records into the
 //! run's staleness statistics.
 
+use std::sync::Arc;
+
 use actix::prelude::*;
 
+use crate::metrics::Metrics;
 use crate::protocol::{GradientRecord, Outcome, StalenessStats, StalenessSummary, UpdateRecord};
 
 /// A batch of records from one shard.
@@ -34,6 +37,16 @@ pub struct TrackerReport {
 pub struct StalenessTracker {
     stats: StalenessStats,
     updates: Vec<u64>,
+    metrics: Option<Arc<Metrics>>,
+}
+
+impl StalenessTracker {
+    /// A tracker that also records every shard's gradients and updates in `metrics`, if
+    /// given (for a node whose shards live elsewhere and report here).
+    #[must_use]
+    pub fn new(metrics: Option<Arc<Metrics>>) -> Self {
+        Self { metrics, ..Self::default() }
+    }
 }
 
 impl Actor for StalenessTracker {
@@ -43,6 +56,9 @@ impl Actor for StalenessTracker {
 impl Handler<Records> for StalenessTracker {
     type Result = ();
     fn handle(&mut self, msg: Records, _: &mut Context<Self>) {
+        if let Some(m) = &self.metrics {
+            m.record(&msg.gradients, &msg.updates);
+        }
         for g in &msg.gradients {
             match g.outcome {
                 Outcome::Applied { .. } => self.stats.record_applied(g.staleness),

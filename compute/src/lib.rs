@@ -9,6 +9,7 @@
 //! - [`backend`]: the `Backend` trait and the GEMM description.
 //! - [`cpu`]: the CPU reference backend and its host-slice kernels.
 //! - [`model`]: model specifications, the flat parameter layout, forward and backward.
+//! - [`learnable`]: [`GradientModel`], what a learner needs of a model (yours or [`Model`]).
 //! - [`data`]: IDX files, MNIST, per-learner partitions and minibatch streams.
 //! - [`error`]: the crate's error type.
 
@@ -16,10 +17,12 @@ pub mod backend;
 pub mod cpu;
 pub mod data;
 pub mod error;
+pub mod learnable;
 pub mod model;
 
 pub use backend::{Backend, Gemm};
 pub use cpu::CpuBackend;
 pub use data::{BatchStream, Dataset, Minibatches, Partition};
 pub use error::ComputeError;
+pub use learnable::GradientModel;
 pub use model::{Model, ModelSpec, ParamLayout, TensorInfo};

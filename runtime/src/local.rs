@@ -1,11 +1,13 @@
 //! `rudra-node local`: the whole cluster in this process, with progress shown while it runs.
 
 use std::io::IsTerminal;
+use std::net::SocketAddr;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use rudra_actors::{Cluster, RunEvent, RunReport, TrainingData};
 use tokio::sync::mpsc;
 
+use crate::exporter::MetricsEndpoint;
 use crate::{Config, RuntimeError};
 
 /// How progress is shown.
@@ -27,14 +29,20 @@ impl ProgressMode {
     }
 }
 
-/// Run `config`'s cluster on `data` in this process and return its report.
+/// Run `config`'s cluster on `data` in this process and return its report; serve its live
+/// metrics at `metrics_addr` while it runs, if given.
 pub fn run_local(
     config: &Config,
     data: TrainingData,
     progress: ProgressMode,
+    metrics_addr: Option<SocketAddr>,
 ) -> Result<RunReport, RuntimeError> {
-    let cluster = Cluster::new(config.cluster.clone(), data)?;
+    let mut cluster = Cluster::new(config.cluster.clone(), data)?;
+    let endpoint = MetricsEndpoint::bind_if(metrics_addr)?;
     actix::System::new().block_on(async move {
+        if let Some(endpoint) = endpoint {
+            cluster = cluster.with_metrics(endpoint.start()?);
+        }
         let (tx, rx) = mpsc::unbounded_channel();
         let handle = cluster.observe(tx).start();
         let shown = actix::spawn(show_progress(rx, progress));

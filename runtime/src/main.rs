@@ -19,8 +19,8 @@ use rudra_transport::tls::CertDir;
     version,
     about = "Rudra parameter-server runtime",
     after_help = "Run one node of a distributed cluster with --role (no subcommand):\n  \
-        rudra-node --role scheduler --config FILE --listen 0.0.0.0:7070 --certs certs [--out DIR]\n  \
-        rudra-node --role shard --scheduler HOST:7070 --certs certs [--name shard-0]\n  \
+        rudra-node --role scheduler --config FILE --listen 0.0.0.0:7070 --certs certs [--out DIR] [--metrics-addr ADDR]\n  \
+        rudra-node --role shard --scheduler HOST:7070 --certs certs [--name shard-0] [--metrics-addr ADDR]\n  \
         rudra-node --role learner --scheduler HOST:7070 --certs certs [--name learner-0]"
 )]
 struct Cli {
@@ -45,6 +45,10 @@ struct Cli {
     /// How long to keep trying to reach peers and to wait for nodes to join, e.g. 60s, 5m.
     #[arg(long, default_value = "60s")]
     connect_timeout: humantime::Duration,
+    /// Serve this node's metrics in the Prometheus text format at http://ADDR/metrics
+    /// (scheduler and shards), e.g. 127.0.0.1:9100.
+    #[arg(long, value_name = "ADDR")]
+    metrics_addr: Option<SocketAddr>,
     /// The run configuration (scheduler).
     #[command(flatten)]
     config: ConfigArgs,
@@ -110,6 +114,10 @@ enum Command {
         /// loopback with every node on its own thread, as separate processes would.
         #[arg(long, value_enum, default_value_t = Transport::Memory)]
         transport: Transport,
+        /// Serve the run's live metrics in the Prometheus text format at
+        /// http://ADDR/metrics while it runs, e.g. 127.0.0.1:9100.
+        #[arg(long, value_name = "ADDR")]
+        metrics_addr: Option<SocketAddr>,
     },
     /// Simulate the configured cluster with virtual learners on the real protocol cores, in
     /// virtual time (see the `[simulation]` settings); one run, or one per point of a sweep.
@@ -221,7 +229,7 @@ fn main() -> ExitCode {
             role,
             cli.name,
             cli.certs,
-            (cli.listen, cli.scheduler, cli.connect_timeout.into()),
+            (cli.listen, cli.scheduler, cli.connect_timeout.into(), cli.metrics_addr),
             cli.config,
             cli.out,
         ),
@@ -251,15 +259,15 @@ fn run(command: Command) -> Result<(), RuntimeError> {
             println!("issued {}", dir.join(format!("{name}.pem")).display());
             Ok(())
         }
-        Command::Local { config, out, transport } => {
+        Command::Local { config, out, transport, metrics_addr } => {
             let config = Config::load(config.config.as_deref(), &config.set)?;
             let data = config.data.load()?;
             let dir = RunDir::create(out.as_deref(), config.protocol_name())?;
             dir.write_config(&config)?;
             tracing::info!(dir = %dir.path().display(), "run directory");
             let report = match transport {
-                Transport::Memory => run_local(&config, data, ProgressMode::detect())?,
-                Transport::Quic => run_loopback(&config, data, ProgressMode::detect())?,
+                Transport::Memory => run_local(&config, data, ProgressMode::detect(), metrics_addr)?,
+                Transport::Quic => run_loopback(&config, data, ProgressMode::detect(), metrics_addr)?,
             };
             finish(&dir, &config, &report)
         }
@@ -343,10 +351,21 @@ fn run_node(
     role: RoleArg,
     name: Option<String>,
     certs: PathBuf,
-    (listen, scheduler, connect_timeout): (Option<SocketAddr>, Option<SocketAddr>, std::time::Duration),
+    (listen, scheduler, connect_timeout, metrics_addr): (
+        Option<SocketAddr>,
+        Option<SocketAddr>,
+        std::time::Duration,
+        Option<SocketAddr>,
+    ),
     config: ConfigArgs,
     out: Option<PathBuf>,
 ) -> Result<(), RuntimeError> {
+    if role == RoleArg::Learner && metrics_addr.is_some() {
+        return Err(RuntimeError::Invalid {
+            key: "--metrics-addr",
+            message: "learners serve no metrics; give it to the scheduler or a shard".into(),
+        });
+    }
     let default_name = match role {
         RoleArg::Scheduler => "scheduler",
         RoleArg::Shard => "shard-0",
@@ -364,6 +383,7 @@ fn run_node(
         listen,
         scheduler,
         connect_timeout,
+        metrics_addr,
     };
     match role {
         RoleArg::Scheduler => {

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use rudra_actors::learner::{LearnerActor, SchedulerLink, ShardLink, StartLearner, StopLearner};
+use rudra_actors::metrics::Metrics;
 use rudra_actors::protocol::Weights;
 use rudra_actors::remote::{AnswerSnapshot, RemotePeer, SnapshotReply, records_from_wire};
 use rudra_actors::scheduler::{
@@ -27,6 +28,7 @@ use rudra_transport::tls::CertDir;
 use rudra_transport::{Inbound, LearnerId, Msg, Role, ShardId};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::exporter::MetricsEndpoint;
 use crate::local::{ProgressMode, show_progress};
 use crate::{Config, RawConfig, RuntimeError};
 
@@ -43,6 +45,8 @@ pub struct NodeOptions {
     pub scheduler: Option<SocketAddr>,
     /// How long to keep trying to reach a peer, and to wait for nodes to join.
     pub connect_timeout: Duration,
+    /// Where to serve this node's metrics (the scheduler and shards), if anywhere.
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 fn net(e: impl std::fmt::Display) -> RuntimeError {
@@ -189,8 +193,10 @@ pub fn run_scheduler(
 ) -> Result<RunReport, RuntimeError> {
     let config = config.clone();
     let opts = opts.clone();
+    let exporter = MetricsEndpoint::bind_if(opts.metrics_addr)?;
     actix::System::new().block_on(async move {
         let ep = endpoint(&opts, Role::Scheduler)?;
+        let metrics = serve_metrics(exporter, &ep)?;
         tracing::info!(
             "scheduler listening on {}; waiting for {} shards and {} learners",
             ep.local_addr()?,
@@ -223,7 +229,7 @@ pub fn run_scheduler(
             }
         }
         let spec = &config.cluster;
-        let tracker = StalenessTracker::default().start();
+        let tracker = StalenessTracker::new(metrics.clone()).start();
         let shard_peers: Vec<Addr<RemotePeer>> = shards
             .iter()
             .enumerate()
@@ -246,8 +252,9 @@ pub fn run_scheduler(
         let (obs_tx, obs_rx) = mpsc::unbounded_channel();
         let train_len = data.train.len();
         let core = spec.scheduler_core(train_len);
-        let scheduler =
-            SchedulerActor::new(core, members, spec, train_len, (data.test, Some(obs_tx), tx)).start();
+        let scheduler = SchedulerActor::new(core, members, spec, train_len, (data.test, Some(obs_tx), tx))
+            .with_metrics(metrics)
+            .start();
         actix::spawn(show_progress(obs_rx, progress));
         let mut peers = Vec::new();
         for (s, j) in shards.into_iter().enumerate() {
@@ -274,6 +281,18 @@ pub fn run_scheduler(
     })
 }
 
+/// Start serving `exporter`, if any, with the traffic of `ep` among its metrics.
+fn serve_metrics(
+    exporter: Option<MetricsEndpoint>,
+    ep: &QuicEndpoint,
+) -> Result<Option<Arc<Metrics>>, RuntimeError> {
+    let metrics = exporter.map(MetricsEndpoint::start).transpose()?;
+    if let Some(m) = &metrics {
+        m.watch_traffic(ep.traffic());
+    }
+    Ok(metrics)
+}
+
 async fn dispatch_shard(
     id: ShardId,
     mut j: Joiner,
@@ -297,8 +316,8 @@ async fn dispatch_shard(
 async fn dispatch_learner(id: LearnerId, mut j: Joiner, scheduler: Addr<SchedulerActor>) {
     while let Some(m) = j.rx.recv().await {
         match m {
-            Inbound::Control(Msg::Progress { samples, steps, loss_sum }) => {
-                scheduler.do_send(Progress { samples, steps, loss_sum });
+            Inbound::Control(Msg::Progress { learner, samples, steps, loss_sum }) if learner == id.0 => {
+                scheduler.do_send(Progress { learner: id, samples, steps, loss_sum });
             }
             Inbound::Control(Msg::LearnerDone { error }) => {
                 scheduler.do_send(LearnerDone { learner: id, error })
@@ -363,16 +382,20 @@ async fn join(
 /// Run a shard: join, serve learners, answer the scheduler, stop when told.
 pub fn run_shard(opts: &NodeOptions) -> Result<(), RuntimeError> {
     let opts = opts.clone();
+    let exporter = MetricsEndpoint::bind_if(opts.metrics_addr)?;
     actix::System::new().block_on(async move {
         let ep = endpoint(&opts, Role::Shard)?;
+        let metrics = serve_metrics(exporter, &ep)?;
         let (sched, mut rx, welcome) = join(&ep, &opts, Role::Shard).await?;
         let id = ShardId(welcome.id);
         let tracker = RemotePeer::new(sched.clone(), id).start();
         let core = welcome.config.cluster.shard_actor_core(id.index(), welcome.train_examples);
-        let shard = ShardActor::new(core, tracker.clone().recipient()).start();
+        let counters = metrics.as_ref().map(|m| m.shard(id));
+        let shard = ShardActor::new(core, tracker.clone().recipient()).with_metrics(counters).start();
         let policy = LearnerPolicy {
             names: Arc::new(welcome.learners),
             range_len: welcome.config.cluster.shard_ranges()[id.index()].len(),
+            metrics,
         };
         actix::spawn(accept_learners(ep.clone(), shard.clone(), policy));
         while let Some(m) = rx.recv().await {
@@ -402,6 +425,8 @@ struct LearnerPolicy {
     names: Arc<Vec<String>>,
     /// Values in this shard's range: the length of every push.
     range_len: usize,
+    /// Where connected learners are counted.
+    metrics: Option<Arc<Metrics>>,
 }
 
 async fn accept_learners(ep: QuicEndpoint, shard: Addr<ShardActor>, policy: LearnerPolicy) {
@@ -435,6 +460,7 @@ async fn serve_learner(peer: Peer, shard: Addr<ShardActor>, policy: LearnerPolic
             return;
         }
     };
+    let _alive = policy.metrics.as_ref().map(Metrics::learner_connected);
     let reply = RemotePeer::new(peer.clone(), ShardId(0)).start().recipient::<Served>();
     // A learner alternates pull, push, pull, push… A push travels on its own stream and a pull
     // on the control stream, so a pull may overtake the push before it: hold it until then.
@@ -564,11 +590,13 @@ fn learner_node(opts: &NodeOptions, data: Option<TrainingData>) -> Result<(), Ru
 
 /// `rudra-node local --transport quic`: the cluster of `config` in this process with every
 /// node on its own thread, talking QUIC with mutual TLS over loopback exactly as separate
-/// processes would (fresh certificates in a temporary directory).
+/// processes would (fresh certificates in a temporary directory). The scheduler serves its
+/// metrics at `metrics_addr`, if given.
 pub fn run_loopback(
     config: &Config,
     data: TrainingData,
     progress: ProgressMode,
+    metrics_addr: Option<SocketAddr>,
 ) -> Result<RunReport, RuntimeError> {
     let dir =
         tempfile::tempdir().map_err(|source| RuntimeError::Io { path: std::env::temp_dir(), source })?;
@@ -590,6 +618,7 @@ pub fn run_loopback(
         listen,
         scheduler: Some(scheduler),
         connect_timeout: Duration::from_secs(60),
+        metrics_addr: None,
     };
     let any = SocketAddr::from(([127, 0, 0, 1], 0));
     let mut nodes = Vec::new();
@@ -601,7 +630,8 @@ pub fn run_loopback(
         let (o, d) = (opts(name, any), data.clone());
         nodes.push(std::thread::spawn(move || learner_node(&o, Some(d))));
     }
-    let report = run_scheduler(config, data, &opts("scheduler", scheduler), progress)?;
+    let scheduler_opts = NodeOptions { metrics_addr, ..opts("scheduler", scheduler) };
+    let report = run_scheduler(config, data, &scheduler_opts, progress)?;
     for node in nodes {
         node.join().map_err(|_| net("a node's thread panicked"))??;
     }
@@ -666,8 +696,11 @@ mod tests {
             let core = SgdShard::new(cfg, vec![1.0; 4], learners);
             let tracker = StalenessTracker::default().start().recipient();
             let shard = ShardActor::new(ShardCore::Sgd(core), tracker).start();
-            let policy =
-                LearnerPolicy { names: Arc::new(vec!["learner-0".into(), "learner-1".into()]), range_len: 4 };
+            let policy = LearnerPolicy {
+                names: Arc::new(vec!["learner-0".into(), "learner-1".into()]),
+                range_len: 4,
+                metrics: None,
+            };
             actix::spawn(accept_learners(ep.clone(), shard.clone(), policy));
 
             let (_good_ep, good) = hello(&certs, "learner-0", 0, addr).await;

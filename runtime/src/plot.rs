@@ -1,7 +1,7 @@
 //! PNG plots of finished runs, drawn with `plotters`.
 //!
 //! Every run directory gets [`RUN_PLOTS`]: test accuracy and train loss against wall time and
-//! against updates, the staleness histogram, and the cluster's samples/s. `rudra-node report`
+//! against updates, the staleness histogram, and samples/s per learner. `rudra-node report`
 //! draws several runs on the same accuracy and loss axes ([`COMPARISON_PLOTS`]).
 
 use std::error::Error;
@@ -237,23 +237,28 @@ fn staleness_histogram(root: &Area<'_>, run: &RecordedRun) -> Drawn {
     Ok(())
 }
 
-/// The cluster's samples/s between evaluations and since the start, against wall time.
-fn samples_per_second(root: &Area<'_>, run: &RecordedRun) -> Drawn {
+/// Samples/s between evaluations of the count `samples` of a row, against wall time.
+fn rate_between(rows: &[MetricsRow], samples: impl Fn(&MetricsRow) -> u64) -> Vec<(f64, f64)> {
     let mut last = (0.0, 0);
-    let between: Vec<(f64, f64)> = run
-        .metrics
-        .iter()
+    rows.iter()
         .filter_map(|m| {
-            let (t, n) = std::mem::replace(&mut last, (m.wall_seconds, m.samples));
+            let (t, n) = std::mem::replace(&mut last, (m.wall_seconds, samples(m)));
             (m.wall_seconds > t)
-                .then(|| (m.wall_seconds, m.samples.saturating_sub(n) as f64 / (m.wall_seconds - t)))
+                .then(|| (m.wall_seconds, samples(m).saturating_sub(n) as f64 / (m.wall_seconds - t)))
         })
+        .collect()
+}
+
+/// Samples/s between evaluations of each learner and of all of them, against wall time.
+fn samples_per_second(root: &Area<'_>, run: &RecordedRun) -> Drawn {
+    let learners = run.metrics.iter().map(|m| m.learner_samples.len()).max().unwrap_or(0);
+    let per_learner: Vec<Vec<(f64, f64)>> = (0..learners)
+        .map(|l| rate_between(&run.metrics, |m| m.learner_samples.get(l).copied().unwrap_or(0)))
         .collect();
-    let since_start: Vec<(f64, f64)> =
-        run.metrics.iter().map(|m| (m.wall_seconds, m.samples_per_second)).collect();
+    let total = rate_between(&run.metrics, |m| m.samples);
     let x = from_zero(run.metrics.iter().map(|m| m.wall_seconds));
-    let y = from_zero(between.iter().chain(&since_start).map(|p| p.1));
-    let caption = format!("{}: samples/s of all {} learners", run.label, run.summary.learners);
+    let y = from_zero(per_learner.iter().flatten().chain(&total).map(|p| p.1));
+    let caption = format!("{}: samples/s of each of the {} learners", run.label, run.summary.learners);
     let mut chart = framed(root, &caption).build_cartesian_2d(x, y)?;
     chart
         .configure_mesh()
@@ -264,8 +269,10 @@ fn samples_per_second(root: &Area<'_>, run: &RecordedRun) -> Drawn {
         .label_style((FONT, 14))
         .axis_desc_style((FONT, 16))
         .draw()?;
-    line(&mut chart, "between evaluations", &between, Palette99::pick(0).to_rgba())?;
-    line(&mut chart, "since the start", &since_start, Palette99::pick(1).to_rgba())?;
+    line(&mut chart, "all learners", &total, Palette99::pick(0).to_rgba())?;
+    for (l, points) in per_learner.iter().enumerate() {
+        line(&mut chart, &format!("learner {l}"), points, Palette99::pick(l + 1).to_rgba())?;
+    }
     legend(&mut chart, SeriesLabelPosition::LowerRight)
 }
 
@@ -284,6 +291,26 @@ mod tests {
         assert_eq!(padded([0.5].into_iter(), 0.0..1.0), 0.49..0.51);
         assert_eq!(padded([f64::NAN].into_iter(), 0.0..1.0), 0.0..1.0);
         assert_eq!(padded(std::iter::empty(), 0.0..f64::INFINITY), 0.0..1.0);
+    }
+
+    #[test]
+    fn rates_are_taken_between_evaluations() {
+        let row = |t: f64, learner_samples: Vec<u64>| MetricsRow {
+            wall_seconds: t,
+            epoch: 0.0,
+            updates: 0,
+            samples: learner_samples.iter().sum(),
+            train_loss: 0.0,
+            test_loss: 0.0,
+            test_accuracy: 0.0,
+            mean_staleness: 0.0,
+            samples_per_second: 0.0,
+            learner_samples,
+        };
+        let rows = [row(1.0, vec![100, 50]), row(1.0, vec![100, 50]), row(3.0, vec![300, 60])];
+        assert_eq!(rate_between(&rows, |m| m.learner_samples[0]), [(1.0, 100.0), (3.0, 100.0)]);
+        assert_eq!(rate_between(&rows, |m| m.learner_samples[1]), [(1.0, 50.0), (3.0, 5.0)]);
+        assert_eq!(rate_between(&rows, |m| m.samples), [(1.0, 150.0), (3.0, 105.0)]);
     }
 
     #[test]

@@ -204,6 +204,7 @@ mod tests {
                 test_accuracy,
                 mean_staleness: 3.0,
                 samples_per_second: 2133.3,
+                learner_samples: vec![u64::from(i) * 800; 4],
             })
             .collect();
         RecordedRun {

@@ -12,7 +12,8 @@ use serde::{Deserialize, Serialize};
 use crate::checkpoint::Checkpoint;
 use crate::{Config, RuntimeError};
 
-/// The columns of `metrics.csv`, in order: the fields of [`MetricsRow`].
+/// The first columns of `metrics.csv`, in order: the fields of [`MetricsRow`]. One column
+/// per learner follows, [`LEARNER_COLUMN`]`L`: examples learner `L` processed so far.
 const METRICS_COLUMNS: [&str; 9] = [
     "wall_seconds",
     "epoch",
@@ -24,6 +25,9 @@ const METRICS_COLUMNS: [&str; 9] = [
     "mean_staleness",
     "samples_per_second",
 ];
+
+/// The prefix of the per-learner columns of `metrics.csv`.
+const LEARNER_COLUMN: &str = "samples_learner_";
 
 /// `summary.json`.
 #[derive(Clone, Debug, Serialize)]
@@ -171,9 +175,14 @@ impl RunDir {
 
     /// `metrics.csv`, `summary.json` and `checkpoint.safetensors`.
     pub fn write_report(&self, config: &Config, report: &RunReport) -> Result<Summary, RuntimeError> {
-        let mut csv = METRICS_COLUMNS.join(",") + "\n";
+        let learners = report.metrics.iter().map(|r| r.learner_samples.len()).max().unwrap_or(0);
+        let mut csv = METRICS_COLUMNS.join(",");
+        for l in 0..learners {
+            let _ = write!(csv, ",{LEARNER_COLUMN}{l}");
+        }
+        csv.push('\n');
         for r in &report.metrics {
-            let _ = writeln!(
+            let _ = write!(
                 csv,
                 "{:.3},{:.4},{},{},{:.6},{:.6},{:.6},{:.4},{:.1}",
                 r.wall_seconds,
@@ -186,6 +195,10 @@ impl RunDir {
                 r.mean_staleness,
                 r.samples_per_second
             );
+            for l in 0..learners {
+                let _ = write!(csv, ",{}", r.learner_samples.get(l).copied().unwrap_or(0));
+            }
+            csv.push('\n');
         }
         self.write_file("metrics.csv", &csv)?;
         self.write_checkpoint(config, &report.params)?;
@@ -272,6 +285,12 @@ fn parse_metrics(path: &Path, text: &str) -> Result<Vec<MetricsRow>, RuntimeErro
     let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty());
     let header: Vec<&str> =
         lines.next().map(|(_, l)| l.split(',').map(str::trim).collect()).unwrap_or_default();
+    let mut learner_columns: Vec<(u32, usize, &str)> = header
+        .iter()
+        .enumerate()
+        .filter_map(|(i, h)| Some((h.strip_prefix(LEARNER_COLUMN)?.parse().ok()?, i, *h)))
+        .collect();
+    learner_columns.sort_unstable();
     let mut at = [0; METRICS_COLUMNS.len()];
     for (slot, name) in at.iter_mut().zip(METRICS_COLUMNS) {
         *slot = header.iter().position(|h| *h == name).ok_or_else(|| {
@@ -295,6 +314,10 @@ fn parse_metrics(path: &Path, text: &str) -> Result<Vec<MetricsRow>, RuntimeErro
                 test_accuracy: row.get(6)?,
                 mean_staleness: row.get(7)?,
                 samples_per_second: row.get(8)?,
+                learner_samples: learner_columns
+                    .iter()
+                    .map(|&(_, i, name)| row.parse(i, name))
+                    .collect::<Result<_, _>>()?,
             })
         })
         .collect::<Result<Vec<_>, RuntimeError>>()?;
@@ -315,16 +338,16 @@ struct Row<'a> {
 impl Row<'_> {
     /// Column `METRICS_COLUMNS[c]`.
     fn get<T: FromStr>(&self, c: usize) -> Result<T, RuntimeError> {
-        let raw = self.fields.get(self.at[c]).copied();
+        self.parse(self.at[c], METRICS_COLUMNS[c])
+    }
+
+    /// Field `i`, of the column `name`.
+    fn parse<T: FromStr>(&self, i: usize, name: &str) -> Result<T, RuntimeError> {
+        let raw = self.fields.get(i).copied();
         raw.and_then(|v| v.parse().ok()).ok_or_else(|| {
             input_error(
                 self.path,
-                format!(
-                    "line {}: `{}` is {:?}, not a number",
-                    self.line,
-                    METRICS_COLUMNS[c],
-                    raw.unwrap_or("")
-                ),
+                format!("line {}: `{name}` is {:?}, not a number", self.line, raw.unwrap_or("")),
             )
         })
     }
@@ -335,6 +358,48 @@ mod tests {
     use super::*;
 
     const HEADER: &str = "wall_seconds,epoch,updates,samples,train_loss,test_loss,test_accuracy,mean_staleness,samples_per_second";
+
+    #[test]
+    fn learner_columns_are_written_and_read_back_in_learner_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunDir::create(Some(dir.path()), "async").unwrap();
+        let row = |t: f64, learner_samples: Vec<u64>| MetricsRow {
+            wall_seconds: t,
+            epoch: t,
+            updates: 10,
+            samples: learner_samples.iter().sum(),
+            train_loss: 0.5,
+            test_loss: 0.4,
+            test_accuracy: 0.9,
+            mean_staleness: 1.5,
+            samples_per_second: 100.0,
+            learner_samples,
+        };
+        let rows = vec![row(1.0, vec![64, 32, 0]), row(2.0, vec![128, 96, 32])];
+        let config = Config::load(None, &[]).unwrap();
+        let report = RunReport {
+            metrics: rows.clone(),
+            params: config.cluster.model.init(1),
+            staleness: StalenessSummary::default(),
+            updates: 10,
+            samples: 256,
+            learner_samples: vec![128, 96, 32],
+            wall_seconds: 2.0,
+            final_test_accuracy: 0.9,
+            final_train_loss: 0.5,
+        };
+        run.write_report(&config, &report).unwrap();
+        let text = std::fs::read_to_string(dir.path().join("metrics.csv")).unwrap();
+        let header = text.lines().next().unwrap();
+        assert!(
+            header.ends_with(",samples_per_second,samples_learner_0,samples_learner_1,samples_learner_2")
+        );
+        assert_eq!(parse_metrics(Path::new("m.csv"), &text).unwrap(), rows);
+        // Columns are matched by name, in learner order, wherever they stand.
+        let text =
+            format!("samples_learner_1,{HEADER},samples_learner_0\n7,1,1,250,8000,0.5,0.3,0.9,3.5,5333,9\n");
+        assert_eq!(parse_metrics(Path::new("m.csv"), &text).unwrap()[0].learner_samples, [9, 7]);
+    }
 
     #[test]
     fn metrics_rows_are_read_by_column_name() {

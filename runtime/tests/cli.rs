@@ -63,8 +63,14 @@ fn a_short_local_run_learns_mnist_and_writes_its_run_directory() {
 
     let csv = std::fs::read_to_string(dir.join("metrics.csv")).unwrap();
     let mut lines = csv.lines();
-    assert!(lines.next().unwrap().starts_with("wall_seconds,epoch,updates,samples,train_loss"));
-    assert_eq!(lines.count(), 2, "one evaluation per epoch");
+    let header = lines.next().unwrap();
+    assert!(header.starts_with("wall_seconds,epoch,updates,samples,train_loss"));
+    assert!(header.ends_with(",samples_learner_0,samples_learner_1,samples_learner_2,samples_learner_3"));
+    let rows: Vec<&str> = lines.collect();
+    assert_eq!(rows.len(), 2, "one evaluation per epoch");
+    // Each learner took 250 steps of 32 examples.
+    let last: Vec<&str> = rows[1].split(',').collect();
+    assert_eq!(last[last.len() - 4..], ["8000"; 4]);
     let config: toml::Table =
         toml::from_str(&std::fs::read_to_string(dir.join("config.toml")).unwrap()).unwrap();
     assert_eq!(config["training"]["train_examples"].as_integer(), Some(16000));

@@ -2,9 +2,13 @@
 //! processes on 127.0.0.1, mutual TLS with fresh certificates, real MNIST; and the same run in
 //! one process, in memory and over loopback QUIC.
 
+mod scrape;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use scrape::{scrape_until, value};
 
 fn node(dir: &Path, args: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_rudra-node"));
@@ -80,21 +84,43 @@ fn hardsync_across_processes_trains_and_equals_local_mode() {
     .collect();
     let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
     let addr = format!("127.0.0.1:{}", free_port());
+    let [shard_metrics, scheduler_metrics] =
+        [0, 1].map(|_| std::net::SocketAddr::from(([127, 0, 0, 1], free_port())));
     // Start order must not matter: the nodes come first and wait for the scheduler.
     let mut children: Vec<(String, Child)> = Vec::new();
     for name in ["shard-1", "learner-0", "shard-0", "learner-1"] {
         let role = name.split('-').next().unwrap();
-        let child = node(dir, &["--role", role, "--name", name, "--scheduler", &addr, "--certs", "certs"])
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut args = vec!["--role", role, "--name", name, "--scheduler", &addr, "--certs", "certs"];
+        let shard_metrics = shard_metrics.to_string();
+        if name == "shard-0" {
+            args.extend(["--metrics-addr", &shard_metrics]);
+        }
+        let child = node(dir, &args).stdout(Stdio::null()).spawn().unwrap();
         children.push((name.to_owned(), child));
     }
     std::thread::sleep(Duration::from_millis(500));
-    let sched_args =
-        [&["--role", "scheduler", "--listen", &addr, "--certs", "certs", "--out", "quic"][..], &settings]
-            .concat();
+    let metrics_arg = scheduler_metrics.to_string();
+    let sched_args = [
+        &["--role", "scheduler", "--listen", &addr, "--certs", "certs", "--out", "quic"][..],
+        &["--metrics-addr", &metrics_arg],
+        &settings,
+    ]
+    .concat();
     children.push(("scheduler".into(), node(dir, &sched_args).stdout(Stdio::null()).spawn().unwrap()));
+    // The scheduler hears every learner's samples and the shards' records; a shard counts
+    // its own gradients and the learners connected to it. Both count their QUIC bytes.
+    let s = scrape_until(&mut children[4].1, scheduler_metrics, |s| {
+        value(s, "rudra_learner_samples_total", Some(("learner", "1"))) > 0.0
+            && value(s, "rudra_staleness_count", None) > 0.0
+    });
+    assert_eq!(value(&s, "rudra_learners_alive", None), 2.0);
+    assert!(value(&s, "rudra_transport_received_bytes_total", None) > 0.0);
+    let s = scrape_until(&mut children[2].1, shard_metrics, |s| {
+        value(s, "rudra_shard_clock", Some(("shard", "0"))) > 0.0
+    });
+    assert_eq!(value(&s, "rudra_learners_alive", None), 2.0);
+    assert!(value(&s, "rudra_gradients_applied_total", Some(("shard", "0"))) > 0.0);
+    assert!(value(&s, "rudra_transport_sent_bytes_total", None) > 0.0);
     wait_all(&mut children, Duration::from_secs(300));
 
     let summary: serde_json::Value =
@@ -103,6 +129,10 @@ fn hardsync_across_processes_trains_and_equals_local_mode() {
     assert!(acc >= 0.90, "test accuracy {acc} over QUIC");
     assert_eq!(summary["updates"], 500, "hardsync: one update per round of 2 learners");
     assert_eq!(summary["staleness"]["max"], 0);
+    // Every learner's progress reached the scheduler under its own id: 250 steps of 32 per epoch.
+    let csv = std::fs::read_to_string(dir.join("quic/metrics.csv")).unwrap();
+    let last: Vec<&str> = csv.lines().last().unwrap().split(',').collect();
+    assert_eq!(last[last.len() - 2..], ["16000", "16000"]);
 
     ok(node(dir, &[&["local", "--out", "local"][..], &settings].concat()));
     // The same cluster in one process over loopback QUIC.

@@ -7,6 +7,7 @@
 
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
@@ -79,6 +80,28 @@ impl QuicSettings {
     }
 }
 
+/// Bytes of frames (header and body) an endpoint's connections have sent and received: two
+/// relaxed atomic additions per frame, read by whoever watches the node.
+#[derive(Debug, Default)]
+pub struct Traffic {
+    sent: AtomicU64,
+    received: AtomicU64,
+}
+
+impl Traffic {
+    /// Frame bytes sent so far.
+    #[must_use]
+    pub fn sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
+    }
+
+    /// Frame bytes received so far (valid frames and rejected ones alike).
+    #[must_use]
+    pub fn received(&self) -> u64 {
+        self.received.load(Ordering::Relaxed)
+    }
+}
+
 /// Error code sent when closing a stream that carried a bad frame.
 const BAD_FRAME: u32 = 1;
 
@@ -88,6 +111,7 @@ pub struct QuicEndpoint {
     endpoint: quinn::Endpoint,
     identity: Arc<Identity>,
     settings: QuicSettings,
+    traffic: Arc<Traffic>,
 }
 
 impl QuicEndpoint {
@@ -119,7 +143,7 @@ impl QuicEndpoint {
         let mut endpoint =
             quinn::Endpoint::new(config, Some(server), socket, Arc::new(TokioRuntime)).map_err(io)?;
         endpoint.set_default_client_config(client);
-        Ok(Self { endpoint, identity: Arc::new(identity), settings })
+        Ok(Self { endpoint, identity: Arc::new(identity), settings, traffic: Arc::default() })
     }
 
     /// The bound address.
@@ -131,6 +155,12 @@ impl QuicEndpoint {
     #[must_use]
     pub fn identity(&self) -> &Identity {
         &self.identity
+    }
+
+    /// The bytes every connection of this endpoint has sent and received.
+    #[must_use]
+    pub fn traffic(&self) -> Arc<Traffic> {
+        Arc::clone(&self.traffic)
     }
 
     /// Connect to node `name` at `addr`; its certificate must name it and come from the CA.
@@ -171,6 +201,7 @@ impl QuicEndpoint {
             local_role: self.identity.role(),
             control: Arc::new(Mutex::new(None)),
             max_frame: self.settings.max_frame_bytes,
+            traffic: Arc::clone(&self.traffic),
         })
     }
 
@@ -194,6 +225,7 @@ pub struct Peer {
     local_role: Role,
     control: Arc<Mutex<Option<quinn::SendStream>>>,
     max_frame: u32,
+    traffic: Arc<Traffic>,
 }
 
 impl std::fmt::Debug for Peer {
@@ -228,6 +260,7 @@ impl Peer {
             let mut s = self.conn.open_uni().await.map_err(|e| err(&e))?;
             s.write_all(frame).await.map_err(|e| err(&e))?;
             s.finish().map_err(|e| err(&e))?;
+            self.count_sent(frame);
             return Ok(());
         }
         let mut control = self.control.lock().await;
@@ -239,7 +272,12 @@ impl Peer {
             *control = None;
             return Err(err(&e));
         }
+        self.count_sent(frame);
         Ok(())
+    }
+
+    fn count_sent(&self, frame: &[u8]) {
+        self.traffic.sent.fetch_add(frame.len() as u64, Ordering::Relaxed);
     }
 
     /// Start receiving: every valid frame arrives on the returned channel in per-stream
@@ -288,6 +326,7 @@ impl Peer {
             ))) => return Ok(None),
             Err(e) => return Err(TransportError::BadFrame(format!("reading a header: {e}"))),
         }
+        self.traffic.received.fetch_add(HEADER_LEN as u64, Ordering::Relaxed);
         let h = Header::decode(&header, self.max_frame)?;
         if !h.kind.senders().contains(&self.role) || !h.kind.receivers().contains(&self.local_role) {
             return Err(TransportError::BadFrame(format!(
@@ -303,6 +342,7 @@ impl Peer {
         stream.read_exact(&mut body).await.map_err(|e| {
             TransportError::BadFrame(format!("a {:?} body of {} bytes: {e}", h.kind, h.body_len))
         })?;
+        self.traffic.received.fetch_add(u64::from(h.body_len), Ordering::Relaxed);
         Inbound::decode(h.kind, body).map(Some)
     }
 

@@ -107,6 +107,8 @@ pub enum Msg {
     Stop,
     /// Learner → scheduler: more gradients computed.
     Progress {
+        /// The learner that computed them.
+        learner: u32,
         /// Examples.
         samples: u64,
         /// Gradients.
@@ -454,7 +456,7 @@ mod tests {
             Msg::Ready,
             Msg::Start,
             Msg::Stop,
-            Msg::Progress { samples: 256, steps: 8, loss_sum: 3.5 },
+            Msg::Progress { learner: 1, samples: 256, steps: 8, loss_sum: 3.5 },
             Msg::LearnerDone { error: Some("out of memory".into()) },
             Msg::Records {
                 gradients: vec![GradientReport {

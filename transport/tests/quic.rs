@@ -35,6 +35,7 @@ async fn messages_arrive_intact_and_control_stays_in_order() {
     let shard = endpoint(&certs, "shard-0", QuicSettings::default());
     let learner = endpoint(&certs, "learner-0", QuicSettings::default());
     let addr = shard.local_addr().unwrap();
+    let received = shard.traffic();
     let accept = tokio::spawn(async move { shard.accept().await.unwrap().unwrap() });
     let to_shard = learner.connect(addr, "shard-0").await.unwrap();
     assert_eq!(to_shard.name(), "shard-0");
@@ -58,6 +59,13 @@ async fn messages_arrive_intact_and_control_stays_in_order() {
     for i in 0..50u32 {
         assert!(matches!(next(&mut rx).await, Inbound::Control(Msg::Pull { learner, .. }) if learner == i));
     }
+    // Every frame is counted once on each side, header and body.
+    let pulls = 50 * Msg::Pull { learner: 0, last: false }.encode().unwrap().len() as u64;
+    let hello = Msg::Hello { learner: 0 }.encode().unwrap().len() as u64;
+    let push = Msg::Push { learner: 0, computed_on: 7, values: grad }.encode().unwrap().len() as u64;
+    assert_eq!(learner.traffic().sent(), hello + push + pulls);
+    assert_eq!(received.received(), learner.traffic().sent());
+    assert_eq!(learner.traffic().received(), 0);
 }
 
 #[tokio::test]

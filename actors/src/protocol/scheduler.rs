@@ -90,6 +90,12 @@ impl SchedulerCore {
         &self.joined_learners
     }
 
+    /// Learners that joined and have not finished.
+    #[must_use]
+    pub fn learners_alive(&self) -> usize {
+        self.joined_learners.difference(&self.finished).count()
+    }
+
     /// Samples processed so far, over all learners.
     #[must_use]
     pub fn samples(&self) -> u64 {
@@ -167,6 +173,7 @@ mod tests {
         assert!(s.on_shard_joined(ShardId(0)).is_empty());
         assert_eq!(s.on_learner_joined(LearnerId(1)), vec![SchedulerEvent::Start]);
         assert!(s.on_learner_joined(LearnerId(1)).is_empty(), "starts once");
+        assert_eq!(s.learners_alive(), 2);
         assert!(s.on_progress(99).is_empty());
         assert_eq!(
             s.on_progress(102),

@@ -171,6 +171,7 @@ impl SimSummary {
             staleness: report.staleness.clone(),
             updates: report.updates,
             samples,
+            learner_samples: Vec::new(),
             wall_seconds: report.wall_seconds,
             final_test_accuracy: report.test.map_or(f64::NAN, |t| t.1),
             final_train_loss: final_loss,

@@ -1,0 +1,353 @@
+//! Live metrics of a node, rendered in the Prometheus text exposition format.
+//!
+//! [`Metrics`] is a small registry shared by the actors of one node. Series are created once
+//! (a `DashMap` from metric and label to an atomic) and the actors keep handles to them, so
+//! recording a gradient or an update is a few atomic additions and takes no lock. Whoever
+//! serves the node's `/metrics` calls [`Metrics::render`].
+//!
+//! ```
+//! use std::sync::Arc;
+//! use rudra_actors::metrics::Metrics;
+//! use rudra_transport::ShardId;
+//!
+//! let metrics = Arc::new(Metrics::new());
+//! let shard = metrics.shard(ShardId(0)); // give this to a `ShardActor`
+//! assert!(metrics.render().contains("rudra_shard_clock{shard=\"0\"} 0"));
+//! # drop(shard);
+//! ```
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::Instant;
+
+use dashmap::DashMap;
+use rudra_transport::quic::Traffic;
+use rudra_transport::{Clock, LearnerId, ShardId};
+
+use crate::protocol::{GradientRecord, Outcome, UpdateRecord};
+
+/// Upper bounds (`le`) of the staleness histogram's buckets, in updates; `+Inf` follows.
+pub const STALENESS_BUCKETS: [u64; 10] = [0, 1, 2, 4, 8, 16, 32, 64, 128, 256];
+
+/// A labelled metric family kept in the registry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum Family {
+    ShardClock,
+    GradientsApplied,
+    GradientsDropped,
+    LearnerSamples,
+}
+
+impl Family {
+    /// Name, type, help text and label of the family.
+    fn describe(self) -> (&'static str, &'static str, &'static str, &'static str) {
+        match self {
+            Self::ShardClock => (
+                "rudra_shard_clock",
+                "gauge",
+                "Updates applied by the shard so far: the clock of its weights.",
+                "shard",
+            ),
+            Self::GradientsApplied => {
+                ("rudra_gradients_applied_total", "counter", "Gradients the shard applied.", "shard")
+            }
+            Self::GradientsDropped => (
+                "rudra_gradients_dropped_total",
+                "counter",
+                "Gradients the shard dropped (too stale, or not of the current round).",
+                "shard",
+            ),
+            Self::LearnerSamples => (
+                "rudra_learner_samples_total",
+                "counter",
+                "Training examples the learner processed.",
+                "learner",
+            ),
+        }
+    }
+}
+
+/// Applied gradients counted by staleness bucket; the count and sum follow from them.
+#[derive(Debug, Default)]
+struct Histogram {
+    /// `buckets[i]`: gradients with σ ≤ `STALENESS_BUCKETS[i]` and above the bucket before;
+    /// the last one counts everything above the largest bound.
+    buckets: [AtomicU64; STALENESS_BUCKETS.len() + 1],
+    sum: AtomicU64,
+}
+
+impl Histogram {
+    fn observe(&self, sigma: u64) {
+        let i = STALENESS_BUCKETS.partition_point(|&le| le < sigma);
+        self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        self.sum.fetch_add(sigma, Ordering::Relaxed);
+    }
+}
+
+/// The metrics registry of one node. Share it as an `Arc`; see the [module docs](self).
+#[derive(Debug)]
+pub struct Metrics {
+    series: DashMap<(Family, u32), Arc<AtomicU64>>,
+    staleness: Histogram,
+    learners_alive: AtomicU64,
+    /// When the first update was recorded, and the clock it brought.
+    first_update: OnceLock<(Instant, u64)>,
+    /// The node's QUIC endpoints, read only when rendering.
+    traffic: Mutex<Vec<Arc<Traffic>>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// An empty registry.
+    #[must_use]
+    pub fn new() -> Self {
+        Self {
+            series: DashMap::new(),
+            staleness: Histogram::default(),
+            learners_alive: AtomicU64::new(0),
+            first_update: OnceLock::new(),
+            traffic: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn series(&self, family: Family, label: u32) -> Arc<AtomicU64> {
+        Arc::clone(&self.series.entry((family, label)).or_default())
+    }
+
+    /// The handle through which shard `id` records its gradients and updates.
+    #[must_use]
+    pub fn shard(self: &Arc<Self>, id: ShardId) -> ShardMetrics {
+        ShardMetrics {
+            registry: Arc::clone(self),
+            clock: self.series(Family::ShardClock, id.0),
+            applied: self.series(Family::GradientsApplied, id.0),
+            dropped: self.series(Family::GradientsDropped, id.0),
+        }
+    }
+
+    /// Record a batch of shard records (the staleness tracker's input), looking each shard's
+    /// handle up once per run of records from the same shard.
+    pub fn record(self: &Arc<Self>, gradients: &[GradientRecord], updates: &[UpdateRecord]) {
+        for run in gradients.chunk_by(|a, b| a.shard == b.shard) {
+            let shard = self.shard(run[0].shard);
+            run.iter().for_each(|g| shard.record_gradient(g));
+        }
+        for run in updates.chunk_by(|a, b| a.shard == b.shard) {
+            let shard = self.shard(run[0].shard);
+            run.iter().for_each(|u| shard.record_update(u));
+        }
+    }
+
+    /// Set the number of learners alive (joined and not finished, or connected).
+    pub fn set_learners_alive(&self, n: usize) {
+        self.learners_alive.store(n as u64, Ordering::Relaxed);
+    }
+
+    /// Count a learner as alive until the returned guard is dropped (a connection's lifetime).
+    #[must_use]
+    pub fn learner_connected(self: &Arc<Self>) -> AliveGuard {
+        self.learners_alive.fetch_add(1, Ordering::Relaxed);
+        AliveGuard(Arc::clone(self))
+    }
+
+    /// `learner` processed `samples` more training examples.
+    pub fn add_learner_samples(&self, learner: LearnerId, samples: u64) {
+        self.series(Family::LearnerSamples, learner.0).fetch_add(samples, Ordering::Relaxed);
+    }
+
+    /// Report the bytes of a QUIC endpoint of this node (summed over all endpoints watched).
+    pub fn watch_traffic(&self, traffic: Arc<Traffic>) {
+        self.traffic.lock().unwrap_or_else(PoisonError::into_inner).push(traffic);
+    }
+
+    /// Every metric in the Prometheus text exposition format (version 0.0.4).
+    #[must_use]
+    pub fn render(&self) -> String {
+        let mut series: Vec<((Family, u32), u64)> =
+            self.series.iter().map(|e| (*e.key(), e.value().load(Ordering::Acquire))).collect();
+        series.sort_unstable();
+        let mut out = String::new();
+        for family in [Family::ShardClock, Family::GradientsApplied, Family::GradientsDropped] {
+            labelled(&mut out, family, &series);
+        }
+        // Read after the applied counters: a shard counts σ before it counts the gradient, so
+        // the histogram holds at least every gradient counted above.
+        let buckets = self.staleness.buckets.each_ref().map(|b| b.load(Ordering::Relaxed));
+        let count: u64 = buckets.iter().sum();
+        let sum = self.staleness.sum.load(Ordering::Relaxed);
+        header(&mut out, "rudra_staleness", "histogram", "Staleness σ of applied gradients, in updates.");
+        let mut below = 0;
+        for (le, n) in STALENESS_BUCKETS.iter().map(ToString::to_string).chain(["+Inf".into()]).zip(buckets) {
+            below += n;
+            let _ = writeln!(out, "rudra_staleness_bucket{{le=\"{le}\"}} {below}");
+        }
+        let _ = writeln!(out, "rudra_staleness_sum {sum}\nrudra_staleness_count {count}");
+        let mean = if count == 0 { 0.0 } else { sum as f64 / count as f64 };
+        gauge(&mut out, "rudra_staleness_mean", "Mean staleness ⟨σ⟩ of applied gradients.", mean);
+        let updates =
+            series.iter().filter(|((f, _), _)| *f == Family::ShardClock).map(|(_, v)| *v).max().unwrap_or(0);
+        let rate = self.first_update.get().map_or(0.0, |(at, first)| {
+            let secs = at.elapsed().as_secs_f64();
+            if secs > 0.0 { updates.saturating_sub(*first) as f64 / secs } else { 0.0 }
+        });
+        gauge(
+            &mut out,
+            "rudra_updates_per_second",
+            "Updates per second of the most advanced shard since the first update seen.",
+            rate,
+        );
+        let alive = self.learners_alive.load(Ordering::Relaxed);
+        gauge(
+            &mut out,
+            "rudra_learners_alive",
+            "Learners joined and not finished (scheduler), or connected (shard).",
+            alive as f64,
+        );
+        labelled(&mut out, Family::LearnerSamples, &series);
+        let (sent, received) = self
+            .traffic
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .fold((0, 0), |(s, r), t| (s + t.sent(), r + t.received()));
+        for (name, help, value) in [
+            ("rudra_transport_sent_bytes_total", "Frame bytes this node sent over QUIC.", sent),
+            ("rudra_transport_received_bytes_total", "Frame bytes this node received over QUIC.", received),
+        ] {
+            header(&mut out, name, "counter", help);
+            let _ = writeln!(out, "{name} {value}");
+        }
+        out
+    }
+}
+
+fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+fn gauge(out: &mut String, name: &str, help: &str, value: f64) {
+    header(out, name, "gauge", help);
+    let _ = writeln!(out, "{name} {value}");
+}
+
+/// `family`'s header and its series among `series` (sorted), one line per label value.
+fn labelled(out: &mut String, family: Family, series: &[((Family, u32), u64)]) {
+    let (name, kind, help, label) = family.describe();
+    header(out, name, kind, help);
+    for ((_, id), value) in series.iter().filter(|((f, _), _)| *f == family) {
+        let _ = writeln!(out, "{name}{{{label}=\"{id}\"}} {value}");
+    }
+}
+
+/// Keeps a learner counted in `rudra_learners_alive` while it lives.
+#[derive(Debug)]
+pub struct AliveGuard(Arc<Metrics>);
+
+impl Drop for AliveGuard {
+    fn drop(&mut self) {
+        self.0.learners_alive.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// One shard's series: what a [`crate::shard::ShardActor`] updates for every gradient and
+/// update, with atomics only.
+#[derive(Clone, Debug)]
+pub struct ShardMetrics {
+    registry: Arc<Metrics>,
+    clock: Arc<AtomicU64>,
+    applied: Arc<AtomicU64>,
+    dropped: Arc<AtomicU64>,
+}
+
+impl ShardMetrics {
+    /// Count a gradient applied or dropped.
+    pub fn record_gradient(&self, g: &GradientRecord) {
+        match g.outcome {
+            Outcome::Applied { .. } => {
+                self.registry.staleness.observe(g.staleness.0);
+                // Release: whoever reads this count also sees the σ observed above.
+                self.applied.fetch_add(1, Ordering::Release);
+            }
+            Outcome::Dropped(_) => {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Note the shard's clock after an update.
+    pub fn record_update(&self, u: &UpdateRecord) {
+        let Clock(clock) = u.clock;
+        self.registry.first_update.get_or_init(|| (Instant::now(), clock));
+        // Release: whoever reads this clock also sees the gradients counted before it.
+        self.clock.fetch_max(clock, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rudra_transport::Staleness;
+
+    use super::*;
+    use crate::protocol::DropReason;
+
+    fn gradient(shard: u32, sigma: u64, outcome: Outcome) -> GradientRecord {
+        GradientRecord {
+            shard: ShardId(shard),
+            learner: LearnerId(0),
+            computed_on: Clock(0),
+            staleness: Staleness(sigma),
+            outcome,
+        }
+    }
+
+    #[test]
+    fn records_render_as_counters_gauges_and_a_cumulative_histogram() {
+        let m = Arc::new(Metrics::new());
+        let applied = Outcome::Applied { alpha: 0.1 };
+        let gradients = [
+            gradient(0, 0, applied),
+            gradient(0, 3, applied),
+            gradient(1, 300, applied),
+            gradient(1, 9, Outcome::Dropped(DropReason::TooStale)),
+        ];
+        let updates = [
+            UpdateRecord { shard: ShardId(0), clock: Clock(1), gradients: 2 },
+            UpdateRecord { shard: ShardId(1), clock: Clock(1), gradients: 1 },
+        ];
+        m.record(&gradients, &updates);
+        m.set_learners_alive(3);
+        let guard = m.learner_connected();
+        m.add_learner_samples(LearnerId(1), 64);
+        m.add_learner_samples(LearnerId(1), 32);
+        let text = m.render();
+        for line in [
+            "# TYPE rudra_shard_clock gauge",
+            "rudra_shard_clock{shard=\"1\"} 1",
+            "rudra_gradients_applied_total{shard=\"0\"} 2",
+            "rudra_gradients_applied_total{shard=\"1\"} 1",
+            "rudra_gradients_dropped_total{shard=\"1\"} 1",
+            "# TYPE rudra_staleness histogram",
+            "rudra_staleness_bucket{le=\"0\"} 1",
+            "rudra_staleness_bucket{le=\"2\"} 1",
+            "rudra_staleness_bucket{le=\"4\"} 2",
+            "rudra_staleness_bucket{le=\"256\"} 2",
+            "rudra_staleness_bucket{le=\"+Inf\"} 3",
+            "rudra_staleness_sum 303",
+            "rudra_staleness_count 3",
+            "rudra_staleness_mean 101",
+            "rudra_learners_alive 4",
+            "rudra_learner_samples_total{learner=\"1\"} 96",
+            "rudra_transport_sent_bytes_total 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no line {line:?} in\n{text}");
+        }
+        drop(guard);
+        assert!(m.render().lines().any(|l| l == "rudra_learners_alive 3"));
+    }
+}
