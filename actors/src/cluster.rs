@@ -217,6 +217,10 @@ pub struct ProgressSnapshot {
     pub recent_loss: f64,
     /// Seconds since the learners started.
     pub wall_seconds: f64,
+    /// Updates applied so far (by the shard that applied the most).
+    pub updates: u64,
+    /// ⟨σ⟩ of the gradients applied so far.
+    pub mean_staleness: f64,
 }
 
 /// What an observer of a run is told.

@@ -336,12 +336,22 @@ impl Handler<Progress> for SchedulerActor {
         let events = self.core.on_progress(msg.samples);
         if self.last_progress.elapsed() >= PROGRESS_EVERY {
             self.last_progress = Instant::now();
-            self.emit(RunEvent::Progress(ProgressSnapshot {
+            let mut snapshot = ProgressSnapshot {
                 samples: self.core.samples(),
                 total_samples: self.total_samples,
                 epoch: self.core.epochs(),
                 recent_loss: msg.loss_sum / msg.steps.max(1) as f64,
                 wall_seconds: self.elapsed(),
+                updates: 0,
+                mean_staleness: 0.0,
+            };
+            // Updates and ⟨σ⟩ come from the tracker; the snapshot goes out once it answers.
+            let stats = self.members.tracker.send(GetStats);
+            ctx.spawn(stats.into_actor(self).map(move |stats, act, _| {
+                if let Ok(stats) = stats {
+                    (snapshot.updates, snapshot.mean_staleness) = (stats.updates, stats.staleness.mean);
+                }
+                act.emit(RunEvent::Progress(snapshot));
             }));
         }
         self.carry_out(events, ctx);

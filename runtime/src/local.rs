@@ -77,9 +77,11 @@ pub(crate) async fn show_progress(mut rx: mpsc::UnboundedReceiver<RunEvent>, mod
                 bar.set_position(p.samples);
                 let acc = if last_acc.is_nan() { "-".to_owned() } else { format!("{last_acc:.4}") };
                 bar.set_message(format!(
-                    "epoch {:.2} loss {:.4} test acc {acc} {:.0} samples/s",
+                    "epoch {:.2} updates {} loss {:.4} test acc {acc} ⟨σ⟩ {:.2} {:.0} samples/s",
                     p.epoch,
+                    p.updates,
                     p.recent_loss,
+                    p.mean_staleness,
                     p.samples as f64 / p.wall_seconds.max(1e-9)
                 ));
             }
@@ -88,10 +90,12 @@ pub(crate) async fn show_progress(mut rx: mpsc::UnboundedReceiver<RunEvent>, mod
                 if done >= next_log {
                     next_log = (done * 10.0).floor() / 10.0 + 0.1;
                     tracing::info!(
-                        "{:>3.0}% epoch {:.2} loss {:.4} {:.0} samples/s",
+                        "{:>3.0}% epoch {:.2} updates {} loss {:.4} ⟨σ⟩ {:.2} {:.0} samples/s",
                         done * 100.0,
                         p.epoch,
+                        p.updates,
                         p.recent_loss,
+                        p.mean_staleness,
                         p.samples as f64 / p.wall_seconds.max(1e-9)
                     );
                 }
