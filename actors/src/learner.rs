@@ -5,7 +5,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use actix::prelude::*;
-use rudra_compute::{CpuBackend, Minibatches, Model};
+use rudra_compute::{Device, Minibatches, Model};
 use rudra_transport::Floats;
 
 use crate::ActorError;
@@ -46,7 +46,7 @@ pub struct SchedulerLink {
 /// The learner actor.
 pub struct LearnerActor {
     core: LearnerCore,
-    model: Model<CpuBackend>,
+    model: Model<Device>,
     batches: Minibatches,
     shards: Vec<ShardLink>,
     scheduler: SchedulerLink,
@@ -64,7 +64,7 @@ impl LearnerActor {
     #[must_use]
     pub fn new(
         core: LearnerCore,
-        model: Model<CpuBackend>,
+        model: Model<Device>,
         batches: Minibatches,
         shards: Vec<ShardLink>,
         scheduler: SchedulerLink,

@@ -91,7 +91,7 @@ fn spec_from(metadata: &BTreeMap<String, String>) -> Result<ModelSpec, String> {
         .ok()
         .filter(|h: &Vec<usize>| !h.contains(&0))
         .ok_or_else(|| format!("metadata `hidden` is {hidden_text:?}, not a list of positive widths"))?;
-    let spec = ModelSpec { inputs: width("inputs")?, hidden, classes: width("classes")? };
+    let spec = ModelSpec::dense(width("inputs")?, hidden, width("classes")?);
     let widths: Vec<usize> = std::iter::once(spec.inputs)
         .chain(spec.hidden.iter().copied())
         .chain(std::iter::once(spec.classes))
@@ -239,7 +239,7 @@ mod tests {
     use super::*;
 
     fn spec() -> ModelSpec {
-        ModelSpec { inputs: 3, hidden: vec![2], classes: 2 }
+        ModelSpec::dense(3, vec![2], 2)
     }
 
     fn written(dir: &Path) -> (std::path::PathBuf, Vec<f32>) {

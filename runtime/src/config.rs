@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use rudra_actors::protocol::{LrModulation, LrSchedule, SyncRule};
 use rudra_actors::{ClusterSpec, ProtocolSpec, TrainingData};
-use rudra_compute::ModelSpec;
+use rudra_compute::{DeviceKind, ModelSpec};
 use serde::{Deserialize, Serialize};
 
 use crate::RuntimeError;
@@ -85,7 +85,7 @@ pub struct RawTraining {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawCompute {
-    /// `auto | cpu`.
+    /// `auto | cpu | cuda | wgpu`.
     pub device: String,
 }
 
@@ -100,16 +100,6 @@ pub struct DataSource {
     pub test_examples: Option<usize>,
 }
 
-/// The compute device for learners and shards.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Device {
-    /// The best device present (this build: the CPU).
-    Auto,
-    /// The CPU reference backend.
-    Cpu,
-}
-
 /// A validated configuration.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -117,8 +107,8 @@ pub struct Config {
     pub cluster: ClusterSpec,
     /// The dataset.
     pub data: DataSource,
-    /// The compute device.
-    pub device: Device,
+    /// The learners' compute device.
+    pub device: DeviceKind,
     /// The configuration as resolved, for the run directory.
     pub raw: RawConfig,
 }
@@ -220,16 +210,12 @@ impl TryFrom<RawConfig> for Config {
             "softmax" => Vec::new(),
             other => return Err(invalid("training.model", format!("{other:?} is not one of mlp, softmax"))),
         };
-        let device = match raw.compute.device.as_str() {
-            "auto" => Device::Auto,
-            "cpu" => Device::Cpu,
-            other => return Err(invalid("compute.device", format!("{other:?} is not one of auto, cpu"))),
-        };
+        let device = raw.compute.device.parse().map_err(|e| invalid("compute.device", e))?;
         let cluster = ClusterSpec {
             learners: raw.cluster.learners,
             shards: raw.cluster.shards,
             protocol: ProtocolSpec { rule, modulation, max_staleness: p.max_staleness },
-            model: ModelSpec { inputs: 28 * 28, hidden, classes: 10 },
+            model: ModelSpec::dense(28 * 28, hidden, 10),
             batch_size: t.batch_size,
             epochs: t.epochs,
             schedule: LrSchedule { base: t.learning_rate, decay: t.lr_decay },

@@ -4,6 +4,7 @@ use std::io::IsTerminal;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use rudra_actors::{Cluster, RunEvent, RunReport, TrainingData};
+use rudra_compute::Device;
 use tokio::sync::mpsc;
 
 use crate::{Config, RuntimeError};
@@ -33,7 +34,7 @@ pub fn run_local(
     data: TrainingData,
     progress: ProgressMode,
 ) -> Result<RunReport, RuntimeError> {
-    let cluster = Cluster::new(config.cluster.clone(), data)?;
+    let cluster = Cluster::new(config.cluster.clone(), data)?.on_device(&Device::open(config.device)?)?;
     actix::System::new().block_on(async move {
         let (tx, rx) = mpsc::unbounded_channel();
         let handle = cluster.observe(tx).start();
