@@ -52,6 +52,10 @@ pub struct ConvSpec {
     layers: Vec<ConvLayer>,
 }
 
+/// The largest channel count, image side or window size of a [`ConvSpec`], so that no size
+/// computed from them overflows.
+const MAX_SIZE: usize = 4096;
+
 /// [`ConvSpec`] as stored, before its check.
 #[derive(Deserialize)]
 struct ConvParts {
@@ -77,6 +81,21 @@ impl ConvSpec {
     ) -> Result<Self, ComputeError> {
         let image = Images { batch: 1, channels, height, width };
         let spec = Self { image, layers };
+        let sizes = spec.layers.iter().flat_map(|l| {
+            [
+                l.channels,
+                l.window.size,
+                l.window.stride,
+                l.window.pad,
+                l.pool_window.size,
+                l.pool_window.stride,
+            ]
+        });
+        if let Some(big) = [channels, height, width].into_iter().chain(sizes).find(|&s| s > MAX_SIZE) {
+            return Err(ComputeError::Shape(format!(
+                "a convolutional model's sizes must not exceed {MAX_SIZE}, and {big} does"
+            )));
+        }
         if image.is_empty() || spec.layers.is_empty() {
             return Err(ComputeError::Shape(format!(
                 "a convolutional model needs a non-empty image and layers, not {channels}×{height}×{width} with {} layers",
