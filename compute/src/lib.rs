@@ -17,17 +17,24 @@
 //! - [`data`]: IDX files, MNIST, per-learner partitions and minibatch streams.
 //! - [`error`]: the crate's error type.
 
+#[cfg(any(not(feature = "wgpu"), not(feature = "cuda")))]
 #[macro_use]
 mod dummy;
 
 pub mod backend;
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda_backend;
+#[cfg(not(feature = "cuda"))]
 #[path = "dummy_cuda_backend.rs"]
 pub mod cuda_backend;
 pub mod data;
 pub mod device;
 pub mod error;
 pub mod model;
+#[cfg(feature = "wgpu")]
+pub mod wgpu_backend;
+#[cfg(not(feature = "wgpu"))]
 #[path = "dummy_wgpu_backend.rs"]
 pub mod wgpu_backend;
 

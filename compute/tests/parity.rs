@@ -88,7 +88,8 @@ fn gemm_with_every_transpose_and_offsets() {
 
 #[test]
 fn bias_relu_and_column_sums() {
-    // Exact operations except the column sums of 300 rows: relative tolerance 1e-6.
+    // Exact operations (the bias: 1e-6) except the column sums of 300 rows, which other
+    // devices add in another order: 1e-5.
     let (rows, cols) = (300, 17);
     check("add_bias", 1e-6, |d| {
         let mut x = upload(d, &values(rows * cols, 0.3));
@@ -105,7 +106,7 @@ fn bias_relu_and_column_sums() {
         d.relu_backward(&mut g, &upload(d, &values(rows * cols, 0.3)), rows * cols).unwrap();
         download(d, &g, rows * cols)
     });
-    check("sum_rows", 1e-6, |d| {
+    check("sum_rows", 1e-5, |d| {
         let mut out = upload(d, &values(cols + 4, 0.5));
         d.sum_rows(&upload(d, &values(rows * cols, 0.3)), rows, cols, (&mut out, 4)).unwrap();
         download(d, &out, cols + 4)

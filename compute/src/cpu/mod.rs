@@ -211,6 +211,9 @@ impl Backend for CpuBackend {
         grad: &mut Arc<Vec<f32>>,
     ) -> Result<f32, ComputeError> {
         let rows = labels.len();
+        if rows == 0 {
+            return Err(ComputeError::Shape("a batch of no rows has no loss".into()));
+        }
         let l = at(logits, 0, rows * cols, "softmax logits")?;
         let g = at_mut(grad, 0, rows * cols, "softmax grad")?;
         let inv_rows = 1.0 / rows as f32;
