@@ -66,6 +66,7 @@ enum RoleArg {
 enum Suite {
     Training,
     Transport,
+    Compute,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -110,7 +111,9 @@ enum Command {
         transport: Transport,
     },
     /// Measure against baselines in the same run: training throughput against a bare SGD
-    /// loop (`--suite training`), or QUIC against TCP loopback and memcpy (`--suite transport`).
+    /// loop (`--suite training`), QUIC against TCP loopback and memcpy (`--suite transport`),
+    /// or the CPU GEMM against numpy and MLP and CNN steps on every backend present
+    /// (`--suite compute`).
     Bench {
         #[command(flatten)]
         config: ConfigArgs,
@@ -258,6 +261,10 @@ fn run(command: Command) -> Result<(), RuntimeError> {
                     bench::training::run(&config, &data, steps, repeats.max(1))?
                 }
                 Suite::Transport => bench::transport::run(frames, repeats)?,
+                Suite::Compute => {
+                    let config = Config::load(config.config.as_deref(), &config.set)?;
+                    bench::compute::run(&config.data.load()?, repeats.max(1))?
+                }
             };
             bench::print(&rows);
             Ok(())

@@ -1,10 +1,13 @@
 //! `rudra-node bench`: measurements against baselines taken in the same run, reported as
 //! medians and ratios.
 //!
+//! - [`compute`]: the CPU backend's GEMM against numpy (OpenBLAS), and MLP and CNN
+//!   training steps on every backend present.
 //! - [`training`]: training throughput of in-process clusters against a bare SGD loop.
 //! - [`transport`]: QUIC push and pull of 4 MiB payloads against TCP loopback and memcpy,
 //!   and validate-and-view of a received frame against copying it.
 
+pub mod compute;
 pub mod training;
 pub mod transport;
 
