@@ -61,11 +61,6 @@ impl<B: Backend> Model<B> {
         &self.layout
     }
 
-    /// The backend the model computes on.
-    pub fn backend(&self) -> &B {
-        &self.backend
-    }
-
     /// Overwrite parameters `offset..offset + values.len()`.
     pub fn write_params(&mut self, offset: usize, values: &[f32]) -> Result<(), ComputeError> {
         self.backend.write(&mut self.params, offset, values)
