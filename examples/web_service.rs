@@ -57,7 +57,7 @@ async fn main() -> anyhow::Result<()> {
             max_staleness: None,
             elastic: None,
         },
-        model: ModelSpec { inputs: 784, hidden: vec![], classes: 10 },
+        model: ModelSpec::dense(784, vec![], 10),
         batch_size: 32,
         epochs: 3,
         schedule: LrSchedule { base: 0.2, decay: 0.9 },

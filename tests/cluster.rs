@@ -26,7 +26,7 @@ fn spec(learners: u32, shards: u32, rule: SyncRule, batch_size: usize) -> Cluste
             max_staleness: None,
             elastic: None,
         },
-        model: ModelSpec { inputs: 784, hidden: vec![32], classes: 10 },
+        model: ModelSpec::dense(784, vec![32], 10),
         batch_size,
         epochs: 1,
         schedule: LrSchedule { base: 0.1, decay: 1.0 },

@@ -13,7 +13,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use actix::prelude::*;
-use rudra_compute::{BatchStream, CpuBackend, Dataset, Minibatches, Model, ModelSpec, Partition};
+use rudra_compute::{BatchStream, CpuBackend, Dataset, Device, Minibatches, Model, ModelSpec, Partition};
 use rudra_transport::{LearnerId, ShardId};
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
@@ -436,6 +436,8 @@ pub struct Cluster {
     data: TrainingData,
     observer: Option<mpsc::UnboundedSender<RunEvent>>,
     metrics: Option<Arc<Metrics>>,
+    /// One model per learner, on the device the learners compute on.
+    models: Vec<Model<Device>>,
 }
 
 /// A started cluster; [`ClusterHandle::wait`] gives its report.
@@ -448,7 +450,16 @@ impl Cluster {
     /// A cluster for `spec` over `data`, validated.
     pub fn new(spec: ClusterSpec, data: TrainingData) -> Result<Self, ActorError> {
         spec.validate(&data)?;
-        Ok(Self { spec, data, observer: None, metrics: None })
+        Self { spec, data, observer: None, metrics: None, models: Vec::new() }
+            .on_device(&Device::Cpu(CpuBackend))
+    }
+
+    /// Compute the learners' gradients on `device` (the CPU unless this is called).
+    pub fn on_device(mut self, device: &Device) -> Result<Self, ActorError> {
+        self.models = (0..self.spec.learners)
+            .map(|_| Model::new(device.clone(), self.spec.model.clone()))
+            .collect::<Result<_, _>>()?;
+        Ok(self)
     }
 
     /// Send progress and evaluations to `tx` while the run goes on.
@@ -469,7 +480,7 @@ impl Cluster {
     /// Start every actor. Must be called from inside an actix `System`.
     #[must_use]
     pub fn start(self) -> ClusterHandle {
-        let Self { spec, data, observer, metrics } = self;
+        let Self { spec, data, observer, metrics, models } = self;
         let (tx, rx) = oneshot::channel();
         let mut arbiters = Vec::new();
         let tracker = StalenessTracker::default().start();
@@ -492,13 +503,14 @@ impl Cluster {
         let scheduler = SchedulerActor::create(|ctx| {
             let me = ctx.address();
             let link = SchedulerLink { progress: me.clone().recipient(), done: me.recipient() };
-            let learners: Vec<Addr<LearnerActor>> = (0..spec.learners as usize)
-                .map(|l| {
+            let learners: Vec<Addr<LearnerActor>> = models
+                .into_iter()
+                .enumerate()
+                .map(|(l, model)| {
                     let (core, batches) = spec.learner_loop(l, Arc::clone(&data.train));
-                    let (model, links, link) = (spec.model.clone(), links.clone(), link.clone());
+                    let (links, link) = (links.clone(), link.clone());
                     let arbiter = Arbiter::new();
                     let addr = LearnerActor::start_in_arbiter(&arbiter.handle(), move |_| {
-                        let model = Model::new(CpuBackend, model).expect("CPU allocation cannot fail");
                         LearnerActor::new(core, model, batches, links, link)
                     });
                     arbiters.push(arbiter);

@@ -245,7 +245,7 @@ fn mnist_head(n: usize) -> Dataset {
 fn hardsync_is_sequential_sgd_with_batch_mu_lambda() {
     let (lambda, mu, steps, lr, seed) = (4usize, 8usize, 25u64, 0.1f32, 7u64);
     let data = mnist_head(lambda * mu * steps as usize);
-    let spec = ModelSpec { inputs: 784, hidden: vec![32], classes: 10 };
+    let spec = ModelSpec::dense(784, vec![32], 10);
     let init = spec.init(seed);
     let parts = Partition::split(data.len(), lambda, seed);
     let streams = || -> Vec<BatchStream> {

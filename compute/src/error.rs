@@ -25,4 +25,20 @@ pub enum ComputeError {
     /// Buffers or inputs passed to an operation do not have the sizes it needs.
     #[error("shape mismatch: {0}")]
     Shape(String),
+    /// A compute backend cannot be opened here.
+    #[error("the {backend} backend is not available: {reason}; choose another with compute.device")]
+    Unavailable {
+        /// `cuda` or `wgpu`.
+        backend: &'static str,
+        /// Why: no driver, no device, not built in.
+        reason: String,
+    },
+    /// A device operation failed after the device was opened.
+    #[error("{backend} device error: {message}")]
+    Device {
+        /// `cuda` or `wgpu`.
+        backend: &'static str,
+        /// What the driver reported.
+        message: String,
+    },
 }

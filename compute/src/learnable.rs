@@ -111,7 +111,7 @@ mod tests {
 
     #[test]
     fn a_model_through_the_trait_computes_what_it_computes_directly() {
-        let spec = ModelSpec { inputs: 3, hidden: vec![], classes: 2 };
+        let spec = ModelSpec::dense(3, vec![], 2);
         let params = Arc::new(spec.init(4));
         let (x, y) = ([0.5, -1.0, 2.0, 0.0, 1.0, 1.0], [1, 0]);
         let mut direct = Model::new(CpuBackend, spec.clone()).unwrap();

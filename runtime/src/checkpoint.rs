@@ -3,13 +3,14 @@
 //! `[out]`, …), with the model's shape and the run's settings as string metadata in the header,
 //! so that other tools (Python's `safetensors` and numpy, PyTorch) read it without Rudra.
 //!
-//! Metadata keys: `model` (`mlp` or `softmax`), `inputs`, `hidden` (a JSON list of widths) and
-//! `classes` describe the model; the run adds its own (protocol, λ, μ, seed, …).
+//! Metadata keys: `model` (`softmax`, `mlp` or `convnet`), `inputs`, `hidden` (a JSON list of
+//! widths), `classes` and, for a convolutional model, `conv` (its layers as JSON) describe the
+//! model; the run adds its own (protocol, λ, μ, seed, …).
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use rudra_compute::{CpuBackend, Dataset, Model, ModelSpec};
+use rudra_compute::{ConvSpec, CpuBackend, Dataset, Model, ModelSpec};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 
@@ -48,19 +49,32 @@ impl Evaluation {
     }
 }
 
-/// `mlp 784-256-10` or `softmax 784-10`.
+/// `mlp 784-256-10`, `softmax 784-10` or
+/// `convnet 28×28×1 conv5x5x16 max2/2 conv5x5x32 max2/2 1568-10`.
 #[must_use]
 pub fn describe(spec: &ModelSpec) -> String {
-    let widths: Vec<String> = std::iter::once(spec.inputs)
+    let widths: Vec<String> = std::iter::once(dense_inputs(spec))
         .chain(spec.hidden.iter().copied())
         .chain(std::iter::once(spec.classes))
         .map(|w| w.to_string())
         .collect();
-    format!("{} {}", model_name(spec), widths.join("-"))
+    match &spec.conv {
+        Some(conv) => format!("{} {conv} {}", model_name(spec), widths.join("-")),
+        None => format!("{} {}", model_name(spec), widths.join("-")),
+    }
 }
 
 fn model_name(spec: &ModelSpec) -> &'static str {
-    if spec.hidden.is_empty() { "softmax" } else { "mlp" }
+    match (&spec.conv, spec.hidden.is_empty()) {
+        (Some(_), _) => "convnet",
+        (None, true) => "softmax",
+        (None, false) => "mlp",
+    }
+}
+
+/// Inputs of the first fully connected layer.
+fn dense_inputs(spec: &ModelSpec) -> usize {
+    spec.conv.as_ref().map_or(spec.inputs, ConvSpec::features)
 }
 
 fn input_error(path: &Path, message: impl Into<String>) -> RuntimeError {
@@ -91,8 +105,16 @@ fn spec_from(metadata: &BTreeMap<String, String>) -> Result<ModelSpec, String> {
         .ok()
         .filter(|h: &Vec<usize>| !h.contains(&0))
         .ok_or_else(|| format!("metadata `hidden` is {hidden_text:?}, not a list of positive widths"))?;
-    let spec = ModelSpec { inputs: width("inputs")?, hidden, classes: width("classes")? };
-    let widths: Vec<usize> = std::iter::once(spec.inputs)
+    let conv = metadata
+        .get("conv")
+        .map(|text| {
+            serde_json::from_str::<ConvSpec>(text)
+                .map_err(|e| format!("metadata `conv` does not describe convolutional layers: {e}"))
+        })
+        .transpose()?;
+    let spec = ModelSpec { inputs: width("inputs")?, conv, hidden, classes: width("classes")? };
+    spec.check().map_err(|e| format!("its metadata describes a model whose parts do not fit: {e}"))?;
+    let widths: Vec<usize> = std::iter::once(dense_inputs(&spec))
         .chain(spec.hidden.iter().copied())
         .chain(std::iter::once(spec.classes))
         .collect();
@@ -135,13 +157,20 @@ impl Checkpoint {
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| RuntimeError::Config(format!("checkpoint: {e}")))?;
         let hidden = serde_json::to_string(&spec.hidden).map_err(|e| RuntimeError::Config(e.to_string()))?;
+        let conv = spec
+            .conv
+            .as_ref()
+            .map(|c| serde_json::to_string(c).map(|json| ("conv", json)))
+            .transpose()
+            .map_err(|e| RuntimeError::Config(e.to_string()))?;
         let model = [
             ("model", model_name(spec).to_owned()),
             ("inputs", spec.inputs.to_string()),
             ("hidden", hidden),
             ("classes", spec.classes.to_string()),
         ];
-        let metadata = model.iter().chain(run).map(|(k, v)| ((*k).to_owned(), v.clone())).collect();
+        let metadata =
+            model.iter().chain(&conv).chain(run).map(|(k, v)| ((*k).to_owned(), v.clone())).collect();
         let file = safetensors::tensor::serialize(views, Some(metadata))
             .map_err(|e| RuntimeError::Config(format!("checkpoint: {e}")))?;
         std::fs::write(path, file).map_err(|source| RuntimeError::Io { path: path.to_owned(), source })
@@ -239,7 +268,7 @@ mod tests {
     use super::*;
 
     fn spec() -> ModelSpec {
-        ModelSpec { inputs: 3, hidden: vec![2], classes: 2 }
+        ModelSpec::dense(3, vec![2], 2)
     }
 
     fn written(dir: &Path) -> (std::path::PathBuf, Vec<f32>) {
@@ -260,6 +289,36 @@ mod tests {
         assert_eq!(c.metadata["hidden"], "[2]");
         assert_eq!(c.metadata["protocol"], "async");
         assert_eq!(describe(&c.spec), "mlp 3-2-2");
+    }
+
+    #[test]
+    fn convolutional_models_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cnn.safetensors");
+        let spec = ModelSpec::cnn();
+        let params = spec.init(4);
+        Checkpoint::write(&path, &spec, &params, &[]).unwrap();
+        let c = Checkpoint::read(&path).unwrap();
+        assert_eq!((&c.spec, &c.params), (&spec, &params));
+        assert_eq!(c.metadata["model"], "convnet");
+        assert_eq!(describe(&c.spec), "convnet 28×28×1 conv5x5x16 max2/2 conv5x5x32 max2/2 1568-10");
+        let st = std::fs::read(&path).unwrap();
+        let st = SafeTensors::deserialize(&st).unwrap();
+        assert_eq!(st.tensor("conv2.weight").unwrap().shape(), [32, 16, 5, 5]);
+        // Layers that do not fit their image are refused, naming the file.
+        let meta = [
+            ("inputs", "784"),
+            ("hidden", "[]"),
+            ("classes", "10"),
+            ("conv", &c.metadata["conv"].replace("28", "3")),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .into_iter()
+        .collect();
+        let bad = dir.path().join("bad.safetensors");
+        std::fs::write(&bad, safetensors::tensor::serialize(st.tensors(), Some(meta)).unwrap()).unwrap();
+        let e = read_error(&bad);
+        assert!(e.contains("bad.safetensors") && e.contains("conv"), "{e}");
     }
 
     fn read_error(path: &Path) -> String {

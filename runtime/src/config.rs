@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use rudra_actors::protocol::{LrModulation, LrSchedule, SyncRule};
 use rudra_actors::{ClusterSpec, ElasticMethod, ElasticSpec, ProtocolSpec, TrainingData};
-use rudra_compute::ModelSpec;
+use rudra_compute::{DeviceKind, ModelSpec};
 use serde::{Deserialize, Serialize};
 
 use crate::RuntimeError;
@@ -70,15 +70,16 @@ pub struct RawProtocol {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawTraining {
-    /// `mnist` (also reads Fashion-MNIST, same format, from another `data_dir`).
+    /// `mnist | fashion-mnist | cifar10`.
     pub dataset: String,
-    /// Directory of the dataset files.
-    pub data_dir: PathBuf,
+    /// Directory of the dataset files; MNIST and Fashion-MNIST have defaults, CIFAR-10 has
+    /// none.
+    pub data_dir: Option<PathBuf>,
     /// Use only the first N training examples (0 = all).
     pub train_examples: usize,
     /// Use only the first N test examples (0 = all).
     pub test_examples: usize,
-    /// `mlp | softmax`.
+    /// `softmax | mlp | cnn | cifar10-net`.
     pub model: String,
     /// Hidden layer widths of the MLP.
     pub hidden: Vec<usize>,
@@ -104,29 +105,75 @@ pub struct RawTraining {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawCompute {
-    /// `auto | cpu`.
+    /// `auto | cpu | cuda | wgpu`.
     pub device: String,
+}
+
+/// A dataset Rudra reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DatasetKind {
+    /// MNIST's IDX files (shipped in `data/mnist`).
+    Mnist,
+    /// Fashion-MNIST's IDX files (Debian's `dataset-fashion-mnist` installs them).
+    FashionMnist,
+    /// CIFAR-10's binary files.
+    Cifar10,
+}
+
+impl DatasetKind {
+    fn parse(name: &str) -> Result<Self, RuntimeError> {
+        match name {
+            "mnist" => Ok(Self::Mnist),
+            "fashion-mnist" => Ok(Self::FashionMnist),
+            "cifar10" => Ok(Self::Cifar10),
+            other => Err(invalid(
+                "training.dataset",
+                format!("{other:?} is not a known dataset (mnist, fashion-mnist, cifar10)"),
+            )),
+        }
+    }
+
+    /// Features per example: 28×28 grey or 32×32 colour pixels.
+    fn features(self) -> usize {
+        match self {
+            Self::Mnist | Self::FashionMnist => 28 * 28,
+            Self::Cifar10 => 32 * 32 * 3,
+        }
+    }
+
+    /// Where the files are when `training.data_dir` is not given.
+    fn default_dir(self) -> Result<PathBuf, RuntimeError> {
+        match self {
+            Self::Mnist => Ok(PathBuf::from("data/mnist")),
+            Self::FashionMnist => Ok(PathBuf::from("/usr/share/datasets/fashion-mnist")),
+            Self::Cifar10 => Err(invalid(
+                "training.data_dir",
+                "cifar10 has no default; give the directory of the binary version's data_batch_1.bin … \
+                 data_batch_5.bin and test_batch.bin",
+            )),
+        }
+    }
+
+    /// What the directory must hold, for messages.
+    fn files(self) -> &'static str {
+        match self {
+            Self::Mnist | Self::FashionMnist => "{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]",
+            Self::Cifar10 => "data_batch_{1..5}.bin and test_batch.bin",
+        }
+    }
 }
 
 /// Where the examples come from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DataSource {
-    /// Directory with the IDX files.
+    /// Which dataset.
+    pub kind: DatasetKind,
+    /// Directory with its files.
     pub dir: PathBuf,
     /// Training examples to use (`None` = all).
     pub train_examples: Option<usize>,
     /// Test examples to use (`None` = all).
     pub test_examples: Option<usize>,
-}
-
-/// The compute device for learners and shards.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Device {
-    /// The best device present (this build: the CPU).
-    Auto,
-    /// The CPU reference backend.
-    Cpu,
 }
 
 /// A validated configuration.
@@ -136,8 +183,8 @@ pub struct Config {
     pub cluster: ClusterSpec,
     /// The dataset.
     pub data: DataSource,
-    /// The compute device.
-    pub device: Device,
+    /// The learners' compute device.
+    pub device: DeviceKind,
     /// The simulator's settings.
     pub simulation: Simulation,
     /// The configuration as resolved, for the run directory.
@@ -252,30 +299,38 @@ impl TryFrom<RawConfig> for Config {
                 format!("is {}; it must be in (0, 1]", t.target_accuracy),
             ));
         }
-        if t.dataset != "mnist" {
-            return Err(invalid(
-                "training.dataset",
-                format!("{:?} is not a known dataset (mnist)", t.dataset),
-            ));
-        }
-        let hidden = match t.model.as_str() {
+        let dataset = DatasetKind::parse(&t.dataset)?;
+        let fits = |spec: ModelSpec, reads: &str| {
+            if spec.inputs == dataset.features() {
+                Ok(spec)
+            } else {
+                Err(invalid(
+                    "training.model",
+                    format!("{} reads {reads}, not those of {}", t.model, t.dataset),
+                ))
+            }
+        };
+        let model = match t.model.as_str() {
             "mlp" if t.hidden.is_empty() || t.hidden.contains(&0) => {
                 return Err(invalid("training.hidden", "an mlp needs one or more non-zero layer widths"));
             }
-            "mlp" => t.hidden.clone(),
-            "softmax" => Vec::new(),
-            other => return Err(invalid("training.model", format!("{other:?} is not one of mlp, softmax"))),
+            "mlp" => ModelSpec::dense(dataset.features(), t.hidden.clone(), 10),
+            "softmax" => ModelSpec::dense(dataset.features(), Vec::new(), 10),
+            "cnn" => fits(ModelSpec::cnn(), "28×28 grey images (mnist, fashion-mnist)")?,
+            "cifar10-net" => fits(ModelSpec::cifar10_net(), "32×32 colour images (cifar10)")?,
+            other => {
+                return Err(invalid(
+                    "training.model",
+                    format!("{other:?} is not one of softmax, mlp, cnn, cifar10-net"),
+                ));
+            }
         };
-        let device = match raw.compute.device.as_str() {
-            "auto" => Device::Auto,
-            "cpu" => Device::Cpu,
-            other => return Err(invalid("compute.device", format!("{other:?} is not one of auto, cpu"))),
-        };
+        let device = raw.compute.device.parse().map_err(|e| invalid("compute.device", e))?;
         let cluster = ClusterSpec {
             learners: raw.cluster.learners,
             shards: raw.cluster.shards,
             protocol: ProtocolSpec { rule, modulation, max_staleness: p.max_staleness, elastic },
-            model: ModelSpec { inputs: 28 * 28, hidden, classes: 10 },
+            model,
             batch_size: t.batch_size,
             epochs: t.epochs,
             schedule: LrSchedule { base: t.learning_rate, decay: t.lr_decay },
@@ -283,7 +338,8 @@ impl TryFrom<RawConfig> for Config {
             evals_per_epoch: t.evals_per_epoch,
         };
         let data = DataSource {
-            dir: t.data_dir.clone(),
+            kind: dataset,
+            dir: t.data_dir.clone().map_or_else(|| dataset.default_dir(), Ok)?,
             train_examples: (t.train_examples > 0).then_some(t.train_examples),
             test_examples: (t.test_examples > 0).then_some(t.test_examples),
         };
@@ -358,10 +414,13 @@ impl DataSource {
         if !dir.is_dir() {
             return Err(invalid(
                 "training.data_dir",
-                format!("{} is not a directory with the MNIST IDX files", self.dir.display()),
+                format!("{} is not a directory with {}", self.dir.display(), self.kind.files()),
             ));
         }
-        let (train, test) = rudra_compute::data::load_mnist(&dir)?;
+        let (train, test) = match self.kind {
+            DatasetKind::Mnist | DatasetKind::FashionMnist => rudra_compute::data::load_mnist(&dir)?,
+            DatasetKind::Cifar10 => rudra_compute::data::load_cifar10(&dir)?,
+        };
         let cut = |set: rudra_compute::Dataset, n: Option<usize>| {
             Arc::new(n.map_or_else(|| set.clone(), |n| set.head(n)))
         };
@@ -427,13 +486,79 @@ mod tests {
         assert_eq!(load(&[]).unwrap().cluster.protocol.elastic, None);
     }
 
-    #[test]
-    fn bad_values_name_their_key() {
-        let key_of = |set: &[&str]| match load(set) {
+    /// The key an invalid configuration's error names (or its message).
+    fn key_of(set: &[&str]) -> String {
+        match load(set) {
             Err(RuntimeError::Invalid { key, .. }) => key.to_string(),
             Err(RuntimeError::Config(m)) => m,
             other => panic!("expected an error, got {other:?}"),
-        };
+        }
+    }
+
+    #[test]
+    fn models_datasets_and_devices() {
+        let c = load(&["training.model=cnn", "compute.device=wgpu"]).unwrap();
+        assert_eq!(c.cluster.model, ModelSpec::cnn());
+        assert_eq!(c.device, DeviceKind::Wgpu);
+        assert_eq!(c.data.dir, PathBuf::from("data/mnist"));
+        let f = load(&["training.dataset=fashion-mnist", "training.model=cnn"]).unwrap();
+        assert_eq!(
+            (f.data.kind, f.data.dir),
+            (DatasetKind::FashionMnist, "/usr/share/datasets/fashion-mnist".into())
+        );
+        let cifar = ["training.dataset=cifar10", "training.data_dir=/data/cifar"];
+        assert_eq!(load(&cifar).unwrap().cluster.model.inputs, 3072, "an mlp on colour images");
+        let net = load(&[cifar[0], cifar[1], "training.model=cifar10-net"]).unwrap();
+        assert_eq!(net.cluster.model.layout().len, 89_578);
+        assert_eq!(key_of(&["training.dataset=cifar10"]), "training.data_dir", "cifar10 has no default");
+        assert_eq!(key_of(&[cifar[0], cifar[1], "training.model=cnn"]), "training.model");
+        assert_eq!(key_of(&["training.model=cifar10-net"]), "training.model");
+        assert_eq!(key_of(&["training.dataset=imagenet"]), "training.dataset");
+    }
+
+    #[test]
+    fn cifar10_is_read_from_its_binary_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let names = [
+            "data_batch_1.bin",
+            "data_batch_2.bin",
+            "data_batch_3.bin",
+            "data_batch_4.bin",
+            "data_batch_5.bin",
+        ];
+        for (i, name) in names.iter().chain(&["test_batch.bin"]).enumerate() {
+            // Two records: label, then 3072 pixel bytes.
+            let bytes: Vec<u8> =
+                (0..2).flat_map(|r| std::iter::once((i + r) as u8).chain([128; 3072])).collect();
+            std::fs::write(dir.path().join(name), bytes).unwrap();
+        }
+        let set = format!("training.data_dir={}", dir.path().display());
+        let c = load(&["training.dataset=cifar10", &set, "training.model=cifar10-net"]).unwrap();
+        let data = c.data.load().unwrap();
+        assert_eq!((data.train.len(), data.test.len(), data.test.features()), (10, 2, 3072));
+        std::fs::write(dir.path().join("test_batch.bin"), [0u8; 100]).unwrap();
+        let err = c.data.load().unwrap_err().to_string();
+        assert!(err.contains("test_batch.bin") && err.contains("3073-byte"), "{err}");
+    }
+
+    #[test]
+    fn fashion_mnist_is_read_from_the_debian_package() {
+        let c = load(&["training.dataset=fashion-mnist"]).unwrap();
+        if !c.data.dir.is_dir() {
+            eprintln!("skipped: {} is missing (apt-get install dataset-fashion-mnist)", c.data.dir.display());
+            return;
+        }
+        let data = c.data.load().unwrap();
+        assert_eq!((data.train.len(), data.test.len()), (60_000, 10_000));
+        let (mut x, mut y) = (Vec::new(), Vec::new());
+        data.test.gather(&(0..10_000).collect::<Vec<u32>>(), &mut x, &mut y);
+        assert!((0..10).all(|class| y.iter().filter(|&&l| l == class).count() == 1000));
+        let mean = x.iter().map(|&v| f64::from(v)).sum::<f64>() / x.len() as f64 * 255.0;
+        assert!((mean - 73.1).abs() < 1.0, "mean test pixel {mean}");
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
         assert_eq!(key_of(&["protocol.kind=paxos"]), "protocol.kind");
         for (set, key) in [
             ("protocol.tau=0", "protocol.tau"),

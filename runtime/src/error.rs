@@ -68,9 +68,15 @@ impl RuntimeError {
             Self::Config(_)
             | Self::Invalid { .. }
             | Self::Actor(ActorError::Spec { .. })
-            | Self::Compute(_)
+            | Self::Compute(
+                ComputeError::Io { .. }
+                | ComputeError::Format { .. }
+                | ComputeError::Shape(_)
+                | ComputeError::Unavailable { .. },
+            )
             | Self::Input { .. } => 2,
             Self::Actor(_)
+            | Self::Compute(_)
             | Self::Transport(_)
             | Self::Simulation(_)
             | Self::Io { .. }

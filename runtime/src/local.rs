@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use rudra_actors::{Cluster, RunEvent, RunReport, TrainingData};
+use rudra_compute::Device;
 use tokio::sync::mpsc;
 
 use crate::exporter::MetricsEndpoint;
@@ -37,7 +38,7 @@ pub fn run_local(
     progress: ProgressMode,
     metrics_addr: Option<SocketAddr>,
 ) -> Result<RunReport, RuntimeError> {
-    let mut cluster = Cluster::new(config.cluster.clone(), data)?;
+    let mut cluster = Cluster::new(config.cluster.clone(), data)?.on_device(&Device::open(config.device)?)?;
     let endpoint = MetricsEndpoint::bind_if(metrics_addr)?;
     actix::System::new().block_on(async move {
         if let Some(endpoint) = endpoint {

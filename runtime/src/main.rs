@@ -72,6 +72,7 @@ enum Suite {
     Transport,
     Simulator,
     Agreement,
+    Compute,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -131,7 +132,9 @@ enum Command {
     /// Measure against baselines in the same run: training throughput against a bare SGD
     /// loop (`--suite training`), QUIC against TCP loopback and memcpy (`--suite transport`),
     /// the simulator's events per second with 10,000 learners (`--suite simulator`), or its
-    /// ⟨σ⟩ against the local cluster's on the same settings (`--suite agreement`).
+    /// ⟨σ⟩ against the local cluster's on the same settings (`--suite agreement`), or
+    /// the CPU GEMM against numpy and MLP and CNN steps on every backend present
+    /// (`--suite compute`).
     Bench {
         #[command(flatten)]
         config: ConfigArgs,
@@ -221,6 +224,12 @@ fn init_tracing(format: LogFormat) {
 }
 
 fn main() -> ExitCode {
+    if std::env::var_os("NODEVICE_SELECT").is_none() {
+        // Mesa's Vulkan device-selection layer connects to a Wayland or X display when wgpu
+        // opens, printing an error line on headless nodes; the adapter is chosen here anyway.
+        // SAFETY: no other thread exists yet.
+        unsafe { std::env::set_var("NODEVICE_SELECT", "1") };
+    }
     let cli = Cli::parse();
     init_tracing(cli.log_format);
     let result = match (cli.command, cli.role) {
@@ -287,6 +296,10 @@ fn run(command: Command) -> Result<(), RuntimeError> {
                 Suite::Transport => bench::transport::run(frames, repeats)?,
                 Suite::Simulator => bench::simulator::run(config.config.as_deref(), &config.set, repeats)?,
                 Suite::Agreement => bench::agreement::run(config.config.as_deref(), &config.set, repeats)?,
+                Suite::Compute => {
+                    let config = Config::load(config.config.as_deref(), &config.set)?;
+                    bench::compute::run(&config.data.load()?, repeats.max(1))?
+                }
             };
             bench::print(&rows);
             Ok(())

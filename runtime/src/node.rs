@@ -22,7 +22,7 @@ use rudra_actors::scheduler::{
 use rudra_actors::shard::{Exchange, Pull, Push, Served, ShardActor, Snapshot, StopShard};
 use rudra_actors::tracker::StalenessTracker;
 use rudra_actors::{RunReport, TrainingData};
-use rudra_compute::{CpuBackend, Model};
+use rudra_compute::{Device, Model};
 use rudra_transport::quic::{Peer, QuicEndpoint, QuicSettings};
 use rudra_transport::tls::CertDir;
 use rudra_transport::{Inbound, LearnerId, Msg, Role, ShardId};
@@ -555,10 +555,9 @@ fn learner_node(opts: &NodeOptions, data: Option<TrainingData>) -> Result<(), Ru
         let to_sched = RemotePeer::new(sched.clone(), ShardId(0)).start();
         let link = SchedulerLink { progress: to_sched.clone().recipient(), done: to_sched.recipient() };
         let (core, batches) = spec.learner_loop(id as usize, data.train);
+        let model = Model::new(Device::open(config.device)?, spec.model.clone())?;
         let arbiter = Arbiter::new();
-        let model = spec.model.clone();
         let learner = LearnerActor::start_in_arbiter(&arbiter.handle(), move |_| {
-            let model = Model::new(CpuBackend, model).expect("CPU allocation cannot fail");
             LearnerActor::new(core, model, batches, links, link)
         });
         for mut inbox in inboxes {

@@ -50,7 +50,7 @@ pub struct Summary {
     pub max_staleness: Option<u64>,
     /// Model name.
     pub model: String,
-    /// Compute device.
+    /// Compute device as configured (`auto`, `cpu`, `cuda` or `wgpu`).
     pub device: String,
     /// Updates applied per shard.
     pub updates: u64,
@@ -97,7 +97,7 @@ impl Summary {
             lr_modulation: c.protocol.modulation.to_string(),
             max_staleness: c.protocol.max_staleness,
             model: config.raw.training.model.clone(),
-            device: "cpu".into(),
+            device: config.device.name().into(),
             updates: report.updates,
             gradients_applied: report.staleness.applied,
             gradients_dropped: report.staleness.dropped,

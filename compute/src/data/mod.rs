@@ -1,10 +1,13 @@
-//! Datasets: IDX files (plain or gzipped), MNIST, and per-learner partitions.
+//! Datasets: IDX files (plain or gzipped) for MNIST and Fashion-MNIST, CIFAR-10's binary
+//! files, and per-learner partitions.
 
+mod cifar;
 mod idx;
 mod partition;
 
 use std::path::{Path, PathBuf};
 
+pub use cifar::load_cifar10;
 pub use idx::{IdxArray, read_idx};
 pub use partition::{BatchStream, Minibatches, Partition};
 

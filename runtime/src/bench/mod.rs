@@ -1,6 +1,8 @@
 //! `rudra-node bench`: measurements against baselines taken in the same run, reported as
 //! medians and ratios.
 //!
+//! - [`compute`]: the CPU backend's GEMM against numpy (OpenBLAS), and MLP and CNN
+//!   training steps on every backend present.
 //! - [`training`]: training throughput of in-process clusters against a bare SGD loop.
 //! - [`agreement`]: ⟨σ⟩ of the simulator against the local runtime on the same settings.
 //! - [`simulator`]: events per second of the simulator with 10,000 virtual learners.
@@ -8,6 +10,7 @@
 //!   and validate-and-view of a received frame against copying it.
 
 pub mod agreement;
+pub mod compute;
 pub mod simulator;
 pub mod training;
 pub mod transport;

@@ -2,30 +2,67 @@
 //! the same kernels, measured in the same run.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rudra_actors::protocol::{LrModulation, SyncRule};
 use rudra_actors::{ClusterSpec, TrainingData};
-use rudra_compute::{BatchStream, CpuBackend, Minibatches, Model, Partition};
+use rudra_compute::{BatchStream, CpuBackend, Dataset, Device, Minibatches, Model, ModelSpec, Partition};
 
 use super::{BenchRow, median};
 use crate::local::{ProgressMode, run_local};
 use crate::{Config, RuntimeError};
 
-/// The bare loop: one model, one thread, `steps` SGD steps of `spec.batch_size`.
-fn bare_sgd(spec: &ClusterSpec, data: &TrainingData, steps: usize) -> Result<f64, RuntimeError> {
-    let mut model = Model::new(CpuBackend, spec.model.clone())?;
-    model.write_params(0, &spec.model.init(spec.seed))?;
-    let part = Partition::split(data.train.len(), 1, spec.seed).remove(0);
-    let mut batches =
-        Minibatches::new(Arc::clone(&data.train), BatchStream::new(part, spec.batch_size, spec.seed, 0));
-    let start = Instant::now();
-    for _ in 0..steps {
+/// How long a bare SGD loop runs: at least `steps` steps and at least `time`, after one
+/// untimed step that allocates and warms up.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Span {
+    pub(crate) steps: usize,
+    pub(crate) time: Duration,
+}
+
+/// The bare loop: one `model` on `device` taking SGD steps of `batch` examples of `train`
+/// with rate `lr`, for `span`: samples per second.
+pub(crate) fn sgd_loop(
+    device: &Device,
+    model: &ModelSpec,
+    train: &Arc<Dataset>,
+    (batch, lr, seed): (usize, f32, u64),
+    span: Span,
+) -> Result<f64, RuntimeError> {
+    let mut m = Model::new(device.clone(), model.clone())?;
+    m.write_params(0, &model.init(seed))?;
+    let part = Partition::split(train.len(), 1, seed).remove(0);
+    let mut batches = Minibatches::new(Arc::clone(train), BatchStream::new(part, batch, seed, 0));
+    let mut step = |m: &mut Model<Device>| -> Result<(), RuntimeError> {
         let (x, y) = batches.next_batch();
-        model.loss_and_gradient(x, y)?;
-        model.apply_gradient(-spec.schedule.base)?;
+        m.loss_and_gradient(x, y)?;
+        m.apply_gradient(-lr)?;
+        Ok(())
+    };
+    step(&mut m)?;
+    let start = Instant::now();
+    let mut steps = 0;
+    while steps < span.steps || start.elapsed() < span.time {
+        step(&mut m)?;
+        steps += 1;
     }
-    Ok((steps * spec.batch_size) as f64 / start.elapsed().as_secs_f64())
+    // The last step's gradient is read back, so that queued device work is counted.
+    let mut grad = vec![0.0; m.layout().len];
+    m.read_gradient(0, &mut grad)?;
+    Ok((steps * batch) as f64 / start.elapsed().as_secs_f64())
+}
+
+/// The bare loop of the training suite: the CPU, one thread, `steps` SGD steps of
+/// `spec.batch_size`.
+fn bare_sgd(spec: &ClusterSpec, data: &TrainingData, steps: usize) -> Result<f64, RuntimeError> {
+    let settings = (spec.batch_size, spec.schedule.base, spec.seed);
+    sgd_loop(
+        &Device::Cpu(CpuBackend),
+        &spec.model,
+        &data.train,
+        settings,
+        Span { steps, time: Duration::ZERO },
+    )
 }
 
 /// A cluster shape: λ, shards, protocol.

@@ -5,8 +5,11 @@
 //! it shares with a shard ([`Backend::view_host`]); a buffer is copied only when written while
 //! shared.
 
+mod image;
+
 use std::sync::Arc;
 
+use crate::backend::{Conv2d, Pool2d, Rate, conv_sizes, label_index, pool_sizes, span};
 use crate::{Backend, ComputeError, Gemm};
 
 /// The CPU backend. Single-threaded per instance: Rudra's parallelism is one learner per
@@ -41,15 +44,6 @@ pub fn axpy_drain(alpha: f32, x: &mut [f32], y: &mut [f32]) {
 pub fn scale(alpha: f32, y: &mut [f32]) {
     for y in y {
         *y *= alpha;
-    }
-}
-
-fn span(len: usize, offset: usize, n: usize, what: &str) -> Result<std::ops::Range<usize>, ComputeError> {
-    match offset.checked_add(n) {
-        Some(end) if end <= len => Ok(offset..end),
-        _ => Err(ComputeError::Shape(format!(
-            "{what}: {n} elements at offset {offset} exceed a buffer of {len}"
-        ))),
     }
 }
 
@@ -217,6 +211,9 @@ impl Backend for CpuBackend {
         grad: &mut Arc<Vec<f32>>,
     ) -> Result<f32, ComputeError> {
         let rows = labels.len();
+        if rows == 0 {
+            return Err(ComputeError::Shape("a batch of no rows has no loss".into()));
+        }
         let l = at(logits, 0, rows * cols, "softmax logits")?;
         let g = at_mut(grad, 0, rows * cols, "softmax grad")?;
         let inv_rows = 1.0 / rows as f32;
@@ -262,6 +259,47 @@ impl Backend for CpuBackend {
         Ok((loss, correct))
     }
 
+    fn im2col(&self, conv: Conv2d, x: &Arc<Vec<f32>>, col: &mut Arc<Vec<f32>>) -> Result<(), ComputeError> {
+        let (nx, ncol) = conv_sizes(conv)?;
+        image::im2col(
+            conv,
+            conv.output_size()?,
+            at(x, 0, nx, "im2col x")?,
+            at_mut(col, 0, ncol, "im2col col")?,
+        );
+        Ok(())
+    }
+
+    fn col2im(&self, conv: Conv2d, col: &Arc<Vec<f32>>, dx: &mut Arc<Vec<f32>>) -> Result<(), ComputeError> {
+        let (nx, ncol) = conv_sizes(conv)?;
+        image::col2im(
+            conv,
+            conv.output_size()?,
+            at(col, 0, ncol, "col2im col")?,
+            at_mut(dx, 0, nx, "col2im dx")?,
+        );
+        Ok(())
+    }
+
+    fn pool(&self, pool: Pool2d, x: &Arc<Vec<f32>>, y: &mut Arc<Vec<f32>>) -> Result<(), ComputeError> {
+        let (nx, ny) = pool_sizes(pool)?;
+        image::pool(pool, pool.output()?, at(x, 0, nx, "pool x")?, at_mut(y, 0, ny, "pool y")?);
+        Ok(())
+    }
+
+    fn pool_backward(
+        &self,
+        pool: Pool2d,
+        x: &Arc<Vec<f32>>,
+        dy: &Arc<Vec<f32>>,
+        dx: &mut Arc<Vec<f32>>,
+    ) -> Result<(), ComputeError> {
+        let (nx, ny) = pool_sizes(pool)?;
+        let (x, dy) = (at(x, 0, nx, "pool_backward x")?, at(dy, 0, ny, "pool_backward dy")?);
+        image::pool_backward(pool, pool.output()?, x, dy, at_mut(dx, 0, nx, "pool_backward dx")?);
+        Ok(())
+    }
+
     fn axpy(
         &self,
         alpha: f32,
@@ -272,14 +310,53 @@ impl Backend for CpuBackend {
         axpy(alpha, at(x, 0, len, "axpy x")?, at_mut(y, 0, len, "axpy y")?);
         Ok(())
     }
-}
 
-fn label_index(label: u8, cols: usize) -> Result<usize, ComputeError> {
-    let label = usize::from(label);
-    if label < cols {
-        Ok(label)
-    } else {
-        Err(ComputeError::Shape(format!("label {label} is not below the {cols} classes")))
+    fn momentum(
+        &self,
+        r: Rate,
+        grad: &Arc<Vec<f32>>,
+        velocity: &mut Arc<Vec<f32>>,
+        weights: &mut Arc<Vec<f32>>,
+        len: usize,
+    ) -> Result<(), ComputeError> {
+        let g = at(grad, 0, len, "momentum grad")?;
+        let v = at_mut(velocity, 0, len, "momentum velocity")?;
+        for ((w, v), g) in at_mut(weights, 0, len, "momentum weights")?.iter_mut().zip(v).zip(g) {
+            *v = r.momentum * *v - r.lr * g;
+            *w += *v;
+        }
+        Ok(())
+    }
+
+    fn nesterov(
+        &self,
+        r: Rate,
+        grad: &Arc<Vec<f32>>,
+        velocity: &mut Arc<Vec<f32>>,
+        weights: &mut Arc<Vec<f32>>,
+        len: usize,
+    ) -> Result<(), ComputeError> {
+        let g = at(grad, 0, len, "nesterov grad")?;
+        let v = at_mut(velocity, 0, len, "nesterov velocity")?;
+        for ((w, v), g) in at_mut(weights, 0, len, "nesterov weights")?.iter_mut().zip(v).zip(g) {
+            *v = r.momentum * *v - r.lr * g;
+            *w += r.momentum * *v - r.lr * g;
+        }
+        Ok(())
+    }
+
+    fn elastic_pull(
+        &self,
+        alpha: f32,
+        toward: &Arc<Vec<f32>>,
+        x: &mut Arc<Vec<f32>>,
+        len: usize,
+    ) -> Result<(), ComputeError> {
+        let t = at(toward, 0, len, "elastic_pull toward")?;
+        for (x, t) in at_mut(x, 0, len, "elastic_pull x")?.iter_mut().zip(t) {
+            *x += alpha * (t - *x);
+        }
+        Ok(())
     }
 }
 
@@ -335,6 +412,31 @@ mod tests {
         ));
         let mut grad = Arc::new(vec![0.0; 4]);
         assert!(CpuBackend.softmax_cross_entropy(&Arc::new(vec![0.0; 4]), &[7, 0], 2, &mut grad).is_err());
+    }
+
+    #[test]
+    fn update_kernels_follow_their_formulas() {
+        let close = |got: &[f32], want: &[f32]| {
+            for (g, w) in got.iter().zip(want) {
+                assert!((g - w).abs() < 1e-6, "{got:?} vs {want:?}");
+            }
+        };
+        let rate = Rate { lr: 0.1, momentum: 0.9 };
+        let g = Arc::new(vec![1.0, -2.0]);
+        let (mut v, mut w) = (Arc::new(vec![0.5, 0.5]), Arc::new(vec![1.0, 1.0]));
+        CpuBackend.momentum(rate, &g, &mut v, &mut w, 2).unwrap();
+        close(&v, &[0.35, 0.65]);
+        close(&w, &[1.35, 1.65]);
+        let (mut v, mut w) = (Arc::new(vec![0.5, 0.5]), Arc::new(vec![1.0, 1.0]));
+        CpuBackend.nesterov(rate, &g, &mut v, &mut w, 2).unwrap();
+        close(&v, &[0.35, 0.65]);
+        close(&w, &[1.215, 1.785]);
+        let mut x = Arc::new(vec![1.0, 3.0]);
+        CpuBackend.elastic_pull(0.25, &Arc::new(vec![3.0, -1.0]), &mut x, 2).unwrap();
+        close(&x, &[1.5, 2.0]);
+        CpuBackend.axpy(-0.5, &g, &mut x, 2).unwrap();
+        close(&x, &[1.0, 3.0]);
+        assert!(CpuBackend.elastic_pull(0.25, &g, &mut x, 3).is_err());
     }
 
     #[test]
