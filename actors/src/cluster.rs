@@ -11,6 +11,7 @@
 use std::collections::BTreeSet;
 use std::ops::Range;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use rudra_compute::{BatchStream, CpuBackend, Dataset, Device, Minibatches, Model, ModelSpec, Partition};
@@ -19,7 +20,8 @@ use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::ActorError;
-use crate::learner::{LearnerActor, LearnerLoop, SchedulerLink, ShardLink, shard_ranges};
+use crate::faults::{FaultPlan, Liveness, Lossy, Node};
+use crate::learner::{LearnerActor, LearnerLoop, SchedulerLink, ShardLink, StopLearner, shard_ranges};
 use crate::metrics::Metrics;
 use crate::protocol::elastic::{DownpourLearner, ElasticLearner, ElasticSettings};
 use crate::protocol::shard::SgdShardConfig;
@@ -27,7 +29,7 @@ use crate::protocol::{
     CenterRule, CenterShard, ElasticWorker, LearnerCore, LocalRule, LrModulation, LrSchedule, SchedulerCore,
     SgdShard, StalenessSummary, SyncRule,
 };
-use crate::scheduler::{Joined, LearnerHandle, Members, SchedulerActor, ShardHandle};
+use crate::scheduler::{Joined, LearnerHandle, Members, Note, SchedulerActor, ShardHandle};
 use crate::shard::{ShardActor, ShardCore};
 use crate::tracker::StalenessTracker;
 
@@ -253,6 +255,19 @@ pub struct RunReport {
     pub final_test_accuracy: f64,
     /// Mean training loss over the last evaluation window.
     pub final_train_loss: f64,
+    /// What happened to the cluster's membership, and the faults injected, in order.
+    pub timeline: Vec<TimelineEntry>,
+}
+
+/// One event of a run's timeline.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TimelineEntry {
+    /// Seconds since the scheduler started.
+    pub seconds: f64,
+    /// `injected` (a fault the plan caused) or `detected` (what the cluster noticed).
+    pub kind: &'static str,
+    /// What happened, e.g. `learner-2 lost`.
+    pub what: String,
 }
 
 fn spec_err(key: &'static str, message: String) -> ActorError {
@@ -438,6 +453,45 @@ pub struct Cluster {
     metrics: Option<Arc<Metrics>>,
     /// One model per learner, on the device the learners compute on.
     models: Vec<Model<Device>>,
+    liveness: Liveness,
+    faults: FaultPlan,
+}
+
+/// Carry out the timed parts of `plan`: learners that crash, and timeline notes of the
+/// windows in which links are faulty or nodes cut off.
+fn inject(
+    plan: &FaultPlan,
+    born: Instant,
+    scheduler: &Addr<SchedulerActor>,
+    learners: &[Recipient<StopLearner>],
+) {
+    let at = |when: Duration, what: String, stop: Option<Recipient<StopLearner>>| {
+        let scheduler = scheduler.clone();
+        actix::spawn(async move {
+            tokio::time::sleep_until((born + when).into()).await;
+            if let Some(stop) = stop {
+                stop.do_send(StopLearner);
+            }
+            scheduler.do_send(Note(what));
+        });
+    };
+    for p in &plan.partitions {
+        at(p.window.from, format!("{} cut off", p.nodes), None);
+        if let Some(until) = p.window.until {
+            at(until, format!("{} healed", p.nodes), None);
+        }
+    }
+    for r in &plan.links {
+        let f = &r.faults;
+        let what = format!(
+            "link faults {} ↔ {}: drop {}, duplicate {}, reorder {}, delay {:?} ± {:?}",
+            r.a, r.b, f.drop, f.duplicate, f.reorder, f.delay, f.jitter
+        );
+        at(r.window.from, what, None);
+    }
+    for c in &plan.crashes {
+        at(c.at, format!("{} crashed", c.learner), learners.get(c.learner.index()).cloned());
+    }
 }
 
 /// A started cluster; [`ClusterHandle::wait`] gives its report.
@@ -450,8 +504,16 @@ impl Cluster {
     /// A cluster for `spec` over `data`, validated.
     pub fn new(spec: ClusterSpec, data: TrainingData) -> Result<Self, ActorError> {
         spec.validate(&data)?;
-        Self { spec, data, observer: None, metrics: None, models: Vec::new() }
-            .on_device(&Device::Cpu(CpuBackend))
+        Self {
+            spec,
+            data,
+            observer: None,
+            metrics: None,
+            models: Vec::new(),
+            liveness: Liveness::default(),
+            faults: FaultPlan::default(),
+        }
+        .on_device(&Device::Cpu(CpuBackend))
     }
 
     /// Compute the learners' gradients on `device` (the CPU unless this is called).
@@ -477,10 +539,25 @@ impl Cluster {
         self
     }
 
+    /// Heartbeats, retries and the failure timeout (see [`Liveness`]).
+    #[must_use]
+    pub fn with_liveness(mut self, liveness: Liveness) -> Self {
+        self.liveness = liveness;
+        self
+    }
+
+    /// Inject the faults of `plan` into the run (see [`FaultPlan`]).
+    #[must_use]
+    pub fn with_faults(mut self, plan: FaultPlan) -> Self {
+        self.faults = plan;
+        self
+    }
+
     /// Start every actor. Must be called from inside an actix `System`.
     #[must_use]
     pub fn start(self) -> ClusterHandle {
-        let Self { spec, data, observer, metrics, models } = self;
+        let Self { spec, data, observer, metrics, models, liveness, faults } = self;
+        let born = Instant::now();
         let (tx, rx) = oneshot::channel();
         let mut arbiters = Vec::new();
         let tracker = StalenessTracker::default().start();
@@ -500,36 +577,68 @@ impl Cluster {
         let links: Vec<ShardLink> =
             shards.iter().zip(spec.shard_ranges()).map(|(a, range)| ShardLink::local(range, a)).collect();
         let train_len = data.train.len();
+        let mut learner_stops: Vec<Recipient<StopLearner>> = Vec::new();
         let scheduler = SchedulerActor::create(|ctx| {
             let me = ctx.address();
-            let link = SchedulerLink { progress: me.clone().recipient(), done: me.recipient() };
+            let link = SchedulerLink::of(&me);
             let learners: Vec<Addr<LearnerActor>> = models
                 .into_iter()
                 .enumerate()
                 .map(|(l, model)| {
                     let (core, batches) = spec.learner_loop(l, Arc::clone(&data.train));
-                    let (links, link) = (links.clone(), link.clone());
+                    let id = LearnerId(l as u32);
+                    let mut link = link.clone();
+                    let plan = |from, to, stream| faults.link(from, to, (u64::from(id.0) << 8) | stream);
+                    link.heartbeat =
+                        Lossy::wrap(link.heartbeat, plan(Node::Learner(id), Node::Scheduler, 0), born);
+                    let plans: Vec<_> = (0..links.len() as u32)
+                        .map(|s| {
+                            let (me, shard) = (Node::Learner(id), Node::Shard(ShardId(s)));
+                            let stream = 1 + 3 * u64::from(s);
+                            (
+                                plan(me, shard, stream),
+                                plan(me, shard, stream + 1),
+                                plan(shard, me, stream + 2),
+                            )
+                        })
+                        .collect();
+                    let (links, slowdown) = (links.clone(), faults.slowdown(id));
                     let arbiter = Arbiter::new();
-                    let addr = LearnerActor::start_in_arbiter(&arbiter.handle(), move |_| {
+                    let addr = LearnerActor::start_in_arbiter(&arbiter.handle(), move |ctx| {
+                        let links = (links.into_iter().zip(plans))
+                            .map(|(sl, (pull, push, reply))| {
+                                let (p, q) = (sl.pull.clone(), sl.push.clone());
+                                let answers = ctx.address().recipient();
+                                sl.faulty(
+                                    Lossy::wrap(p, pull, born),
+                                    Lossy::wrap(q, push, born),
+                                    Lossy::wrap(answers, reply, born),
+                                )
+                            })
+                            .collect();
                         LearnerActor::new(core, model, batches, links, link)
+                            .with_liveness(liveness)
+                            .with_slowdown(slowdown)
                     });
                     arbiters.push(arbiter);
                     addr
                 })
                 .collect();
+            learner_stops = learners.iter().map(|a| a.clone().recipient()).collect();
             let members = Members {
                 shards: shards.iter().map(ShardHandle::local).collect(),
                 learners: learners.iter().map(LearnerHandle::local).collect(),
                 tracker,
             };
             SchedulerActor::new(
-                spec.scheduler_core(train_len),
+                spec.scheduler_core(train_len).with_failure_timeout(liveness.failure_timeout),
                 members,
                 &spec,
                 train_len,
                 (data.test, observer, tx),
             )
             .with_metrics(metrics)
+            .with_failure_detector(liveness.heartbeat)
         });
         for s in 0..spec.shards {
             scheduler.do_send(Joined::Shard(ShardId(s)));
@@ -537,6 +646,7 @@ impl Cluster {
         for l in 0..spec.learners {
             scheduler.do_send(Joined::Learner(LearnerId(l)));
         }
+        inject(&faults, born, &scheduler, &learner_stops);
         ClusterHandle { report: rx, arbiters }
     }
 }

@@ -9,6 +9,10 @@ pub enum ActorError {
     /// The message is rejected and the receiver's state is unchanged.
     #[error("protocol violation: {0}")]
     Protocol(String),
+    /// A late or repeated copy of a message already handled (a retried pull, a duplicated
+    /// push): ignored, and the receiver's state is unchanged.
+    #[error("duplicate: {0}")]
+    Duplicate(String),
     /// A cluster setting is out of range; `key` is its name in the configuration file.
     #[error("invalid setting `{key}`: {message}")]
     Spec {

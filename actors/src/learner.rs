@@ -11,8 +11,9 @@ use rudra_compute::{GradientModel, Minibatches};
 use rudra_transport::{Floats, LearnerId};
 
 use crate::ActorError;
+use crate::faults::Liveness;
 use crate::protocol::{ElasticWorker, LearnerCore, LearnerEvent, WorkerEvent};
-use crate::scheduler::{LearnerDone, Progress};
+use crate::scheduler::{Heartbeat, LearnerDone, Progress};
 use crate::shard::{Exchange, Pull, Push, Served, ShardActor};
 
 /// Begin the loop.
@@ -36,6 +37,8 @@ pub struct ShardLink {
     pub push: Recipient<Push>,
     /// Where elastic exchanges go.
     pub exchange: Recipient<Exchange>,
+    /// Where the shard's answers go (the learner itself unless set).
+    pub reply_to: Option<Recipient<Served>>,
 }
 
 impl ShardLink {
@@ -47,7 +50,15 @@ impl ShardLink {
             pull: shard.clone().recipient(),
             push: shard.clone().recipient(),
             exchange: shard.clone().recipient(),
+            reply_to: None,
         }
+    }
+
+    /// This link with its pulls, pushes and answers sent through these recipients instead
+    /// (links that inject faults).
+    #[must_use]
+    pub fn faulty(self, pull: Recipient<Pull>, push: Recipient<Push>, reply_to: Recipient<Served>) -> Self {
+        Self { pull, push, reply_to: Some(reply_to), ..self }
     }
 }
 
@@ -78,6 +89,26 @@ pub struct SchedulerLink {
     pub progress: Recipient<Progress>,
     /// Completion or failure.
     pub done: Recipient<LearnerDone>,
+    /// I am alive.
+    pub heartbeat: Recipient<Heartbeat>,
+}
+
+impl SchedulerLink {
+    /// The link to anything that takes a scheduler's learner messages.
+    #[must_use]
+    pub fn of<A>(addr: &Addr<A>) -> Self
+    where
+        A: Actor + Handler<Progress> + Handler<LearnerDone> + Handler<Heartbeat>,
+        A::Context: actix::dev::ToEnvelope<A, Progress>
+            + actix::dev::ToEnvelope<A, LearnerDone>
+            + actix::dev::ToEnvelope<A, Heartbeat>,
+    {
+        Self {
+            progress: addr.clone().recipient(),
+            done: addr.clone().recipient(),
+            heartbeat: addr.clone().recipient(),
+        }
+    }
 }
 
 /// The learner actor.
@@ -91,6 +122,12 @@ pub struct LearnerActor {
     /// With a single shard, its weights are computed on in place rather than copied.
     shared: Option<Arc<Vec<f32>>>,
     unreported: Progress,
+    liveness: Liveness,
+    /// Computation is stretched to this many times its length (a slow learner).
+    slowdown: f64,
+    /// When the learner last heard from a shard or asked one: pulls unanswered for longer
+    /// than [`Liveness::retry`] are sent again.
+    last_activity: std::time::Instant,
 }
 
 /// Progress is reported to the scheduler every this many steps (and at the end).
@@ -109,7 +146,56 @@ impl LearnerActor {
         let grad = Arc::new(vec![0.0; model.param_count()]);
         let unreported = Progress::none(core.id());
         let model = Box::new(model);
-        Self { core, model, batches, shards, scheduler, grad, shared: None, unreported }
+        Self {
+            core,
+            model,
+            batches,
+            shards,
+            scheduler,
+            grad,
+            shared: None,
+            unreported,
+            liveness: Liveness::default(),
+            slowdown: 1.0,
+            last_activity: std::time::Instant::now(),
+        }
+    }
+
+    /// Heartbeats and retries at these intervals instead of the defaults.
+    #[must_use]
+    pub fn with_liveness(mut self, liveness: Liveness) -> Self {
+        self.liveness = liveness;
+        self
+    }
+
+    /// Take `factor` times as long for every gradient (fault injection: a slow learner).
+    #[must_use]
+    pub fn with_slowdown(mut self, factor: f64) -> Self {
+        self.slowdown = factor.max(1.0);
+        self
+    }
+
+    /// Send heartbeats, and pull again where an answer is overdue (Rudra's SGD protocols; an
+    /// EASGD exchange is not retried).
+    fn start_timers(&mut self, ctx: &mut Context<Self>) {
+        let pulse = Pulse {
+            learner: ctx.address().downgrade(),
+            id: self.id(),
+            to: self.scheduler.heartbeat.clone(),
+            every: self.liveness.heartbeat,
+        };
+        Pulse::start_in_arbiter(&System::current().arbiter().clone(), move |_| pulse);
+        ctx.run_interval(self.liveness.retry / 2, |act, ctx| {
+            let LearnerLoop::Sgd(core) = &act.core else { return };
+            if act.last_activity.elapsed() < act.liveness.retry {
+                return;
+            }
+            let events = core.on_retry();
+            if !events.is_empty() {
+                tracing::debug!(learner = %core.id(), "pulling again: {} answers overdue", events.len());
+                act.carry_out(events, ctx);
+            }
+        });
     }
 
     /// Send the progress not yet reported.
@@ -138,16 +224,17 @@ impl LearnerActor {
         let learner = core.id();
         for event in events {
             match event {
-                LearnerEvent::Pull { shard, last } => self.shards[shard.index()].pull.do_send(Pull {
-                    learner,
-                    last,
-                    reply_to: ctx.address().recipient(),
-                }),
-                LearnerEvent::Push { shard, computed_on } => {
+                LearnerEvent::Pull { shard, last, seq } => {
+                    self.last_activity = std::time::Instant::now();
+                    let link = &self.shards[shard.index()];
+                    let reply_to = link.reply_to.clone().unwrap_or_else(|| ctx.address().recipient());
+                    link.pull.do_send(Pull { learner, seq, last, reply_to });
+                }
+                LearnerEvent::Push { shard, computed_on, seq } => {
                     let link = &self.shards[shard.index()];
                     let grad = Floats::from(Arc::clone(&self.grad));
                     if let Some(values) = grad.slice(link.range.clone()) {
-                        link.push.do_send(Push { learner, computed_on, values });
+                        link.push.do_send(Push { learner, seq, computed_on, values });
                     }
                 }
                 LearnerEvent::Compute => {
@@ -201,6 +288,7 @@ impl LearnerActor {
     /// One gradient on the next minibatch, at `at` or at the model's own parameters, into
     /// `self.grad`; progress is reported every few steps.
     fn gradient(&mut self, at: Option<&Arc<Vec<f32>>>) -> Result<(), ActorError> {
+        let started = std::time::Instant::now();
         let (x, y) = self.batches.next_batch();
         let samples = y.len() as u64;
         let loss = match at {
@@ -210,6 +298,10 @@ impl LearnerActor {
         // The shards dropped last step's gradient before answering this step's pulls, so the
         // buffer is normally unshared: it is swapped with the model's, not copied.
         self.model.take_gradient(Arc::make_mut(&mut self.grad))?;
+        if self.slowdown > 1.0 {
+            // Each learner has a thread of its own: only this learner slows down.
+            std::thread::sleep(started.elapsed().mul_f64(self.slowdown - 1.0));
+        }
         let p = &mut self.unreported;
         (p.samples, p.steps, p.loss_sum) = (p.samples + samples, p.steps + 1, p.loss_sum + f64::from(loss));
         if p.steps >= REPORT_EVERY {
@@ -223,9 +315,33 @@ impl Actor for LearnerActor {
     type Context = Context<Self>;
 }
 
+/// A learner's heartbeats, sent from the system's arbiter rather than the learner's own
+/// thread, so that a long computation never looks like a failure. They stop with the learner.
+struct Pulse {
+    learner: actix::WeakAddr<LearnerActor>,
+    id: LearnerId,
+    to: Recipient<Heartbeat>,
+    every: std::time::Duration,
+}
+
+impl Actor for Pulse {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        ctx.run_interval(self.every, |pulse, ctx| {
+            if pulse.learner.upgrade().is_some_and(|l| l.connected()) {
+                pulse.to.do_send(Heartbeat(pulse.id));
+            } else {
+                ctx.stop();
+            }
+        });
+    }
+}
+
 impl Handler<StartLearner> for LearnerActor {
     type Result = ();
     fn handle(&mut self, _: StartLearner, ctx: &mut Context<Self>) {
+        self.start_timers(ctx);
         match &mut self.core {
             LearnerLoop::Sgd(core) => {
                 let events = core.on_start();
@@ -241,7 +357,7 @@ impl Handler<StartLearner> for LearnerActor {
 
 impl Handler<Served> for LearnerActor {
     type Result = ();
-    fn handle(&mut self, Served(w): Served, ctx: &mut Context<Self>) {
+    fn handle(&mut self, Served { weights: w, seq }: Served, ctx: &mut Context<Self>) {
         let learner = self.id();
         let Some(link) = self.shards.get(w.shard.index()) else {
             return tracing::warn!(%learner, "weights from unknown {}", w.shard);
@@ -261,12 +377,14 @@ impl Handler<Served> for LearnerActor {
         } else if let Err(e) = self.model.write_params(link.range.start, &w.values) {
             return tracing::warn!(%learner, "weights from {} rejected: {e}", w.shard);
         }
-        match core.on_weights(w.shard, w.clock) {
+        self.last_activity = std::time::Instant::now();
+        match core.on_weights(w.shard, w.clock, seq) {
             Ok(Some(event)) => {
                 drop(w);
                 self.carry_out(vec![event], ctx);
             }
             Ok(None) => {}
+            Err(e @ ActorError::Duplicate(_)) => tracing::debug!(%learner, "ignored: {e}"),
             Err(e) => tracing::warn!(%learner, "{e}"),
         }
     }

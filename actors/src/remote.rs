@@ -12,8 +12,8 @@ use tokio::sync::oneshot;
 
 use crate::learner::{StartLearner, StopLearner};
 use crate::protocol::{DropReason, GradientRecord, Outcome, UpdateRecord, Weights};
-use crate::scheduler::{LearnerDone, Progress};
-use crate::shard::{Exchange, Pull, Push, Served, Snapshot, StopShard};
+use crate::scheduler::{Heartbeat, LearnerDone, Progress};
+use crate::shard::{Exchange, Membership, Pull, Push, Served, Snapshot, StopShard};
 use crate::tracker::Records;
 
 /// A shard's answer to a snapshot request, delivered by the connection's reader.
@@ -139,6 +139,8 @@ macro_rules! forward {
 
 forward!(Records, |m| records_to_wire(&m));
 forward!(StopShard, |_m| Msg::Stop);
+forward!(Membership, |m| Msg::Membership { active: m.active.iter().map(|l| l.0).collect() });
+forward!(Heartbeat, |_m| Msg::Heartbeat);
 forward!(StartLearner, |_m| Msg::Start);
 forward!(StopLearner, |_m| Msg::Stop);
 forward!(Progress, |m| Msg::Progress {
@@ -148,9 +150,10 @@ forward!(Progress, |m| Msg::Progress {
     loss_sum: m.loss_sum
 });
 forward!(LearnerDone, |m| Msg::LearnerDone { error: m.error });
-forward!(Pull, |m| Msg::Pull { learner: m.learner.0, last: m.last });
+forward!(Pull, |m| Msg::Pull { learner: m.learner.0, seq: m.seq, last: m.last });
 forward!(Push, |m| Msg::Push {
     learner: m.learner.0,
+    seq: m.seq,
     computed_on: m.computed_on.0,
     values: m.values.to_vec(),
 });
@@ -160,7 +163,12 @@ forward!(AnswerSnapshot, |m| Msg::Snapshot {
     clock: m.weights.clock.0,
     values: m.weights.values.to_vec()
 });
-forward!(Served, |m| Msg::Weights { shard: m.0.shard.0, clock: m.0.clock.0, values: m.0.values.to_vec() });
+forward!(Served, |m| Msg::Weights {
+    shard: m.weights.shard.0,
+    seq: m.seq,
+    clock: m.weights.clock.0,
+    values: m.weights.values.to_vec()
+});
 
 impl Handler<Snapshot> for RemotePeer {
     type Result = ResponseFuture<Weights>;

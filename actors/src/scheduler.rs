@@ -10,11 +10,12 @@ use rudra_transport::{LearnerId, ShardId};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::ActorError;
+use crate::cluster::TimelineEntry;
 use crate::cluster::{ClusterSpec, MetricsRow, ProgressSnapshot, RunEvent, RunReport};
 use crate::learner::{LearnerActor, StartLearner, StopLearner};
 use crate::metrics::Metrics;
 use crate::protocol::{SchedulerCore, SchedulerEvent};
-use crate::shard::{ShardActor, Snapshot, StopShard};
+use crate::shard::{Membership, ShardActor, Snapshot, StopShard};
 use crate::tracker::{GetStats, StalenessTracker, TrackerReport};
 
 /// A node joined the run.
@@ -49,6 +50,21 @@ impl Progress {
     }
 }
 
+/// A learner is alive (sent every [`Liveness::heartbeat`](crate::faults::Liveness)).
+#[derive(Message, Clone, Copy, Debug)]
+#[rtype(result = "()")]
+pub struct Heartbeat(pub LearnerId);
+
+/// The transport lost its connection to a learner.
+#[derive(Message, Clone, Copy, Debug)]
+#[rtype(result = "()")]
+pub struct Disconnected(pub LearnerId);
+
+/// Add an entry to the run's timeline (a fault injected by a fault plan).
+#[derive(Message, Clone, Debug)]
+#[rtype(result = "()")]
+pub struct Note(pub String);
+
 /// A learner finished its steps, or failed with `error`.
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -66,13 +82,31 @@ pub struct ShardHandle {
     pub snapshot: Recipient<Snapshot>,
     /// The end of the run.
     pub stop: Recipient<StopShard>,
+    /// The active learners changed.
+    pub membership: Recipient<Membership>,
 }
 
 impl ShardHandle {
     /// The handle of a shard actor in this process.
     #[must_use]
     pub fn local(addr: &Addr<ShardActor>) -> Self {
-        Self { snapshot: addr.clone().recipient(), stop: addr.clone().recipient() }
+        Self::of(addr)
+    }
+
+    /// The handle of anything that takes a shard's messages.
+    #[must_use]
+    pub fn of<A>(addr: &Addr<A>) -> Self
+    where
+        A: Actor + Handler<Snapshot> + Handler<StopShard> + Handler<Membership>,
+        A::Context: actix::dev::ToEnvelope<A, Snapshot>
+            + actix::dev::ToEnvelope<A, StopShard>
+            + actix::dev::ToEnvelope<A, Membership>,
+    {
+        Self {
+            snapshot: addr.clone().recipient(),
+            stop: addr.clone().recipient(),
+            membership: addr.clone().recipient(),
+        }
     }
 }
 
@@ -126,6 +160,11 @@ pub struct SchedulerActor {
     rows: Vec<MetricsRow>,
     observer: Option<mpsc::UnboundedSender<RunEvent>>,
     report: Option<ReportSender>,
+    /// When the scheduler was made: the failure detector's and the timeline's clock.
+    born: Instant,
+    /// How often the failure detector looks, if it runs.
+    tick: Option<Duration>,
+    timeline: Vec<TimelineEntry>,
 }
 
 /// What one evaluation measured.
@@ -163,7 +202,22 @@ impl SchedulerActor {
             rows: Vec::new(),
             observer,
             report: Some(report),
+            born: Instant::now(),
+            tick: None,
+            timeline: Vec::new(),
         }
+    }
+
+    /// Look for silent learners every `tick` (the core's failure timeout decides who is lost).
+    #[must_use]
+    pub fn with_failure_detector(mut self, tick: Duration) -> Self {
+        self.tick = Some(tick);
+        self
+    }
+
+    fn note(&mut self, kind: &'static str, what: String) {
+        let seconds = self.born.elapsed().as_secs_f64();
+        self.timeline.push(TimelineEntry { seconds, kind, what });
     }
 
     /// Also report learners alive and each learner's samples in `metrics`, if given.
@@ -197,6 +251,28 @@ impl SchedulerActor {
                     self.started = Some(Instant::now());
                     for l in &self.members.learners {
                         l.start.do_send(StartLearner);
+                    }
+                    if let Some(tick) = self.tick {
+                        ctx.run_interval(tick, |act, ctx| {
+                            let events = act.core.on_tick(act.born.elapsed());
+                            act.carry_out(events, ctx);
+                        });
+                    }
+                }
+                SchedulerEvent::Lost(l) => {
+                    tracing::warn!(learner = %l, "learner lost; the run goes on without it");
+                    self.note("detected", format!("{l} lost"));
+                }
+                SchedulerEvent::Rejoined(l) => {
+                    tracing::info!(learner = %l, "learner rejoined");
+                    self.note("detected", format!("{l} rejoined"));
+                }
+                SchedulerEvent::Membership => {
+                    let active = self.core.active();
+                    self.note("detected", format!("λ = {}", active.len()));
+                    self.count_alive();
+                    for s in &self.members.shards {
+                        s.membership.do_send(Membership { active: active.clone() });
                     }
                 }
                 SchedulerEvent::Evaluate { final_, .. } => self.evaluate(final_, ctx),
@@ -273,6 +349,7 @@ impl SchedulerActor {
                 wall_seconds: wall,
                 final_test_accuracy: row.test_accuracy,
                 final_train_loss: row.train_loss,
+                timeline: std::mem::take(&mut self.timeline),
             };
             self.finish(Ok(report), ctx);
         }
@@ -321,9 +398,35 @@ impl Handler<Joined> for SchedulerActor {
     }
 }
 
+impl Handler<Heartbeat> for SchedulerActor {
+    type Result = ();
+    fn handle(&mut self, Heartbeat(learner): Heartbeat, ctx: &mut Context<Self>) {
+        let events = self.core.on_heard(learner, self.born.elapsed());
+        self.carry_out(events, ctx);
+    }
+}
+
+impl Handler<Disconnected> for SchedulerActor {
+    type Result = ();
+    fn handle(&mut self, Disconnected(learner): Disconnected, ctx: &mut Context<Self>) {
+        let events = self.core.on_disconnected(learner);
+        self.carry_out(events, ctx);
+    }
+}
+
+impl Handler<Note> for SchedulerActor {
+    type Result = ();
+    fn handle(&mut self, Note(what): Note, _: &mut Context<Self>) {
+        tracing::info!("fault injected: {what}");
+        self.note("injected", what);
+    }
+}
+
 impl Handler<Progress> for SchedulerActor {
     type Result = ();
     fn handle(&mut self, msg: Progress, ctx: &mut Context<Self>) {
+        let heard = self.core.on_heard(msg.learner, self.born.elapsed());
+        self.carry_out(heard, ctx);
         self.loss_window.0 += msg.loss_sum;
         self.loss_window.1 += msg.steps;
         match self.learner_samples.get_mut(msg.learner.index()) {

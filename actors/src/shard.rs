@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use actix::prelude::*;
 use rudra_transport::{Clock, Floats, LearnerId};
 
+use crate::ActorError;
 use crate::metrics::ShardMetrics;
 use crate::protocol::{CenterEvent, CenterShard, SgdShard, ShardEvent, UpdateRecord, Weights};
 use crate::tracker::Records;
@@ -13,27 +14,37 @@ use crate::tracker::Records;
 /// A learner asks for the shard's weights; they are sent to `reply_to`, maybe later.
 #[derive(Message)]
 #[rtype(result = "()")]
+#[derive(Clone)]
 pub struct Pull {
     /// Who asks.
     pub learner: LearnerId,
+    /// The learner's step it is for (see [`SgdShard::on_pull`]).
+    pub seq: u64,
     /// Whether the learner has pushed its last gradient (see [`SgdShard::on_last_pull`]).
     pub last: bool,
     /// Where the weights go.
     pub reply_to: Recipient<Served>,
 }
 
-/// Weights served to a learner.
+/// Weights served to a learner, answering its pull `seq` (0 for a center's answer).
 #[derive(Message, Clone, Debug)]
 #[rtype(result = "()")]
-pub struct Served(pub Weights);
+pub struct Served {
+    /// The weights.
+    pub weights: Weights,
+    /// The sequence number of the pull answered.
+    pub seq: u64,
+}
 
 /// A learner's gradient for this shard's range, viewed in the learner's gradient buffer (or in
 /// the frame it arrived in), never copied.
-#[derive(Message)]
+#[derive(Message, Clone)]
 #[rtype(result = "()")]
 pub struct Push {
     /// Who computed it.
     pub learner: LearnerId,
+    /// The learner's step, so the gradient is applied once however often it arrives.
+    pub seq: u64,
     /// The clock of this shard's weights it was computed on.
     pub computed_on: Clock,
     /// This shard's part of the gradient.
@@ -57,6 +68,14 @@ pub struct Exchange {
 #[derive(Message)]
 #[rtype(result = "Weights")]
 pub struct Snapshot;
+
+/// The active learners changed; a hardsync round or an EASGD sync round waits only for them.
+#[derive(Message, Clone, Debug)]
+#[rtype(result = "()")]
+pub struct Membership {
+    /// The learners now active.
+    pub active: std::collections::BTreeSet<LearnerId>,
+}
 
 /// Flush reports and stop.
 #[derive(Message)]
@@ -122,7 +141,9 @@ impl ShardActor {
             ShardCore::Sgd(core) => {
                 while let Some(event) = core.poll_event() {
                     match event {
-                        ShardEvent::Serve { learner, weights } => serve(&self.replies, learner, weights),
+                        ShardEvent::Serve { learner, seq, weights } => {
+                            serve(&self.replies, learner, weights, seq)
+                        }
                         ShardEvent::Gradient(g) => {
                             if let Some(m) = &self.metrics {
                                 m.record_gradient(&g);
@@ -147,12 +168,23 @@ impl ShardActor {
                     self.pending.updates.push(u);
                 }
                 while let Some(CenterEvent::Reply { learner, center }) = core.poll_event() {
-                    serve(&self.replies, learner, center);
+                    serve(&self.replies, learner, center, 0);
                 }
             }
         }
         if self.pending.gradients.len() + self.pending.updates.len() >= REPORT_BATCH {
             self.flush();
+        }
+    }
+
+    /// Carry out the effects of a pull or push the core took, or log why it did not.
+    fn after(&mut self, result: Result<(), ActorError>, what: &str) {
+        match result {
+            Ok(()) => self.drain(false),
+            Err(e @ ActorError::Duplicate(_)) => {
+                tracing::debug!(shard = %self.core.id(), "ignored {what}: {e}")
+            }
+            Err(e) => tracing::warn!(shard = %self.core.id(), "rejected {what}: {e}"),
         }
     }
 
@@ -163,9 +195,9 @@ impl ShardActor {
     }
 }
 
-fn serve(replies: &BTreeMap<LearnerId, Recipient<Served>>, learner: LearnerId, weights: Weights) {
+fn serve(replies: &BTreeMap<LearnerId, Recipient<Served>>, learner: LearnerId, weights: Weights, seq: u64) {
     if let Some(to) = replies.get(&learner) {
-        to.do_send(Served(weights));
+        to.do_send(Served { weights, seq });
     }
 }
 
@@ -180,11 +212,9 @@ impl Handler<Pull> for ShardActor {
             return tracing::warn!(shard = %self.core.id(), "rejected a pull: this shard holds a center");
         };
         self.replies.insert(msg.learner, msg.reply_to);
-        let result = if msg.last { core.on_last_pull(msg.learner) } else { core.on_pull(msg.learner) };
-        match result {
-            Ok(()) => self.drain(false),
-            Err(e) => tracing::warn!(shard = %self.core.id(), "rejected pull: {e}"),
-        }
+        let (learner, seq) = (msg.learner, msg.seq);
+        let result = if msg.last { core.on_last_pull(learner, seq) } else { core.on_pull(learner, seq) };
+        self.after(result, "pull");
     }
 }
 
@@ -194,10 +224,8 @@ impl Handler<Push> for ShardActor {
         let ShardCore::Sgd(core) = &mut self.core else {
             return tracing::warn!(shard = %self.core.id(), "rejected a push: this shard holds a center");
         };
-        match core.on_push(msg.learner, msg.computed_on, &msg.values) {
-            Ok(()) => self.drain(false),
-            Err(e) => tracing::warn!(shard = %self.core.id(), "rejected push: {e}"),
-        }
+        let result = core.on_push(msg.learner, msg.seq, msg.computed_on, &msg.values);
+        self.after(result, "push");
     }
 }
 
@@ -216,6 +244,25 @@ impl Handler<Exchange> for ShardActor {
             }
             Err(e) => tracing::warn!(shard = %self.core.id(), "rejected exchange: {e}"),
         }
+    }
+}
+
+impl Handler<Membership> for ShardActor {
+    type Result = ();
+    fn handle(&mut self, msg: Membership, _: &mut Context<Self>) {
+        tracing::info!(shard = %self.core.id(), "λ = {}", msg.active.len());
+        let updated = match &mut self.core {
+            ShardCore::Sgd(core) => {
+                core.on_membership(msg.active);
+                false
+            }
+            ShardCore::Center(core) => {
+                let before = core.clock();
+                core.on_membership(msg.active);
+                core.clock() != before
+            }
+        };
+        self.drain(updated);
     }
 }
 

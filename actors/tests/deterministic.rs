@@ -17,9 +17,9 @@ use rudra_compute::{BatchStream, CpuBackend, Dataset, Model, ModelSpec, Partitio
 use rudra_transport::{Clock, LearnerId, ShardId};
 
 enum Msg {
-    Pull(ShardId, LearnerId, bool),
-    Push(ShardId, LearnerId, Clock, Arc<Vec<f32>>),
-    Weights(LearnerId, ShardId, Clock, rudra_transport::Floats),
+    Pull(ShardId, LearnerId, bool, u64),
+    Push(ShardId, LearnerId, Clock, u64, Arc<Vec<f32>>),
+    Weights(LearnerId, ShardId, Clock, u64, rudra_transport::Floats),
 }
 
 /// Computes learner `l`'s gradient on `params`.
@@ -84,11 +84,13 @@ impl<'a> Driver<'a> {
         let id = LearnerId(l as u32);
         for e in events {
             match e {
-                LearnerEvent::Pull { shard, last } => self.queue.push_back(Msg::Pull(shard, id, last)),
-                LearnerEvent::Push { shard, computed_on } => {
+                LearnerEvent::Pull { shard, last, seq } => {
+                    self.queue.push_back(Msg::Pull(shard, id, last, seq))
+                }
+                LearnerEvent::Push { shard, computed_on, seq } => {
                     let g = grad.expect("pushes follow a computation");
                     let slice = Arc::new(g[self.ranges[shard.index()].clone()].to_vec());
-                    self.queue.push_back(Msg::Push(shard, id, computed_on, slice));
+                    self.queue.push_back(Msg::Push(shard, id, computed_on, seq, slice));
                 }
                 LearnerEvent::Compute => self.timers.push(Reverse((self.now + self.compute_ticks[l], l))),
                 LearnerEvent::Finished => {}
@@ -99,18 +101,18 @@ impl<'a> Driver<'a> {
     fn deliver(&mut self) {
         while let Some(m) = self.queue.pop_front() {
             let s = match m {
-                Msg::Pull(s, l, last) => {
+                Msg::Pull(s, l, last, seq) => {
                     let shard = &mut self.shards[s.index()];
-                    if last { shard.on_last_pull(l) } else { shard.on_pull(l) }.unwrap();
+                    if last { shard.on_last_pull(l, seq) } else { shard.on_pull(l, seq) }.unwrap();
                     s
                 }
-                Msg::Push(s, l, c, g) => {
-                    self.shards[s.index()].on_push(l, c, &g).unwrap();
+                Msg::Push(s, l, c, seq, g) => {
+                    self.shards[s.index()].on_push(l, seq, c, &g).unwrap();
                     s
                 }
-                Msg::Weights(l, s, c, v) => {
+                Msg::Weights(l, s, c, seq, v) => {
                     self.params[l.index()][self.ranges[s.index()].clone()].copy_from_slice(&v);
-                    if let Some(e) = self.learners[l.index()].on_weights(s, c).unwrap() {
+                    if let Some(e) = self.learners[l.index()].on_weights(s, c, seq).unwrap() {
                         self.learner_events(l.index(), vec![e], None);
                     }
                     continue;
@@ -118,8 +120,8 @@ impl<'a> Driver<'a> {
             };
             while let Some(e) = self.shards[s.index()].poll_event() {
                 match e {
-                    ShardEvent::Serve { learner, weights } => {
-                        self.queue.push_back(Msg::Weights(learner, s, weights.clock, weights.values));
+                    ShardEvent::Serve { learner, seq, weights } => {
+                        self.queue.push_back(Msg::Weights(learner, s, weights.clock, seq, weights.values));
                     }
                     ShardEvent::Gradient(g) => self.records.push(g),
                     ShardEvent::Update(_) => {}

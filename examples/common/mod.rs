@@ -6,7 +6,7 @@ use std::sync::Arc;
 use actix::prelude::*;
 use rudra::actors::learner::SchedulerLink;
 use rudra::actors::metrics::Metrics;
-use rudra::actors::scheduler::{LearnerDone, Progress};
+use rudra::actors::scheduler::{Heartbeat, LearnerDone, Progress};
 use tokio::sync::oneshot;
 
 /// Print the mean training loss every this many examples.
@@ -37,7 +37,7 @@ impl Coordinator {
         let me =
             Self { learners, finished: 0, samples: 0, printed: 0, loss: (0.0, 0), metrics, done: Some(tx) }
                 .start();
-        (SchedulerLink { progress: me.clone().recipient(), done: me.recipient() }, rx)
+        (SchedulerLink::of(&me), rx)
     }
 }
 
@@ -62,6 +62,12 @@ impl Handler<Progress> for Coordinator {
             (self.printed, self.loss) = (self.samples, (0.0, 0));
         }
     }
+}
+
+/// The examples run in one process: nobody is lost, so heartbeats need no answer.
+impl Handler<Heartbeat> for Coordinator {
+    type Result = ();
+    fn handle(&mut self, _: Heartbeat, _: &mut Context<Self>) {}
 }
 
 impl Handler<LearnerDone> for Coordinator {

@@ -4,10 +4,13 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
+use rudra_actors::faults::{Crash, FaultPlan, LinkRule, Liveness, Nodes, Partition, Slow};
 use rudra_actors::protocol::{LrModulation, LrSchedule, SyncRule};
 use rudra_actors::{ClusterSpec, ElasticMethod, ElasticSpec, ProtocolSpec, TrainingData};
 use rudra_compute::{DeviceKind, ModelSpec};
+use rudra_transport::{FaultWindow, LearnerId, LinkFaults};
 use serde::{Deserialize, Serialize};
 
 use crate::RuntimeError;
@@ -30,6 +33,163 @@ pub struct RawConfig {
     pub compute: RawCompute,
     /// `[simulation]`, read by `rudra-node simulate` only.
     pub simulation: RawSimulation,
+    /// `[faults]`: faults to inject (none by default).
+    #[serde(default)]
+    pub faults: RawFaults,
+}
+
+/// `[faults]`
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawFaults {
+    /// Seeds the dice of every link.
+    pub seed: u64,
+    /// `[[faults.link]]`
+    pub link: Vec<RawLinkRule>,
+    /// `[[faults.partition]]`
+    pub partition: Vec<RawPartition>,
+    /// `[[faults.crash]]`
+    pub crash: Vec<RawCrash>,
+    /// `[[faults.slow]]`
+    pub slow: Vec<RawSlow>,
+}
+
+/// `[[faults.link]]`: faults on the links between two sets of nodes, both ways.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLinkRule {
+    /// The two ends: `*`, `learners`, `shards`, `scheduler`, `learner-N`, `shard-N`.
+    pub between: [String; 2],
+    /// Probabilities and delays.
+    #[serde(default)]
+    pub drop: f64,
+    /// Probability that a message arrives twice.
+    #[serde(default)]
+    pub duplicate: f64,
+    /// Probability that a message is held back behind later ones.
+    #[serde(default)]
+    pub reorder: f64,
+    /// Delay of every message, milliseconds.
+    #[serde(default)]
+    pub delay_ms: u64,
+    /// Uniform jitter on the delay, ± milliseconds.
+    #[serde(default)]
+    pub jitter_ms: u64,
+    /// From this time after the start, milliseconds.
+    #[serde(default)]
+    pub from_ms: u64,
+    /// Until this time (none: to the end).
+    pub until_ms: Option<u64>,
+}
+
+/// `[[faults.partition]]`: nodes cut off from every other, then healed.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPartition {
+    /// Who: `learner-N`, `learners`, …
+    pub node: String,
+    /// From this time after the start, milliseconds.
+    pub from_ms: u64,
+    /// Healed at this time (none: never).
+    pub until_ms: Option<u64>,
+}
+
+/// `[[faults.crash]]`: a learner that stops for good.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCrash {
+    /// The learner id.
+    pub learner: u32,
+    /// When, milliseconds after the start.
+    pub at_ms: u64,
+}
+
+/// `[[faults.slow]]`: a learner that computes slowly.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSlow {
+    /// The learner id.
+    pub learner: u32,
+    /// How many times slower, at least 1.
+    pub factor: f64,
+}
+
+impl RawFaults {
+    /// The checked plan for a cluster of `learners` learners and `shards` shards; `elastic`
+    /// says whether the protocol is of the EASGD family, whose exchanges are not retried.
+    fn plan(&self, learners: u32, shards: u32, elastic: bool) -> Result<FaultPlan, RuntimeError> {
+        let ms = Duration::from_millis;
+        let nodes = |key: &'static str, s: &str| {
+            let n = Nodes::parse(s).map_err(|e| invalid(key, e))?;
+            match n {
+                Nodes::Learner(l) if l.0 >= learners => {
+                    Err(invalid(key, format!("{s}: there are {learners} learners")))
+                }
+                Nodes::Shard(x) if x.0 >= shards => {
+                    Err(invalid(key, format!("{s}: there are {shards} shards")))
+                }
+                _ => Ok(n),
+            }
+        };
+        let window = |key: &'static str, from: u64, until: Option<u64>| {
+            let w = FaultWindow { from: ms(from), until: until.map(ms) };
+            w.validate().map(|()| w).map_err(|e| invalid(key, e.to_string()))
+        };
+        let learner = |key: &'static str, l: u32| {
+            if l < learners {
+                Ok(LearnerId(l))
+            } else {
+                Err(invalid(key, format!("learner {l}: there are {learners}")))
+            }
+        };
+        let lossy = self.link.iter().any(|r| r.drop > 0.0) || !self.partition.is_empty();
+        if elastic && lossy {
+            return Err(invalid(
+                "faults",
+                "dropped messages and partitions need hardsync, softsync or async: an EASGD exchange is not retried",
+            ));
+        }
+        let mut links = Vec::new();
+        for r in &self.link {
+            let faults = LinkFaults {
+                drop: r.drop,
+                duplicate: r.duplicate,
+                reorder: r.reorder,
+                delay: ms(r.delay_ms),
+                jitter: ms(r.jitter_ms),
+            };
+            faults.validate().map_err(|e| invalid("faults.link", e.to_string()))?;
+            let (a, b) =
+                (nodes("faults.link.between", &r.between[0])?, nodes("faults.link.between", &r.between[1])?);
+            links.push(LinkRule {
+                a,
+                b,
+                faults,
+                window: window("faults.link.until_ms", r.from_ms, r.until_ms)?,
+            });
+        }
+        let partitions = (self.partition.iter())
+            .map(|p| {
+                let nodes = nodes("faults.partition.node", &p.node)?;
+                Ok(Partition { nodes, window: window("faults.partition.until_ms", p.from_ms, p.until_ms)? })
+            })
+            .collect::<Result<_, RuntimeError>>()?;
+        let crashes = (self.crash.iter())
+            .map(|c| Ok(Crash { learner: learner("faults.crash.learner", c.learner)?, at: ms(c.at_ms) }))
+            .collect::<Result<_, RuntimeError>>()?;
+        let slow = (self.slow.iter())
+            .map(|s| {
+                if !(s.factor.is_finite() && s.factor >= 1.0) {
+                    return Err(invalid(
+                        "faults.slow.factor",
+                        format!("is {}; it must be at least 1", s.factor),
+                    ));
+                }
+                Ok(Slow { learner: learner("faults.slow.learner", s.learner)?, factor: s.factor })
+            })
+            .collect::<Result<_, RuntimeError>>()?;
+        Ok(FaultPlan { seed: self.seed, links, partitions, crashes, slow })
+    }
 }
 
 /// `[cluster]`
@@ -40,6 +200,12 @@ pub struct RawCluster {
     pub learners: u32,
     /// Parameter shards.
     pub shards: u32,
+    /// Heartbeat interval of the learners, milliseconds.
+    pub heartbeat_ms: u64,
+    /// A learner pulls again after this many milliseconds without an answer.
+    pub retry_ms: u64,
+    /// The scheduler removes a learner silent for this many milliseconds.
+    pub failure_timeout_ms: u64,
 }
 
 /// `[protocol]`
@@ -185,6 +351,10 @@ pub struct Config {
     pub data: DataSource,
     /// The learners' compute device.
     pub device: DeviceKind,
+    /// Heartbeats, retries and the failure timeout.
+    pub liveness: Liveness,
+    /// Faults to inject.
+    pub faults: FaultPlan,
     /// The simulator's settings.
     pub simulation: Simulation,
     /// The configuration as resolved, for the run directory.
@@ -347,7 +517,26 @@ impl TryFrom<RawConfig> for Config {
         // run where the data is loaded.
         cluster.validate_settings(cluster.model.layout().len)?;
         let simulation = Simulation::from_raw(&raw.simulation)?;
-        Ok(Self { cluster, data, device, simulation, raw })
+        let c = &raw.cluster;
+        if !(c.heartbeat_ms > 0 && c.heartbeat_ms < c.failure_timeout_ms) {
+            return Err(invalid(
+                "cluster.failure_timeout_ms",
+                format!(
+                    "is {}; it must be longer than cluster.heartbeat_ms ({})",
+                    c.failure_timeout_ms, c.heartbeat_ms
+                ),
+            ));
+        }
+        if c.retry_ms == 0 {
+            return Err(invalid("cluster.retry_ms", "must be positive"));
+        }
+        let liveness = Liveness {
+            heartbeat: Duration::from_millis(c.heartbeat_ms),
+            retry: Duration::from_millis(c.retry_ms),
+            failure_timeout: Duration::from_millis(c.failure_timeout_ms),
+        };
+        let faults = raw.faults.plan(cluster.learners, cluster.shards, cluster.protocol.elastic.is_some())?;
+        Ok(Self { cluster, data, device, liveness, faults, simulation, raw })
     }
 }
 

@@ -8,6 +8,7 @@
 //! - [`config`]: raw and typed configuration.
 //! - [`local`]: the in-process cluster and its progress display.
 //! - [`node`]: one role per process over QUIC.
+//! - [`experiment`]: a fault-injection scenario next to a clean run, and its report.
 //! - [`exporter`]: `--metrics-addr`, the Prometheus endpoint of a node.
 //! - [`rundir`]: `config.toml`, `metrics.csv`, `summary.json`, and reading them back.
 //! - [`checkpoint`]: `checkpoint.safetensors`, written and read, and its test accuracy.
@@ -21,6 +22,7 @@ pub mod bench;
 pub mod checkpoint;
 pub mod config;
 pub mod error;
+pub mod experiment;
 pub mod exporter;
 pub mod local;
 pub mod node;

@@ -38,7 +38,10 @@ pub fn run_local(
     progress: ProgressMode,
     metrics_addr: Option<SocketAddr>,
 ) -> Result<RunReport, RuntimeError> {
-    let mut cluster = Cluster::new(config.cluster.clone(), data)?.on_device(&Device::open(config.device)?)?;
+    let mut cluster = Cluster::new(config.cluster.clone(), data)?
+        .on_device(&Device::open(config.device)?)?
+        .with_liveness(config.liveness)
+        .with_faults(config.faults.clone());
     let endpoint = MetricsEndpoint::bind_if(metrics_addr)?;
     actix::System::new().block_on(async move {
         if let Some(endpoint) = endpoint {

@@ -10,8 +10,9 @@ use rudra_actors::RunReport;
 use rudra_runtime::checkpoint::describe;
 use rudra_runtime::local::{ProgressMode, run_local};
 use rudra_runtime::node::{NodeOptions, run_learner, run_loopback, run_scheduler, run_shard};
-use rudra_runtime::{Checkpoint, Config, RunDir, RuntimeError, bench, plot, report, simulate};
+use rudra_runtime::{Checkpoint, Config, RunDir, RuntimeError, bench, experiment, report, simulate};
 use rudra_transport::tls::CertDir;
+use rudra_transport::{LinkFaults, Relay, RelayRules};
 
 #[derive(Parser)]
 #[command(
@@ -119,6 +120,53 @@ enum Command {
         /// http://ADDR/metrics while it runs, e.g. 127.0.0.1:9100.
         #[arg(long, value_name = "ADDR")]
         metrics_addr: Option<SocketAddr>,
+    },
+    /// Run a fault-injection scenario (a configuration with a `[faults]` section) next to the
+    /// same run without faults, with the same seed, and report what the faults cost.
+    Experiment {
+        #[command(flatten)]
+        config: ConfigArgs,
+        /// Output directory (default: `runs/<timestamp>-experiment`).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Give up on a run that has not finished after this many seconds.
+        #[arg(long, default_value_t = 1800)]
+        time_limit: u64,
+    },
+    /// Forward UDP datagrams (a node's QUIC traffic) from `--listen` to `--to` and back,
+    /// losing, delaying, duplicating and reordering them as told, seeded: put it between two
+    /// real hosts to inject link faults. Runs until stopped.
+    Relay {
+        /// Where clients send (point the connecting node here).
+        #[arg(long)]
+        listen: SocketAddr,
+        /// The node datagrams are forwarded to.
+        #[arg(long)]
+        to: SocketAddr,
+        /// Probability that a datagram is lost (each way).
+        #[arg(long, default_value_t = 0.0)]
+        drop: f64,
+        /// Probability that a datagram arrives twice.
+        #[arg(long, default_value_t = 0.0)]
+        duplicate: f64,
+        /// Probability that a datagram is held back behind later ones.
+        #[arg(long, default_value_t = 0.0)]
+        reorder: f64,
+        /// Delay of every datagram, milliseconds.
+        #[arg(long, default_value_t = 0)]
+        delay_ms: u64,
+        /// Uniform jitter on the delay, ± milliseconds.
+        #[arg(long, default_value_t = 0)]
+        jitter_ms: u64,
+        /// Seed of the fault dice.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Cut the link (a partition) this many milliseconds after start …
+        #[arg(long)]
+        down_at_ms: Option<u64>,
+        /// … and heal it at this time.
+        #[arg(long)]
+        up_at_ms: Option<u64>,
     },
     /// Simulate the configured cluster with virtual learners on the real protocol cores, in
     /// virtual time (see the `[simulation]` settings); one run, or one per point of a sweep.
@@ -280,6 +328,57 @@ fn run(command: Command) -> Result<(), RuntimeError> {
             };
             finish(&dir, &config, &report)
         }
+        Command::Experiment { config, out, time_limit } => {
+            let config = Config::load(config.config.as_deref(), &config.set)?;
+            let data = config.data.load()?;
+            let dir = RunDir::create(out.as_deref(), "experiment")?;
+            let limit = std::time::Duration::from_secs(time_limit);
+            let e = experiment::run(&config, &data, dir.path(), limit)?;
+            println!(
+                "test accuracy {:.4} clean, {:.4} with faults; {} updates lost; {} timeline events; wrote {}",
+                e.accuracy.0,
+                e.accuracy.1,
+                e.updates_lost,
+                e.timeline.len(),
+                dir.path().display()
+            );
+            Ok(())
+        }
+        Command::Relay {
+            listen,
+            to,
+            drop,
+            duplicate,
+            reorder,
+            delay_ms,
+            jitter_ms,
+            seed,
+            down_at_ms,
+            up_at_ms,
+        } => {
+            let ms = std::time::Duration::from_millis;
+            let faults = LinkFaults { drop, duplicate, reorder, delay: ms(delay_ms), jitter: ms(jitter_ms) };
+            let rules =
+                RelayRules { to_upstream: faults.clone(), to_client: faults, ..RelayRules::default() };
+            actix::System::new().block_on(async move {
+                let relay = Relay::bind(listen, to, rules, seed)?;
+                tracing::info!("relaying {} → {to}", relay.local_addr()?);
+                let control = relay.control();
+                let switch = |at: Option<u64>, down: bool| {
+                    let control = control.clone();
+                    at.map(|at| {
+                        actix::spawn(async move {
+                            tokio::time::sleep(ms(at)).await;
+                            tracing::info!("link {}", if down { "cut" } else { "healed" });
+                            control.set_down(down);
+                        })
+                    })
+                };
+                let _down = switch(down_at_ms, true);
+                let _up = switch(up_at_ms, false);
+                Ok(relay.run().await?)
+            })
+        }
         Command::Simulate { config, out } => simulate::run_command(
             config.config.as_deref(),
             &config.set,
@@ -333,10 +432,7 @@ fn run(command: Command) -> Result<(), RuntimeError> {
 /// Write the run directory's report and plots and print the summary line. A plot that cannot
 /// be drawn is a warning: the run itself succeeded.
 fn finish(dir: &RunDir, config: &Config, report: &RunReport) -> Result<(), RuntimeError> {
-    let s = dir.write_report(config, report)?;
-    if let Err(e) = plot::draw_run(dir.path()) {
-        tracing::warn!("the run's plots were not drawn: {e}");
-    }
+    let s = dir.record(config, report)?;
     let reached = s.time_to_target.map_or_else(
         || format!("{} never reached", s.target_accuracy),
         |t| format!("{} reached after {t:.1} s", s.target_accuracy),

@@ -17,9 +17,10 @@ use rudra_actors::metrics::Metrics;
 use rudra_actors::protocol::Weights;
 use rudra_actors::remote::{AnswerSnapshot, RemotePeer, SnapshotReply, records_from_wire};
 use rudra_actors::scheduler::{
-    Joined, LearnerDone, LearnerHandle, Members, Progress, SchedulerActor, ShardHandle,
+    Disconnected, Heartbeat, Joined, LearnerDone, LearnerHandle, Members, Progress, SchedulerActor,
+    ShardHandle,
 };
-use rudra_actors::shard::{Exchange, Pull, Push, Served, ShardActor, Snapshot, StopShard};
+use rudra_actors::shard::{Exchange, Membership, Pull, Push, Served, ShardActor, Snapshot, StopShard};
 use rudra_actors::tracker::StalenessTracker;
 use rudra_actors::{RunReport, TrainingData};
 use rudra_compute::{Device, Model};
@@ -238,10 +239,7 @@ pub fn run_scheduler(
         let learner_peers: Vec<Addr<RemotePeer>> =
             learners.iter().map(|j| RemotePeer::new(j.peer.clone(), ShardId(0)).start()).collect();
         let members = Members {
-            shards: shard_peers
-                .iter()
-                .map(|a| ShardHandle { snapshot: a.clone().recipient(), stop: a.clone().recipient() })
-                .collect(),
+            shards: shard_peers.iter().map(ShardHandle::of).collect(),
             learners: learner_peers
                 .iter()
                 .map(|a| LearnerHandle { start: a.clone().recipient(), stop: a.clone().recipient() })
@@ -251,9 +249,10 @@ pub fn run_scheduler(
         let (tx, report) = oneshot::channel();
         let (obs_tx, obs_rx) = mpsc::unbounded_channel();
         let train_len = data.train.len();
-        let core = spec.scheduler_core(train_len);
+        let core = spec.scheduler_core(train_len).with_failure_timeout(config.liveness.failure_timeout);
         let scheduler = SchedulerActor::new(core, members, spec, train_len, (data.test, Some(obs_tx), tx))
             .with_metrics(metrics)
+            .with_failure_detector(config.liveness.heartbeat)
             .start();
         actix::spawn(show_progress(obs_rx, progress));
         let mut peers = Vec::new();
@@ -322,9 +321,12 @@ async fn dispatch_learner(id: LearnerId, mut j: Joiner, scheduler: Addr<Schedule
             Inbound::Control(Msg::LearnerDone { error }) => {
                 scheduler.do_send(LearnerDone { learner: id, error })
             }
+            Inbound::Control(Msg::Heartbeat) => scheduler.do_send(Heartbeat(id)),
             other => tracing::warn!(peer = j.peer.name(), "unexpected {:?}", other.kind()),
         }
     }
+    // The connection is gone: the learner crashed, or was stopped at the end of the run.
+    scheduler.do_send(Disconnected(id));
 }
 
 /// What the scheduler tells a node that joins.
@@ -406,6 +408,10 @@ pub fn run_shard(opts: &NodeOptions) -> Result<(), RuntimeError> {
                     let weights = shard.send(Snapshot).await.map_err(net)?;
                     tracker.do_send(AnswerSnapshot { request, weights });
                 }
+                Inbound::Control(Msg::Membership { active }) => {
+                    let active = active.into_iter().map(LearnerId).collect();
+                    shard.do_send(Membership { active });
+                }
                 Inbound::Control(Msg::Stop) => break,
                 other => tracing::warn!("unexpected {:?} from the scheduler", other.kind()),
             }
@@ -462,32 +468,20 @@ async fn serve_learner(peer: Peer, shard: Addr<ShardActor>, policy: LearnerPolic
     };
     let _alive = policy.metrics.as_ref().map(Metrics::learner_connected);
     let reply = RemotePeer::new(peer.clone(), ShardId(0)).start().recipient::<Served>();
-    // A learner alternates pull, push, pull, push… A push travels on its own stream and a pull
-    // on the control stream, so a pull may overtake the push before it: hold it until then.
-    let mut outstanding = false;
-    let mut early_pull = None;
+    // A push travels on its own stream and a pull on the control stream, so a pull may overtake
+    // the push before it: the shard orders them by their sequence numbers.
     while let Some(m) = rx.recv().await {
         match m {
-            Inbound::Control(Msg::Pull { learner: l, last }) if l == learner.0 => {
-                if outstanding {
-                    early_pull = Some(last);
-                } else {
-                    outstanding = !last;
-                    shard.do_send(Pull { learner, last, reply_to: reply.clone() });
-                }
+            Inbound::Control(Msg::Pull { learner: l, seq, last }) if l == learner.0 => {
+                shard.do_send(Pull { learner, seq, last, reply_to: reply.clone() });
             }
             Inbound::Exchange { learner: l, values } if l == learner && values.len() == policy.range_len => {
                 shard.do_send(Exchange { learner, values, reply_to: reply.clone() });
             }
-            Inbound::Push { learner: l, computed_on, values }
+            Inbound::Push { learner: l, seq, computed_on, values }
                 if l == learner && values.len() == policy.range_len =>
             {
-                shard.do_send(Push { learner, computed_on, values });
-                outstanding = false;
-                if let Some(last) = early_pull.take() {
-                    outstanding = !last;
-                    shard.do_send(Pull { learner, last, reply_to: reply.clone() });
-                }
+                shard.do_send(Push { learner, seq, computed_on, values });
             }
             other => {
                 let why = match &other {
@@ -546,6 +540,7 @@ fn learner_node(opts: &NodeOptions, data: Option<TrainingData>) -> Result<(), Ru
             peer.send(&Msg::Hello { learner: id }).await?;
             let remote = RemotePeer::new(peer, ShardId(s as u32)).start();
             links.push(ShardLink {
+                reply_to: None,
                 range,
                 pull: remote.clone().recipient(),
                 push: remote.clone().recipient(),
@@ -553,19 +548,19 @@ fn learner_node(opts: &NodeOptions, data: Option<TrainingData>) -> Result<(), Ru
             });
         }
         let to_sched = RemotePeer::new(sched.clone(), ShardId(0)).start();
-        let link = SchedulerLink { progress: to_sched.clone().recipient(), done: to_sched.recipient() };
+        let link = SchedulerLink::of(&to_sched);
         let (core, batches) = spec.learner_loop(id as usize, data.train);
         let model = Model::new(Device::open(config.device)?, spec.model.clone())?;
         let arbiter = Arbiter::new();
         let learner = LearnerActor::start_in_arbiter(&arbiter.handle(), move |_| {
-            LearnerActor::new(core, model, batches, links, link)
+            LearnerActor::new(core, model, batches, links, link).with_liveness(config.liveness)
         });
         for mut inbox in inboxes {
             let learner = learner.clone();
             actix::spawn(async move {
                 while let Some(m) = inbox.recv().await {
-                    if let Inbound::Weights { shard, clock, values } = m {
-                        learner.do_send(Served(Weights { shard, clock, values }));
+                    if let Inbound::Weights { shard, seq, clock, values } = m {
+                        learner.do_send(Served { weights: Weights { shard, clock, values }, seq });
                     }
                 }
             });
@@ -704,18 +699,23 @@ mod tests {
 
             let (_good_ep, good) = hello(&certs, "learner-0", 0, addr).await;
             let mut weights = good.incoming(4);
-            good.send(&Msg::Pull { learner: 0, last: false }).await.expect("sent");
+            good.send(&Msg::Pull { learner: 0, seq: 1, last: false }).await.expect("sent");
             let served = tokio::time::timeout(WITHIN, weights.recv()).await.expect("weights in time");
             assert!(matches!(served, Some(Inbound::Weights { clock: Clock(0), .. })));
             let before = shard.send(Snapshot).await.expect("a snapshot");
 
-            let push = |learner, n| Msg::Push { learner, computed_on: 0, values: vec![1.0; n] };
+            let push = |learner, n| Msg::Push { learner, seq: 1, computed_on: 0, values: vec![1.0; n] };
             let cases: Vec<(&str, &str, u32, Vec<Msg>)> = vec![
                 ("hello as another learner", "learner-1", 0, vec![]),
                 ("hello as an unknown learner", "learner-1", 7, vec![]),
                 ("push of the wrong length", "learner-0", 0, vec![push(0, 3)]),
                 ("push as another learner", "learner-0", 0, vec![push(1, 4)]),
-                ("pull as another learner", "learner-0", 0, vec![Msg::Pull { learner: 1, last: false }]),
+                (
+                    "pull as another learner",
+                    "learner-0",
+                    0,
+                    vec![Msg::Pull { learner: 1, seq: 1, last: false }],
+                ),
                 ("heartbeat on the data path", "learner-0", 0, vec![Msg::Heartbeat]),
             ];
             for (what, name, id, msgs) in cases {
@@ -732,7 +732,8 @@ mod tests {
 
             // The well-behaved learner's connection was never disturbed: its push is applied.
             good.send(&push(0, 4)).await.expect("sent");
-            good.send(&Msg::Pull { learner: 0, last: false }).await.expect("sent");
+            // The next step's pull may overtake the push: the shard answers it once the push is in.
+            good.send(&Msg::Pull { learner: 0, seq: 2, last: false }).await.expect("sent");
             let served = tokio::time::timeout(WITHIN, weights.recv()).await.expect("weights in time");
             let Some(Inbound::Weights { clock, values, .. }) = served else { panic!("expected weights") };
             // 2-softsync with λ = 2 applies every gradient: θ − 0.5 · 1.

@@ -148,6 +148,16 @@ impl RunDir {
         std::fs::write(&path, contents).map_err(|source| RuntimeError::Io { path, source })
     }
 
+    /// Everything a finished run leaves: `summary.json`, `metrics.csv`, the checkpoint (see
+    /// [`RunDir::write_report`]) and the plots (a warning if they cannot be drawn).
+    pub fn record(&self, config: &Config, report: &RunReport) -> Result<Summary, RuntimeError> {
+        let summary = self.write_report(config, report)?;
+        if let Err(e) = crate::plot::draw_run(self.path()) {
+            tracing::warn!("the run's plots were not drawn: {e}");
+        }
+        Ok(summary)
+    }
+
     /// `config.toml`, the configuration as resolved.
     pub fn write_config(&self, config: &Config) -> Result<(), RuntimeError> {
         self.write_file("config.toml", &config.to_toml()?)
@@ -378,6 +388,7 @@ mod tests {
         let rows = vec![row(1.0, vec![64, 32, 0]), row(2.0, vec![128, 96, 32])];
         let config = Config::load(None, &[]).unwrap();
         let report = RunReport {
+            timeline: Vec::new(),
             metrics: rows.clone(),
             params: config.cluster.model.init(1),
             staleness: StalenessSummary::default(),

@@ -16,6 +16,14 @@ pub enum TransportError {
     /// A socket could not be bound or used.
     #[error("network: {0}")]
     Io(String),
+    /// A link fault rule is out of range; `field` names it.
+    #[error("fault rule `{field}`: {problem}")]
+    FaultRule {
+        /// The offending field.
+        field: &'static str,
+        /// What is wrong and what to use instead.
+        problem: String,
+    },
     /// A message could not be serialized.
     #[error("cannot encode message: {0}")]
     Encode(String),

@@ -9,21 +9,27 @@
 //! - [`wire`]: the messages (rkyv) and their validated views.
 //! - [`floats`]: float payloads shared without copying.
 //! - [`frame`]: the frame header, checked before any allocation.
+//! - [`faults`]: link fault rules and the seeded dice that apply them.
+//! - [`relay`]: a UDP relay that applies fault rules between two real nodes.
 //! - [`quic`]: QUIC endpoints and authenticated peers.
 //! - [`tls`]: the cluster CA, node certificates, mutual-TLS settings.
 //! - [`error`]: the crate's error type.
 
 pub mod error;
+pub mod faults;
 pub mod floats;
 pub mod frame;
 pub mod ids;
 pub mod quic;
+pub mod relay;
 pub mod tls;
 // rkyv generates public archived and resolver types whose fields carry no docs.
 #[allow(missing_docs)]
 pub mod wire;
 
 pub use error::TransportError;
+pub use faults::{Fate, FaultDice, FaultWindow, LinkFaults};
 pub use floats::Floats;
 pub use ids::{Clock, LearnerId, ShardId, Staleness};
+pub use relay::{Relay, RelayControl, RelayHandle, RelayLimits, RelayRules};
 pub use wire::{Inbound, Kind, Msg, Role};

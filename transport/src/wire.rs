@@ -144,6 +144,11 @@ pub enum Msg {
     },
     /// Anyone: I am alive.
     Heartbeat,
+    /// Scheduler → shard: the active learners changed (a learner was lost or rejoined).
+    Membership {
+        /// The ids of the learners now active.
+        active: Vec<u32>,
+    },
     /// Learner → shard, first on a connection: I am learner `learner`.
     Hello {
         /// The learner id the scheduler assigned.
@@ -153,6 +158,8 @@ pub enum Msg {
     Pull {
         /// Who.
         learner: u32,
+        /// The learner's step it is for; the answer carries it back.
+        seq: u64,
         /// After the learner's last push: answer once, expect no gradient.
         last: bool,
     },
@@ -160,6 +167,8 @@ pub enum Msg {
     Weights {
         /// From which shard.
         shard: u32,
+        /// The pull answered (0 for a center).
+        seq: u64,
         /// Their clock.
         clock: u64,
         /// The values.
@@ -169,6 +178,8 @@ pub enum Msg {
     Push {
         /// Who.
         learner: u32,
+        /// The learner's step: a copy of a push already applied is ignored.
+        seq: u64,
         /// The clock of the weights it was computed on.
         computed_on: u64,
         /// The values.
@@ -205,9 +216,10 @@ pub enum Kind {
     Weights,
     Push,
     Exchange,
+    Membership,
 }
 
-const KINDS: [Kind; 16] = [
+const KINDS: [Kind; 17] = [
     Kind::Join,
     Kind::Welcome,
     Kind::Ready,
@@ -224,6 +236,7 @@ const KINDS: [Kind; 16] = [
     Kind::Weights,
     Kind::Push,
     Kind::Exchange,
+    Kind::Membership,
 ];
 
 impl Kind {
@@ -239,7 +252,9 @@ impl Kind {
         match self {
             Self::Join => &[Role::Shard, Role::Learner],
             Self::Heartbeat => &[Role::Shard, Role::Learner, Role::Scheduler],
-            Self::Welcome | Self::Start | Self::Stop | Self::SnapshotRequest => &[Role::Scheduler],
+            Self::Welcome | Self::Start | Self::Stop | Self::SnapshotRequest | Self::Membership => {
+                &[Role::Scheduler]
+            }
             Self::Ready
             | Self::Progress
             | Self::LearnerDone
@@ -265,7 +280,12 @@ impl Kind {
             | Self::Snapshot => &[Role::Scheduler],
             Self::Heartbeat | Self::Stop => &[Role::Shard, Role::Learner, Role::Scheduler],
             Self::Welcome | Self::Start => &[Role::Shard, Role::Learner],
-            Self::SnapshotRequest | Self::Hello | Self::Pull | Self::Push | Self::Exchange => &[Role::Shard],
+            Self::SnapshotRequest
+            | Self::Hello
+            | Self::Pull
+            | Self::Push
+            | Self::Exchange
+            | Self::Membership => &[Role::Shard],
             Self::Weights => &[Role::Learner],
         }
     }
@@ -295,6 +315,7 @@ impl Msg {
             Self::SnapshotRequest { .. } => Kind::SnapshotRequest,
             Self::Snapshot { .. } => Kind::Snapshot,
             Self::Heartbeat => Kind::Heartbeat,
+            Self::Membership { .. } => Kind::Membership,
             Self::Hello { .. } => Kind::Hello,
             Self::Pull { .. } => Kind::Pull,
             Self::Weights { .. } => Kind::Weights,
@@ -325,6 +346,8 @@ pub enum Inbound {
     Weights {
         /// The shard.
         shard: ShardId,
+        /// The pull answered.
+        seq: u64,
         /// Their clock.
         clock: Clock,
         /// The values.
@@ -334,6 +357,8 @@ pub enum Inbound {
     Push {
         /// The learner.
         learner: LearnerId,
+        /// The learner's step.
+        seq: u64,
         /// The clock it was computed on.
         computed_on: Clock,
         /// The values.
@@ -368,13 +393,15 @@ impl Inbound {
         let archived = rkyv::access::<ArchivedMsg, BoxedError>(buf)
             .map_err(|e| TransportError::BadFrame(format!("{kind:?} body failed validation: {e}")))?;
         let inbound = match archived {
-            ArchivedMsg::Weights { shard, clock, values } => Self::Weights {
+            ArchivedMsg::Weights { shard, seq, clock, values } => Self::Weights {
                 shard: ShardId(shard.to_native()),
+                seq: seq.to_native(),
                 clock: Clock(clock.to_native()),
                 values: Floats::in_frame(buf, values),
             },
-            ArchivedMsg::Push { learner, computed_on, values } => Self::Push {
+            ArchivedMsg::Push { learner, seq, computed_on, values } => Self::Push {
                 learner: LearnerId(learner.to_native()),
+                seq: seq.to_native(),
                 computed_on: Clock(computed_on.to_native()),
                 values: Floats::in_frame(buf, values),
             },
@@ -471,10 +498,11 @@ mod tests {
             Msg::SnapshotRequest { request: 9 },
             Msg::Snapshot { request: 9, clock: 4, values: vec![1.0, 2.0] },
             Msg::Heartbeat,
+            Msg::Membership { active: vec![0, 2, 3] },
             Msg::Hello { learner: 2 },
-            Msg::Pull { learner: 2, last: false },
-            Msg::Weights { shard: 1, clock: 5, values: vec![0.5; 1000] },
-            Msg::Push { learner: 2, computed_on: 5, values: (0..777).map(|i| i as f32).collect() },
+            Msg::Pull { learner: 2, seq: 1, last: false },
+            Msg::Weights { shard: 1, seq: 1, clock: 5, values: vec![0.5; 1000] },
+            Msg::Push { learner: 2, seq: 9, computed_on: 5, values: (0..777).map(|i| i as f32).collect() },
             Msg::Exchange { learner: 3, values: vec![0.25; 333] },
         ]
     }
@@ -488,16 +516,16 @@ mod tests {
             match (&back, &msg) {
                 (Inbound::Control(m), _) => assert_eq!(m, &msg),
                 (
-                    Inbound::Weights { shard, clock, values },
-                    Msg::Weights { shard: s, clock: c, values: v },
+                    Inbound::Weights { shard, seq, clock, values },
+                    Msg::Weights { shard: s, seq: q, clock: c, values: v },
                 ) => {
-                    assert_eq!((shard.0, clock.0, &values[..]), (*s, *c, &v[..]));
+                    assert_eq!((shard.0, seq, clock.0, &values[..]), (*s, q, *c, &v[..]));
                 }
                 (
-                    Inbound::Push { learner, computed_on, values },
-                    Msg::Push { learner: l, computed_on: c, values: v },
+                    Inbound::Push { learner, seq, computed_on, values },
+                    Msg::Push { learner: l, seq: q, computed_on: c, values: v },
                 ) => {
-                    assert_eq!((learner.0, computed_on.0, &values[..]), (*l, *c, &v[..]));
+                    assert_eq!((learner.0, seq, computed_on.0, &values[..]), (*l, q, *c, &v[..]));
                 }
                 (Inbound::Exchange { learner, values }, Msg::Exchange { learner: l, values: v }) => {
                     assert_eq!((learner.0, &values[..]), (*l, &v[..]));
@@ -515,7 +543,8 @@ mod tests {
 
     #[test]
     fn payloads_are_viewed_in_the_receive_buffer() {
-        let bytes = Msg::Push { learner: 0, computed_on: 0, values: vec![3.0; 4096] }.encode().unwrap();
+        let bytes =
+            Msg::Push { learner: 0, seq: 1, computed_on: 0, values: vec![3.0; 4096] }.encode().unwrap();
         let mut body = AlignedVec::new();
         body.extend_from_slice(&bytes[HEADER_LEN..]);
         let range = body.as_ptr_range();
@@ -533,7 +562,7 @@ mod tests {
 
     #[test]
     fn bad_frames_are_rejected_with_a_reason() {
-        let good = Msg::Push { learner: 1, computed_on: 2, values: vec![1.0; 64] }.encode().unwrap();
+        let good = Msg::Push { learner: 1, seq: 1, computed_on: 2, values: vec![1.0; 64] }.encode().unwrap();
         assert!(rejected(&good[..10], MAX).contains("truncated header"));
         assert!(rejected(&good[..good.len() - 3], MAX).contains("truncated"));
         assert!(rejected(&good, 100).contains("exceeds"));
@@ -558,7 +587,7 @@ mod tests {
     fn random_bytes_never_panic() {
         use rand::{Rng, SeedableRng};
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
-        let good = Msg::Weights { shard: 0, clock: 1, values: vec![1.0; 16] }.encode().unwrap();
+        let good = Msg::Weights { shard: 0, seq: 1, clock: 1, values: vec![1.0; 16] }.encode().unwrap();
         for i in 0..20_000 {
             let mut bytes: Vec<u8> = if i % 2 == 0 {
                 (0..rng.random_range(0..200)).map(|_| rng.random()).collect()

@@ -586,7 +586,7 @@ mod tests {
         let mut xs = [init.clone(), init.clone()];
         let mut pulled: [(Clock, Vec<f32>); 2] = [(Clock(0), init.clone()), (Clock(0), init.clone())];
         for l in [L0, L1] {
-            sgd.on_pull(l).unwrap();
+            sgd.on_pull(l, 1).unwrap();
         }
         while sgd.poll_event().is_some() {}
         // Both DOWNPOUR learners take their first step (the exchange of v = 0 returns x̃₀).
@@ -598,8 +598,9 @@ mod tests {
             let id = LearnerId(who as u32);
             // Async SGD: push the gradient at the pulled weights, pull again.
             let (j, w) = &pulled[who];
-            sgd.on_push(id, *j, &grad(w)).unwrap();
-            sgd.on_pull(id).unwrap();
+            let seq = sgd.last_pushed(id) + 1;
+            sgd.on_push(id, seq, *j, &grad(w)).unwrap();
+            sgd.on_pull(id, seq + 1).unwrap();
             while let Some(e) = sgd.poll_event() {
                 if let crate::protocol::ShardEvent::Serve { weights, .. } = e {
                     pulled[who] = (weights.clock, weights.values.to_vec());

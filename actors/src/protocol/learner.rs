@@ -18,6 +18,8 @@ pub enum LearnerEvent {
         shard: ShardId,
         /// Whether this is the learner's last pull.
         last: bool,
+        /// The step it is for; the answer carries it back.
+        seq: u64,
     },
     /// Every shard has answered: compute a gradient on the assembled weights.
     Compute,
@@ -27,6 +29,8 @@ pub enum LearnerEvent {
         shard: ShardId,
         /// The clock of that shard's weights the gradient was computed on.
         computed_on: Clock,
+        /// The step, so that the shard applies each gradient once.
+        seq: u64,
     },
     /// The learner has done all its steps and its last gradient has been applied.
     Finished,
@@ -38,16 +42,49 @@ pub struct LearnerCore {
     id: LearnerId,
     /// Clock of the weights received from each shard for the current step.
     received: Vec<Option<Clock>>,
+    /// Clock of the weights each shard's part of the last gradient was computed on.
+    pushed: Vec<Option<Clock>>,
     steps_done: u64,
     steps_total: u64,
     computing: bool,
+    /// Added to every step's sequence number: a restarted learner counts on from a new base,
+    /// so none of its messages looks like a copy of one sent before it restarted.
+    seq_base: u64,
 }
 
 impl LearnerCore {
     /// A learner that will compute `steps_total` gradients against `shards` shards.
     #[must_use]
     pub fn new(id: LearnerId, shards: usize, steps_total: u64) -> Self {
-        Self { id, received: vec![None; shards], steps_done: 0, steps_total, computing: false }
+        Self {
+            id,
+            received: vec![None; shards],
+            pushed: vec![None; shards],
+            steps_done: 0,
+            steps_total,
+            computing: false,
+            seq_base: 0,
+        }
+    }
+
+    /// Number this learner's steps from `base` (see [`LearnerCore::incarnation_base`]).
+    #[must_use]
+    pub fn with_seq_base(mut self, base: u64) -> Self {
+        self.seq_base = base;
+        self
+    }
+
+    /// The sequence base of a learner's `incarnation`-th start (0 for the first): above every
+    /// sequence number its earlier incarnations can have used.
+    #[must_use]
+    pub fn incarnation_base(incarnation: u32) -> u64 {
+        u64::from(incarnation) << 40
+    }
+
+    /// The sequence number of the current step's messages (the last pull's after the last step).
+    #[must_use]
+    pub fn seq(&self) -> u64 {
+        self.seq_base + self.steps_done + 1
     }
 
     /// The learner's id.
@@ -69,25 +106,54 @@ impl LearnerCore {
     }
 
     fn pull_all(&self, last: bool) -> Vec<LearnerEvent> {
-        (0..self.received.len() as u32).map(|s| LearnerEvent::Pull { shard: ShardId(s), last }).collect()
+        let seq = self.seq();
+        (0..self.received.len() as u32).map(|s| LearnerEvent::Pull { shard: ShardId(s), last, seq }).collect()
     }
 
-    /// Weights from `shard` at `clock` arrived. Once every shard answered: `Compute`, or
-    /// `Finished` after the last step.
-    pub fn on_weights(&mut self, shard: ShardId, clock: Clock) -> Result<Option<LearnerEvent>, ActorError> {
+    /// Send again to every shard whose answer to this step's pull has not arrived the last
+    /// push and the pull (either, or the answer, may have been lost; the shard applies each
+    /// push once); nothing while computing or once finished.
+    #[must_use]
+    pub fn on_retry(&self) -> Vec<LearnerEvent> {
+        if self.computing || self.steps_total == 0 || self.received.iter().all(Option::is_some) {
+            return Vec::new();
+        }
+        let (last, seq) = (self.steps_done >= self.steps_total, self.seq());
+        (self.received.iter().zip(&self.pushed).enumerate())
+            .filter(|(_, (answer, _))| answer.is_none())
+            .flat_map(|(s, (_, pushed))| {
+                let shard = ShardId(s as u32);
+                let push = pushed.map(|computed_on| LearnerEvent::Push { shard, computed_on, seq: seq - 1 });
+                push.into_iter().chain([LearnerEvent::Pull { shard, last, seq }])
+            })
+            .collect()
+    }
+
+    /// Weights from `shard` at `clock` arrived, answering the pull of step `seq`. Once every
+    /// shard answered: `Compute`, or `Finished` after the last step. A late or repeated answer
+    /// is [`ActorError::Duplicate`] and changes nothing.
+    pub fn on_weights(
+        &mut self,
+        shard: ShardId,
+        clock: Clock,
+        seq: u64,
+    ) -> Result<Option<LearnerEvent>, ActorError> {
+        let (id, current) = (self.id, self.seq());
         let slot = self
             .received
             .get_mut(shard.index())
-            .ok_or_else(|| ActorError::Protocol(format!("{} got weights from unknown {shard}", self.id)))?;
-        if self.computing || slot.is_some() {
-            return Err(ActorError::Protocol(format!("{} got unrequested weights from {shard}", self.id)));
+            .ok_or_else(|| ActorError::Protocol(format!("{id} got weights from unknown {shard}")))?;
+        if self.computing || slot.is_some() || seq != current {
+            return Err(ActorError::Duplicate(format!(
+                "{id} got weights #{seq} from {shard} on step #{current}"
+            )));
         }
         *slot = Some(clock);
         if !self.received.iter().all(Option::is_some) {
             return Ok(None);
         }
         if self.steps_done >= self.steps_total {
-            self.received.fill(None);
+            // Every slot stays filled: nothing is retried and later answers are duplicates.
             return Ok(Some(LearnerEvent::Finished));
         }
         self.computing = true;
@@ -100,13 +166,15 @@ impl LearnerCore {
             return Err(ActorError::Protocol(format!("{} finished a computation it never started", self.id)));
         }
         self.computing = false;
+        let seq = self.seq();
         self.steps_done += 1;
+        self.pushed.clone_from(&self.received);
         let mut events: Vec<LearnerEvent> = self
             .received
             .iter_mut()
             .enumerate()
             .filter_map(|(s, c)| {
-                c.take().map(|computed_on| LearnerEvent::Push { shard: ShardId(s as u32), computed_on })
+                c.take().map(|computed_on| LearnerEvent::Push { shard: ShardId(s as u32), computed_on, seq })
             })
             .collect();
         events.extend(self.pull_all(self.steps_done >= self.steps_total));
@@ -121,23 +189,39 @@ mod tests {
     #[test]
     fn loop_pulls_computes_pushes_and_finishes() {
         let mut l = LearnerCore::new(LearnerId(3), 2, 2);
-        let pull = |s, last| LearnerEvent::Pull { shard: ShardId(s), last };
-        assert_eq!(l.on_start(), vec![pull(0, false), pull(1, false)]);
-        assert_eq!(l.on_weights(ShardId(1), Clock(5)).unwrap(), None);
-        assert!(l.on_weights(ShardId(1), Clock(5)).is_err(), "twice from one shard");
-        assert_eq!(l.on_weights(ShardId(0), Clock(4)).unwrap(), Some(LearnerEvent::Compute));
+        let pull = |s, last, seq| LearnerEvent::Pull { shard: ShardId(s), last, seq };
+        assert_eq!(l.on_start(), vec![pull(0, false, 1), pull(1, false, 1)]);
+        assert_eq!(l.on_weights(ShardId(1), Clock(5), 1).unwrap(), None);
+        assert!(matches!(l.on_weights(ShardId(1), Clock(5), 1), Err(ActorError::Duplicate(_))), "twice");
+        assert_eq!(l.on_retry(), vec![pull(0, false, 1)], "only the shard that has not answered");
+        assert_eq!(l.on_weights(ShardId(0), Clock(4), 1).unwrap(), Some(LearnerEvent::Compute));
+        assert_eq!(l.on_retry(), vec![], "nothing to retry while computing");
         let ev = l.on_computed().unwrap();
-        assert_eq!(ev[0], LearnerEvent::Push { shard: ShardId(0), computed_on: Clock(4) });
-        assert_eq!(ev[1], LearnerEvent::Push { shard: ShardId(1), computed_on: Clock(5) });
-        assert_eq!(&ev[2..], &[pull(0, false), pull(1, false)]);
-        l.on_weights(ShardId(0), Clock(6)).unwrap();
-        l.on_weights(ShardId(1), Clock(6)).unwrap();
+        assert_eq!(ev[0], LearnerEvent::Push { shard: ShardId(0), computed_on: Clock(4), seq: 1 });
+        assert_eq!(ev[1], LearnerEvent::Push { shard: ShardId(1), computed_on: Clock(5), seq: 1 });
+        assert_eq!(&ev[2..], &[pull(0, false, 2), pull(1, false, 2)]);
+        assert!(l.on_weights(ShardId(0), Clock(5), 1).is_err(), "a late answer to step 1");
+        let push = |s, c| LearnerEvent::Push { shard: ShardId(s), computed_on: Clock(c), seq: 1 };
+        assert_eq!(
+            l.on_retry(),
+            vec![push(0, 4), pull(0, false, 2), push(1, 5), pull(1, false, 2)],
+            "the last push again, then the pull"
+        );
+        l.on_weights(ShardId(0), Clock(6), 2).unwrap();
+        l.on_weights(ShardId(1), Clock(6), 2).unwrap();
         let last = l.on_computed().unwrap();
-        assert_eq!(&last[2..], &[pull(0, true), pull(1, true)], "the last pushes, then a last pull");
+        assert_eq!(&last[2..], &[pull(0, true, 3), pull(1, true, 3)], "the last pushes, then a last pull");
         assert_eq!(l.steps_done(), 2);
-        assert_eq!(l.on_weights(ShardId(0), Clock(7)).unwrap(), None);
-        assert_eq!(l.on_weights(ShardId(1), Clock(7)).unwrap(), Some(LearnerEvent::Finished));
+        assert_eq!(
+            l.on_retry()[..2],
+            [LearnerEvent::Push { shard: ShardId(0), computed_on: Clock(6), seq: 2 }, pull(0, true, 3)]
+        );
+        assert_eq!(l.on_weights(ShardId(0), Clock(7), 3).unwrap(), None);
+        assert_eq!(l.on_weights(ShardId(1), Clock(7), 3).unwrap(), Some(LearnerEvent::Finished));
         assert!(l.on_computed().is_err());
-        assert!(l.on_weights(ShardId(9), Clock(0)).is_err());
+        assert_eq!(l.on_retry(), vec![], "nothing to retry once finished");
+        assert!(l.on_weights(ShardId(9), Clock(0), 3).is_err());
+        let again = LearnerCore::new(LearnerId(3), 1, 5).with_seq_base(LearnerCore::incarnation_base(1));
+        assert!(again.seq() > 1 << 40, "a restarted learner's steps follow every earlier one");
     }
 }

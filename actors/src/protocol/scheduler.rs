@@ -2,7 +2,8 @@
 //! learner progress into epochs (evaluation points), and stops the
 //! run once every learner has finished.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use rudra_transport::{LearnerId, ShardId};
 use serde::{Deserialize, Serialize};
@@ -38,6 +39,12 @@ pub enum SchedulerEvent {
     },
     /// Tell every node to stop.
     Stop,
+    /// No word from this learner within the failure timeout: it left the active set.
+    Lost(LearnerId),
+    /// A learner that was lost (or restarted) is heard from again and is active once more.
+    Rejoined(LearnerId),
+    /// The active set changed: tell every shard the new λ ([`SchedulerCore::active`]).
+    Membership,
 }
 
 /// The scheduler's state.
@@ -55,6 +62,13 @@ pub struct SchedulerCore {
     /// Evaluation points passed.
     evals: u64,
     started: bool,
+    /// Learners removed from the active set by the failure detector.
+    lost: BTreeSet<LearnerId>,
+    /// When each learner was last heard from, since the scheduler started.
+    last_heard: BTreeMap<LearnerId, Duration>,
+    /// Silence longer than this removes a learner (none: never).
+    failure_timeout: Option<Duration>,
+    stopping: bool,
 }
 
 impl SchedulerCore {
@@ -74,7 +88,84 @@ impl SchedulerCore {
             samples: 0,
             evals: 0,
             started: false,
+            lost: BTreeSet::new(),
+            last_heard: BTreeMap::new(),
+            failure_timeout: None,
+            stopping: false,
         }
+    }
+
+    /// Remove a learner not heard from for `timeout` from the active set.
+    #[must_use]
+    pub fn with_failure_timeout(mut self, timeout: Duration) -> Self {
+        self.failure_timeout = Some(timeout);
+        self
+    }
+
+    /// The learners the shards serve: joined, not lost.
+    #[must_use]
+    pub fn active(&self) -> BTreeSet<LearnerId> {
+        self.joined_learners.difference(&self.lost).copied().collect()
+    }
+
+    /// A learner was heard from at `now` (a heartbeat, progress, or a restart joining). A lost
+    /// learner is active again.
+    #[must_use]
+    pub fn on_heard(&mut self, learner: LearnerId, now: Duration) -> Vec<SchedulerEvent> {
+        self.last_heard.insert(learner, now);
+        if self.stopping || !self.lost.remove(&learner) {
+            return Vec::new();
+        }
+        self.finished.remove(&learner);
+        vec![SchedulerEvent::Rejoined(learner), SchedulerEvent::Membership]
+    }
+
+    /// The failure detector's clock ticked: learners silent for longer than the timeout are
+    /// lost; once every active learner has finished the run ends.
+    #[must_use]
+    pub fn on_tick(&mut self, now: Duration) -> Vec<SchedulerEvent> {
+        let Some(timeout) = self.failure_timeout.filter(|_| self.started && !self.stopping) else {
+            return Vec::new();
+        };
+        // A learner not heard from yet is given a whole timeout from the first tick.
+        for &l in &self.joined_learners {
+            self.last_heard.entry(l).or_insert(now);
+        }
+        let silent: Vec<LearnerId> = (self.joined_learners.iter())
+            .filter(|l| !self.lost.contains(l) && !self.finished.contains(l))
+            .filter(|l| self.last_heard.get(l).is_some_and(|&t| now.saturating_sub(t) > timeout))
+            .copied()
+            .collect();
+        self.remove(silent)
+    }
+
+    /// The transport saw `learner`'s connection close: it is lost at once.
+    #[must_use]
+    pub fn on_disconnected(&mut self, learner: LearnerId) -> Vec<SchedulerEvent> {
+        if self.stopping || self.finished.contains(&learner) || self.lost.contains(&learner) {
+            return Vec::new();
+        }
+        self.remove(vec![learner])
+    }
+
+    fn remove(&mut self, gone: Vec<LearnerId>) -> Vec<SchedulerEvent> {
+        if gone.is_empty() {
+            return Vec::new();
+        }
+        self.lost.extend(gone.iter().copied());
+        let mut events: Vec<SchedulerEvent> = gone.into_iter().map(SchedulerEvent::Lost).collect();
+        events.push(SchedulerEvent::Membership);
+        events.extend(self.finish_if_done());
+        events
+    }
+
+    fn finish_if_done(&mut self) -> Vec<SchedulerEvent> {
+        if self.stopping || !self.active().is_subset(&self.finished) {
+            return Vec::new();
+        }
+        self.stopping = true;
+        let epoch = self.evals / self.evals_per_epoch;
+        vec![SchedulerEvent::Evaluate { epoch, final_: true }, SchedulerEvent::Stop]
     }
 
     /// Evaluate `k` times per epoch (at equal sample counts) instead of once.
@@ -90,10 +181,10 @@ impl SchedulerCore {
         &self.joined_learners
     }
 
-    /// Learners that joined and have not finished.
+    /// Learners that joined, are not lost and have not finished.
     #[must_use]
     pub fn learners_alive(&self) -> usize {
-        self.joined_learners.difference(&self.finished).count()
+        self.active().difference(&self.finished).count()
     }
 
     /// Samples processed so far, over all learners.
@@ -149,16 +240,10 @@ impl SchedulerCore {
         events
     }
 
-    /// A learner finished all its steps. Once every learner has, the run ends.
+    /// A learner finished all its steps. Once every active learner has, the run ends.
     #[must_use]
     pub fn on_learner_finished(&mut self, learner: LearnerId) -> Vec<SchedulerEvent> {
-        let fresh = self.finished.insert(learner);
-        if fresh && self.finished.len() == self.joined_learners.len() {
-            let epoch = self.evals / self.evals_per_epoch;
-            vec![SchedulerEvent::Evaluate { epoch, final_: true }, SchedulerEvent::Stop]
-        } else {
-            Vec::new()
-        }
+        if self.finished.insert(learner) { self.finish_if_done() } else { Vec::new() }
     }
 }
 
@@ -189,6 +274,42 @@ mod tests {
             s.on_learner_finished(LearnerId(1)),
             vec![SchedulerEvent::Evaluate { epoch: 2, final_: true }, SchedulerEvent::Stop]
         );
+    }
+
+    #[test]
+    fn silent_learners_are_lost_and_rejoin_and_the_run_ends_with_those_alive() {
+        let ms = Duration::from_millis;
+        let mut s = SchedulerCore::new(3, 1, 100, 1).with_failure_timeout(ms(500));
+        let _ = s.on_shard_joined(ShardId(0));
+        for l in 0..3 {
+            let _ = s.on_learner_joined(LearnerId(l));
+            assert!(s.on_heard(LearnerId(l), ms(0)).is_empty());
+        }
+        assert!(s.on_tick(ms(400)).is_empty());
+        assert!(s.on_heard(LearnerId(0), ms(450)).is_empty());
+        assert!(s.on_heard(LearnerId(1), ms(450)).is_empty());
+        let lost = s.on_tick(ms(600));
+        assert_eq!(lost, vec![SchedulerEvent::Lost(LearnerId(2)), SchedulerEvent::Membership]);
+        assert_eq!(s.active(), [LearnerId(0), LearnerId(1)].into_iter().collect());
+        assert_eq!(s.learners_alive(), 2);
+        // Healed: it is heard again and rejoins.
+        assert_eq!(
+            s.on_heard(LearnerId(2), ms(700)),
+            vec![SchedulerEvent::Rejoined(LearnerId(2)), SchedulerEvent::Membership]
+        );
+        assert!(s.on_learner_finished(LearnerId(0)).is_empty());
+        assert!(s.on_learner_finished(LearnerId(1)).is_empty());
+        // Learner 2 crashes for good: its connection closes and the run ends without it.
+        assert_eq!(
+            s.on_disconnected(LearnerId(2)),
+            vec![
+                SchedulerEvent::Lost(LearnerId(2)),
+                SchedulerEvent::Membership,
+                SchedulerEvent::Evaluate { epoch: 0, final_: true },
+                SchedulerEvent::Stop
+            ]
+        );
+        assert!(s.on_tick(ms(5000)).is_empty(), "nothing after the end");
     }
 
     #[test]

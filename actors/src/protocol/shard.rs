@@ -93,6 +93,8 @@ pub enum ShardEvent {
     Serve {
         /// Who asked.
         learner: LearnerId,
+        /// The sequence number of the pull answered.
+        seq: u64,
         /// What to send.
         weights: Weights,
     },
@@ -112,27 +114,32 @@ struct Held {
     lr: f32,
 }
 
-/// Gradients a shard is waiting for: the clock each learner was served, and how many were
-/// served each clock, so the oldest is found without a scan.
+/// Gradients a shard is waiting for: the clock each learner was first served for its step
+/// (with that step's sequence number), and how many were served each clock, so the oldest is
+/// found without a scan.
 #[derive(Debug, Default)]
 struct Outstanding {
-    by_learner: BTreeMap<LearnerId, Clock>,
+    by_learner: BTreeMap<LearnerId, (Clock, u64)>,
     by_clock: BTreeMap<Clock, usize>,
 }
 
 impl Outstanding {
     fn get(&self, learner: LearnerId) -> Option<Clock> {
-        self.by_learner.get(&learner).copied()
+        self.by_learner.get(&learner).map(|&(clock, _)| clock)
     }
 
-    fn insert(&mut self, learner: LearnerId, clock: Clock) {
+    fn seq(&self, learner: LearnerId) -> Option<u64> {
+        self.by_learner.get(&learner).map(|&(_, seq)| seq)
+    }
+
+    fn insert(&mut self, learner: LearnerId, clock: Clock, seq: u64) {
         self.remove(learner);
-        self.by_learner.insert(learner, clock);
+        self.by_learner.insert(learner, (clock, seq));
         *self.by_clock.entry(clock).or_default() += 1;
     }
 
     fn remove(&mut self, learner: LearnerId) {
-        let Some(clock) = self.by_learner.remove(&learner) else { return };
+        let Some((clock, _)) = self.by_learner.remove(&learner) else { return };
         if let Some(n) = self.by_clock.get_mut(&clock) {
             *n -= 1;
             if *n == 0 {
@@ -153,6 +160,14 @@ impl Outstanding {
         let own = self.get(learner);
         self.by_clock.iter().find(|&(c, n)| Some(*c) != own || *n > 1).map(|(c, _)| *c)
     }
+}
+
+/// A pull waiting to be answered.
+#[derive(Clone, Copy, Debug)]
+struct Deferred {
+    learner: LearnerId,
+    seq: u64,
+    last: bool,
 }
 
 /// Settings of an SGD shard.
@@ -190,8 +205,11 @@ pub struct SgdShard {
     spare: Vec<Vec<f32>>,
     /// Learners served weights whose gradient has not arrived yet, with the clock served.
     outstanding: Outstanding,
+    /// The sequence number of each learner's last accepted push: a push or pull at or below
+    /// it is a duplicate or a late copy and is ignored.
+    last_pushed: BTreeMap<LearnerId, u64>,
     /// Pulls waiting for the gate, first come first served.
-    deferred: VecDeque<LearnerId>,
+    deferred: VecDeque<Deferred>,
     /// The learners in `deferred`.
     deferred_set: BTreeSet<LearnerId>,
     stats: StalenessStats,
@@ -215,6 +233,7 @@ impl SgdShard {
             round: BTreeMap::new(),
             spare: Vec::new(),
             outstanding: Outstanding::default(),
+            last_pushed: BTreeMap::new(),
             deferred: VecDeque::new(),
             deferred_set: BTreeSet::new(),
             stats: StalenessStats::default(),
@@ -274,35 +293,60 @@ impl SgdShard {
         self.cfg.schedule.rate(self.received / self.cfg.gradients_per_epoch.max(1))
     }
 
-    /// A learner asks for the current weights. They are served now, or deferred while the
-    /// hardsync barrier or the staleness bound says wait.
-    pub fn on_pull(&mut self, learner: LearnerId) -> Result<(), ActorError> {
-        self.check_member(learner)?;
-        if self.may_serve(learner) {
-            self.serve(learner);
-        } else if self.deferred_set.insert(learner) {
-            self.deferred.push_back(learner);
-        }
-        Ok(())
+    /// The sequence number of `learner`'s last accepted push (0 before any).
+    #[must_use]
+    pub fn last_pushed(&self, learner: LearnerId) -> u64 {
+        self.last_pushed.get(&learner).copied().unwrap_or(0)
+    }
+
+    /// A learner asks for the current weights for its step `seq`. They are served now, or
+    /// deferred while the hardsync barrier or the staleness bound says wait, or while the
+    /// learner's push of its previous step is still on its way (a pull can overtake it; a
+    /// learner that retries sends that push again first). Asking again for a step already
+    /// answered (a retry) is answered again. A pull for a step already pushed, or older than
+    /// the one outstanding, is a late copy: [`ActorError::Duplicate`].
+    pub fn on_pull(&mut self, learner: LearnerId, seq: u64) -> Result<(), ActorError> {
+        self.pull(learner, seq, false)
     }
 
     /// A learner that has pushed its last gradient asks for the weights once more, to know it
-    /// was applied. Served at once, never gated, and no gradient is expected for it.
-    pub fn on_last_pull(&mut self, learner: LearnerId) -> Result<(), ActorError> {
+    /// was applied: served once that push is in, never gated, and no gradient is expected.
+    pub fn on_last_pull(&mut self, learner: LearnerId, seq: u64) -> Result<(), ActorError> {
+        self.pull(learner, seq, true)
+    }
+
+    fn pull(&mut self, learner: LearnerId, seq: u64, last: bool) -> Result<(), ActorError> {
         self.check_member(learner)?;
-        self.events.push_back(ShardEvent::Serve { learner, weights: self.snapshot() });
+        self.check_fresh(learner, seq, "pull")?;
+        match self.outstanding.seq(learner) {
+            Some(s) if s > seq => return Err(self.duplicate(learner, seq, "pull")),
+            Some(s) if s == seq => {
+                self.events.push_back(ShardEvent::Serve { learner, seq, weights: self.snapshot() });
+                return Ok(());
+            }
+            _ => {}
+        }
+        if self.deferred_set.insert(learner) {
+            self.deferred.push_back(Deferred { learner, seq, last });
+        } else if let Some(d) = self.deferred.iter_mut().find(|d| d.learner == learner) {
+            (d.seq, d.last) = (d.seq.max(seq), last);
+        }
+        self.release_deferred();
         Ok(())
     }
 
-    /// A learner pushes its gradient for this shard's range, computed on weights `computed_on`.
-    /// A push that is malformed or was never asked for is rejected and changes nothing.
+    /// A learner pushes its gradient of step `seq` for this shard's range, computed on weights
+    /// `computed_on`. A push that is malformed or comes from the future is rejected and changes
+    /// nothing; a copy of a push already accepted is [`ActorError::Duplicate`], applied once.
     pub fn on_push(
         &mut self,
         learner: LearnerId,
+        seq: u64,
         computed_on: Clock,
         grad: &[f32],
     ) -> Result<(), ActorError> {
         self.check_member(learner)?;
+        self.check_fresh(learner, seq, "push")?;
         if grad.len() != self.params.len() {
             return Err(ActorError::Protocol(format!(
                 "{} pushed {} gradient values to {}, which holds {}",
@@ -312,15 +356,19 @@ impl SgdShard {
                 self.params.len()
             )));
         }
-        if self.outstanding.get(learner) != Some(computed_on) {
+        if computed_on > self.clock {
             return Err(ActorError::Protocol(format!(
-                "{learner} pushed a gradient on clock {computed_on} to {}, which served it {:?}",
-                self.cfg.id,
-                self.outstanding.get(learner)
+                "{learner} pushed a gradient on clock {computed_on} to {}, which is at {}",
+                self.cfg.id, self.clock
             )));
         }
-        self.outstanding.remove(learner);
-        let clock_before = self.clock;
+        if self.cfg.rule == SyncRule::Hardsync && self.round.contains_key(&learner) {
+            return Err(self.duplicate(learner, seq, "push in a round it already pushed to"));
+        }
+        if self.outstanding.seq(learner).is_some_and(|s| s <= seq) {
+            self.outstanding.remove(learner);
+        }
+        self.last_pushed.insert(learner, seq);
         let lr = self.learning_rate();
         self.received += 1;
         let staleness = self.clock.staleness_of(computed_on).unwrap_or_default();
@@ -358,11 +406,9 @@ impl SgdShard {
                 cpu::axpy(weight, grad, &mut self.acc);
             }
         }
-        // Without a bound only a new clock opens the gate (it ends a hardsync round); with
-        // one, the oldest outstanding gradient may just have arrived.
-        if self.clock != clock_before || self.cfg.max_staleness.is_some() {
-            self.release_deferred();
-        }
+        // A new clock, the oldest outstanding gradient, or this learner's own push may each
+        // open the gate for a deferred pull.
+        self.release_deferred();
         Ok(())
     }
 
@@ -370,13 +416,21 @@ impl SgdShard {
     /// no round waits for a learner that is gone.
     pub fn on_membership(&mut self, active: BTreeSet<LearnerId>) {
         self.outstanding.retain(&active);
-        self.deferred.retain(|l| active.contains(l));
+        self.deferred.retain(|d| active.contains(&d.learner));
         self.deferred_set.retain(|l| active.contains(l));
         self.active = active;
         if !self.held.is_empty() && self.held.len() >= self.gradients_per_update() {
             self.apply(None);
         }
         self.release_deferred();
+    }
+
+    fn check_fresh(&self, learner: LearnerId, seq: u64, what: &str) -> Result<(), ActorError> {
+        if seq <= self.last_pushed(learner) { Err(self.duplicate(learner, seq, what)) } else { Ok(()) }
+    }
+
+    fn duplicate(&self, learner: LearnerId, seq: u64, what: &str) -> ActorError {
+        ActorError::Duplicate(format!("{learner} {what} #{seq} at {}: a late or repeated copy", self.cfg.id))
     }
 
     fn check_member(&self, learner: LearnerId) -> Result<(), ActorError> {
@@ -387,7 +441,13 @@ impl SgdShard {
         }
     }
 
-    fn may_serve(&self, learner: LearnerId) -> bool {
+    fn may_serve(&self, &Deferred { learner, seq, last }: &Deferred) -> bool {
+        if self.outstanding.seq(learner).is_some_and(|s| s < seq) {
+            return false;
+        }
+        if last {
+            return true;
+        }
         if self.cfg.rule == SyncRule::Hardsync && self.round.contains_key(&learner) {
             return false;
         }
@@ -395,19 +455,24 @@ impl SgdShard {
         self.outstanding.oldest_except(learner).is_none_or(|j| self.clock.0 - j.0 < bound)
     }
 
-    fn serve(&mut self, learner: LearnerId) {
-        self.outstanding.insert(learner, self.clock);
-        self.events.push_back(ShardEvent::Serve { learner, weights: self.snapshot() });
+    fn serve(&mut self, learner: LearnerId, seq: u64) {
+        self.outstanding.insert(learner, self.clock, seq);
+        self.events.push_back(ShardEvent::Serve { learner, seq, weights: self.snapshot() });
     }
 
     fn release_deferred(&mut self) {
         for _ in 0..self.deferred.len() {
-            let Some(learner) = self.deferred.pop_front() else { break };
-            if self.may_serve(learner) {
-                self.deferred_set.remove(&learner);
-                self.serve(learner);
+            let Some(d) = self.deferred.pop_front() else { break };
+            if !self.may_serve(&d) {
+                self.deferred.push_back(d);
+                continue;
+            }
+            self.deferred_set.remove(&d.learner);
+            if d.last {
+                let weights = self.snapshot();
+                self.events.push_back(ShardEvent::Serve { learner: d.learner, seq: d.seq, weights });
             } else {
-                self.deferred.push_back(learner);
+                self.serve(d.learner, d.seq);
             }
         }
     }
@@ -470,12 +535,22 @@ mod tests {
         SgdShard::new(cfg, vec![1.0, 2.0, 3.0], L[..learners].iter().copied().collect())
     }
 
+    /// The next step's pull from `l`.
+    fn pull(s: &mut SgdShard, l: LearnerId) -> Result<(), ActorError> {
+        s.on_pull(l, s.last_pushed(l) + 1)
+    }
+
+    /// `l`'s gradient of its next step, computed on `clock`.
+    fn push(s: &mut SgdShard, l: LearnerId, clock: Clock, g: &[f32]) -> Result<(), ActorError> {
+        s.on_push(l, s.last_pushed(l) + 1, clock, g)
+    }
+
     /// Drain events; returns (served learners with clocks, records, updates).
     fn drain(s: &mut SgdShard) -> (Vec<(LearnerId, Clock)>, Vec<GradientRecord>, Vec<UpdateRecord>) {
         let (mut served, mut grads, mut updates) = (Vec::new(), Vec::new(), Vec::new());
         while let Some(e) = s.poll_event() {
             match e {
-                ShardEvent::Serve { learner, weights } => served.push((learner, weights.clock)),
+                ShardEvent::Serve { learner, weights, .. } => served.push((learner, weights.clock)),
                 ShardEvent::Gradient(g) => grads.push(g),
                 ShardEvent::Update(u) => updates.push(u),
             }
@@ -509,23 +584,23 @@ mod tests {
         // λ = 4, n = 2: c = 2. Per-gradient modulation, α0 = 0.5.
         let mut s = shard(SyncRule::Softsync { n: 2 }, LrModulation::PerGradient, None, 4);
         for l in L {
-            s.on_pull(l).unwrap();
+            pull(&mut s, l).unwrap();
         }
         assert_eq!(drain(&mut s).0.len(), 4, "no barrier: all served at once");
         let (g0, g1, g2, g3) = ([1.0, 0.0, 0.0], [0.0, 2.0, 0.0], [0.0, 0.0, 4.0], [8.0, 0.0, 0.0]);
-        s.on_push(L[0], Clock(0), &g0).unwrap();
+        push(&mut s, L[0], Clock(0), &g0).unwrap();
         assert_eq!(s.clock(), Clock(0), "one gradient is not enough");
-        s.on_push(L[1], Clock(0), &g1).unwrap();
+        push(&mut s, L[1], Clock(0), &g1).unwrap();
         assert_eq!(s.clock(), Clock(1));
         // θ ← θ − (1/2)(0.5·g0 + 0.5·g1)
         close(&values(&s), &[1.0 - 0.25, 2.0 - 0.5, 3.0]);
-        s.on_pull(L[0]).unwrap();
-        s.on_push(L[2], Clock(0), &g2).unwrap(); // σ = 1: α = 0.5
-        s.on_push(L[0], Clock(1), &g0).unwrap(); // σ = 0: α = 0.5
+        pull(&mut s, L[0]).unwrap();
+        push(&mut s, L[2], Clock(0), &g2).unwrap(); // σ = 1: α = 0.5
+        push(&mut s, L[0], Clock(1), &g0).unwrap(); // σ = 0: α = 0.5
         close(&values(&s), &[0.75 - 0.25, 1.5, 3.0 - 1.0]);
-        s.on_push(L[3], Clock(0), &g3).unwrap(); // σ = 2: α = 0.25
-        s.on_pull(L[1]).unwrap();
-        s.on_push(L[1], Clock(2), &g1).unwrap(); // σ = 0
+        push(&mut s, L[3], Clock(0), &g3).unwrap(); // σ = 2: α = 0.25
+        pull(&mut s, L[1]).unwrap();
+        push(&mut s, L[1], Clock(2), &g1).unwrap(); // σ = 0
         close(&values(&s), &[0.5 - 0.5 * 0.25 * 8.0, 1.5 - 0.5 * 0.5 * 2.0, 2.0]);
         let (_, grads, updates) = drain(&mut s);
         assert_eq!(updates.len(), 3);
@@ -546,23 +621,23 @@ mod tests {
     fn mean_modulation_scales_the_whole_update_by_running_mean() {
         // 1-softsync, λ = 2 (c = 2): ⟨σ⟩ = 0 → α = α0 / max(0, 1) = 0.5 for the update.
         let mut s = shard(SyncRule::Softsync { n: 1 }, LrModulation::Mean, None, 2);
-        s.on_pull(L[0]).unwrap();
-        s.on_pull(L[1]).unwrap();
-        s.on_push(L[0], Clock(0), &[1.0, 1.0, 1.0]).unwrap();
-        s.on_push(L[1], Clock(0), &[3.0, 3.0, 3.0]).unwrap();
+        pull(&mut s, L[0]).unwrap();
+        pull(&mut s, L[1]).unwrap();
+        push(&mut s, L[0], Clock(0), &[1.0, 1.0, 1.0]).unwrap();
+        push(&mut s, L[1], Clock(0), &[3.0, 3.0, 3.0]).unwrap();
         close(&values(&s), &[0.0, 1.0, 2.0]); // θ − 0.5 · (1 + 3) / 2
         // Async, λ = 3: L0 runs four steps while L1 and L2 compute on clock 0.
         let mut s = shard(SyncRule::Softsync { n: 3 }, LrModulation::Mean, None, 3);
         for l in &L[..3] {
-            s.on_pull(*l).unwrap();
+            pull(&mut s, *l).unwrap();
         }
         for j in 0..4 {
-            s.on_push(L[0], Clock(j), &[1.0; 3]).unwrap();
-            s.on_pull(L[0]).unwrap();
+            push(&mut s, L[0], Clock(j), &[1.0; 3]).unwrap();
+            pull(&mut s, L[0]).unwrap();
         }
         close(&values(&s), &[-1.0, 0.0, 1.0]);
-        s.on_push(L[1], Clock(0), &[0.0; 3]).unwrap(); // σ = 4, ⟨σ⟩ = 4/5
-        s.on_push(L[2], Clock(0), &[3.0, 0.0, 0.0]).unwrap(); // σ = 5, ⟨σ⟩ = 9/6 → α = 0.5 / 1.5
+        push(&mut s, L[1], Clock(0), &[0.0; 3]).unwrap(); // σ = 4, ⟨σ⟩ = 4/5
+        push(&mut s, L[2], Clock(0), &[3.0, 0.0, 0.0]).unwrap(); // σ = 5, ⟨σ⟩ = 9/6 → α = 0.5 / 1.5
         close(&values(&s), &[-2.0, 0.0, 1.0]);
         let (_, grads, _) = drain(&mut s);
         let last = grads.last().unwrap();
@@ -574,10 +649,10 @@ mod tests {
     fn async_applies_every_gradient_on_arrival() {
         let mut s = shard(SyncRule::Softsync { n: 3 }, LrModulation::None, None, 3);
         for l in &L[..3] {
-            s.on_pull(*l).unwrap();
+            pull(&mut s, *l).unwrap();
         }
         for (k, l) in L[..3].iter().enumerate() {
-            s.on_push(*l, Clock(0), &[1.0, 0.0, 0.0]).unwrap();
+            push(&mut s, *l, Clock(0), &[1.0, 0.0, 0.0]).unwrap();
             assert_eq!(s.clock(), Clock(k as u64 + 1));
         }
         close(&values(&s), &[1.0 - 1.5, 2.0, 3.0]);
@@ -586,13 +661,13 @@ mod tests {
     #[test]
     fn hardsync_waits_for_everyone_and_defers_early_pulls() {
         let mut s = shard(SyncRule::Hardsync, LrModulation::PerGradient, None, 2);
-        s.on_pull(L[0]).unwrap();
-        s.on_pull(L[1]).unwrap();
+        pull(&mut s, L[0]).unwrap();
+        pull(&mut s, L[1]).unwrap();
         drain(&mut s);
-        s.on_push(L[0], Clock(0), &[2.0, 0.0, 0.0]).unwrap();
-        s.on_pull(L[0]).unwrap();
+        push(&mut s, L[0], Clock(0), &[2.0, 0.0, 0.0]).unwrap();
+        pull(&mut s, L[0]).unwrap();
         assert!(drain(&mut s).0.is_empty(), "the barrier defers L0 until the round ends");
-        s.on_push(L[1], Clock(0), &[0.0, 4.0, 0.0]).unwrap();
+        push(&mut s, L[1], Clock(0), &[0.0, 4.0, 0.0]).unwrap();
         let (served, grads, _) = drain(&mut s);
         assert_eq!(served, vec![(L[0], Clock(1))]);
         assert!(grads.iter().all(|g| g.staleness == Staleness(0)));
@@ -602,17 +677,78 @@ mod tests {
     #[test]
     fn bad_pushes_are_rejected_and_change_nothing() {
         let mut s = shard(SyncRule::Softsync { n: 1 }, LrModulation::None, None, 2);
-        s.on_pull(L[0]).unwrap();
+        pull(&mut s, L[0]).unwrap();
         let before = values(&s);
-        assert!(s.on_push(L[0], Clock(0), &[1.0]).is_err(), "wrong length");
-        assert!(s.on_push(L[1], Clock(0), &[1.0; 3]).is_err(), "never served");
-        assert!(s.on_push(L[3], Clock(0), &[1.0; 3]).is_err(), "unknown learner");
-        assert!(s.on_pull(L[3]).is_err(), "unknown learner");
-        assert!(s.on_push(L[0], Clock(5), &[1.0; 3]).is_err(), "wrong clock");
+        assert!(push(&mut s, L[0], Clock(0), &[1.0]).is_err(), "wrong length");
+        assert!(push(&mut s, L[3], Clock(0), &[1.0; 3]).is_err(), "unknown learner");
+        assert!(pull(&mut s, L[3]).is_err(), "unknown learner");
+        assert!(push(&mut s, L[0], Clock(5), &[1.0; 3]).is_err(), "a clock the shard has not reached");
         assert_eq!(values(&s), before);
         assert_eq!(s.clock(), Clock(0));
-        s.on_push(L[0], Clock(0), &[1.0; 3]).unwrap();
-        assert!(s.on_push(L[0], Clock(0), &[1.0; 3]).is_err(), "a duplicate push is not applied twice");
+        push(&mut s, L[0], Clock(0), &[1.0; 3]).unwrap();
+        let dup = s.on_push(L[0], 1, Clock(0), &[1.0; 3]);
+        assert!(matches!(dup, Err(ActorError::Duplicate(_))), "a duplicate push is not applied twice");
+    }
+
+    #[test]
+    fn retried_duplicated_and_reordered_messages_apply_each_gradient_once() {
+        let mut s = shard(SyncRule::Softsync { n: 2 }, LrModulation::None, None, 2);
+        s.on_pull(L[0], 1).unwrap();
+        s.on_pull(L[0], 1).unwrap(); // a retry is answered again
+        let (served, _, _) = drain(&mut s);
+        assert_eq!(served, vec![(L[0], Clock(0)), (L[0], Clock(0))]);
+        // Step 2's pull overtakes step 1's push; both gradients count, each once.
+        s.on_pull(L[0], 2).unwrap();
+        s.on_push(L[0], 1, Clock(0), &[1.0, 0.0, 0.0]).unwrap();
+        assert!(matches!(s.on_push(L[0], 1, Clock(0), &[1.0; 3]), Err(ActorError::Duplicate(_))));
+        assert!(matches!(s.on_pull(L[0], 1), Err(ActorError::Duplicate(_))), "a late copy of a pull");
+        s.on_push(L[0], 2, Clock(0), &[1.0, 0.0, 0.0]).unwrap();
+        assert!(matches!(s.on_push(L[0], 2, Clock(0), &[1.0; 3]), Err(ActorError::Duplicate(_))));
+        assert_eq!(s.clock(), Clock(2));
+        close(&values(&s), &[0.0, 2.0, 3.0]);
+        // A step lost on the way (its push dropped) leaves nothing waiting.
+        s.on_pull(L[1], 1).unwrap();
+        s.on_pull(L[1], 2).unwrap();
+        s.on_push(L[1], 2, Clock(2), &[0.0; 3]).unwrap();
+        assert_eq!((s.clock(), s.last_pushed(L[1])), (Clock(3), 2));
+    }
+
+    #[test]
+    fn a_pull_that_overtakes_its_push_waits_for_it_unless_asked_again() {
+        let mut s = shard(SyncRule::Hardsync, LrModulation::None, None, 2);
+        for l in &L[..2] {
+            s.on_pull(*l, 1).unwrap();
+        }
+        drain(&mut s);
+        s.on_pull(L[0], 2).unwrap(); // learner 0's push of step 1 is still on its way
+        s.on_push(L[1], 1, Clock(0), &[0.0; 3]).unwrap();
+        assert_eq!(drain(&mut s).0, vec![], "not served on the weights its own push will change");
+        s.on_push(L[0], 1, Clock(0), &[2.0, 0.0, 0.0]).unwrap();
+        assert_eq!(drain(&mut s).0, vec![(L[0], Clock(1))], "served once the round it completes is applied");
+        // Learner 1's push of step 2 is lost: its pull waits until the retry sends it again.
+        s.on_pull(L[1], 2).unwrap();
+        assert_eq!(drain(&mut s).0, vec![(L[1], Clock(1))]);
+        s.on_pull(L[1], 3).unwrap();
+        s.on_pull(L[1], 3).unwrap();
+        assert_eq!(drain(&mut s).0, vec![], "a copy of the pull does not stop the wait");
+        s.on_push(L[1], 2, Clock(1), &[0.0; 3]).unwrap();
+        assert_eq!(s.clock(), Clock(1), "hardsync waits for learner 0's step 2");
+        s.on_push(L[0], 2, Clock(1), &[0.0; 3]).unwrap();
+        assert_eq!(drain(&mut s).0, vec![(L[1], Clock(2))]);
+    }
+
+    #[test]
+    fn hardsync_takes_one_gradient_per_learner_per_round() {
+        let mut s = shard(SyncRule::Hardsync, LrModulation::None, None, 2);
+        s.on_pull(L[0], 1).unwrap();
+        s.on_pull(L[0], 1).unwrap();
+        s.on_push(L[0], 1, Clock(0), &[2.0, 0.0, 0.0]).unwrap();
+        // A second reply to the retried pull led the learner to push step 2 on the same clock.
+        assert!(matches!(s.on_push(L[0], 2, Clock(0), &[2.0; 3]), Err(ActorError::Duplicate(_))));
+        s.on_pull(L[1], 1).unwrap();
+        s.on_push(L[1], 1, Clock(0), &[0.0, 4.0, 0.0]).unwrap();
+        assert_eq!(s.clock(), Clock(1));
+        close(&values(&s), &[1.0 - 0.5, 2.0 - 1.0, 3.0]);
     }
 
     #[test]
@@ -620,13 +756,13 @@ mod tests {
         // Async, s = 1. L0 and L1 both served at 0; L1's gradient is applied; L0's is σ = 1;
         // then L2 (served at 0 before the gate closed) arrives with σ = 2 and is dropped.
         let mut s = shard(SyncRule::Softsync { n: 3 }, LrModulation::None, Some(1), 3);
-        s.on_pull(L[0]).unwrap();
-        s.on_pull(L[1]).unwrap();
-        s.on_pull(L[2]).unwrap();
-        s.on_push(L[1], Clock(0), &[1.0; 3]).unwrap();
-        s.on_push(L[0], Clock(0), &[1.0; 3]).unwrap();
+        pull(&mut s, L[0]).unwrap();
+        pull(&mut s, L[1]).unwrap();
+        pull(&mut s, L[2]).unwrap();
+        push(&mut s, L[1], Clock(0), &[1.0; 3]).unwrap();
+        push(&mut s, L[0], Clock(0), &[1.0; 3]).unwrap();
         let before = values(&s);
-        s.on_push(L[2], Clock(0), &[1.0; 3]).unwrap();
+        push(&mut s, L[2], Clock(0), &[1.0; 3]).unwrap();
         assert_eq!(values(&s), before, "a dropped gradient changes nothing");
         let (_, grads, _) = drain(&mut s);
         assert_eq!(grads.last().unwrap().outcome, Outcome::Dropped(DropReason::TooStale));
@@ -637,13 +773,13 @@ mod tests {
     #[test]
     fn the_bound_defers_pulls_while_an_old_gradient_is_outstanding() {
         let mut s = shard(SyncRule::Softsync { n: 2 }, LrModulation::None, Some(1), 2);
-        s.on_pull(L[0]).unwrap();
-        s.on_pull(L[1]).unwrap();
-        s.on_push(L[1], Clock(0), &[1.0; 3]).unwrap(); // clock 1, L0 outstanding at 0
+        pull(&mut s, L[0]).unwrap();
+        pull(&mut s, L[1]).unwrap();
+        push(&mut s, L[1], Clock(0), &[1.0; 3]).unwrap(); // clock 1, L0 outstanding at 0
         drain(&mut s);
-        s.on_pull(L[1]).unwrap();
+        pull(&mut s, L[1]).unwrap();
         assert!(drain(&mut s).0.is_empty(), "i − j = 1 is not below s = 1: wait");
-        s.on_push(L[0], Clock(0), &[1.0; 3]).unwrap(); // σ = 1, applied
+        push(&mut s, L[0], Clock(0), &[1.0; 3]).unwrap(); // σ = 1, applied
         let (served, grads, _) = drain(&mut s);
         assert_eq!(served, vec![(L[1], Clock(2))]);
         assert_eq!(grads[0].staleness, Staleness(1));
@@ -652,13 +788,13 @@ mod tests {
     #[test]
     fn the_oldest_outstanding_clock_is_kept_per_clock() {
         let mut o = Outstanding::default();
-        o.insert(L[0], Clock(3));
-        o.insert(L[1], Clock(5));
+        o.insert(L[0], Clock(3), 1);
+        o.insert(L[1], Clock(5), 1);
         assert_eq!(o.oldest_except(L[2]), Some(Clock(3)));
         assert_eq!(o.oldest_except(L[0]), Some(Clock(5)), "a learner's own gradient does not count");
-        o.insert(L[2], Clock(3));
+        o.insert(L[2], Clock(3), 1);
         assert_eq!(o.oldest_except(L[0]), Some(Clock(3)));
-        o.insert(L[2], Clock(6));
+        o.insert(L[2], Clock(6), 1);
         o.remove(L[0]);
         assert_eq!(o.oldest_except(L[3]), Some(Clock(5)));
         o.retain(&[L[2]].into_iter().collect());
@@ -669,10 +805,10 @@ mod tests {
     fn losing_a_learner_completes_the_hardsync_round() {
         let mut s = shard(SyncRule::Hardsync, LrModulation::None, None, 3);
         for l in &L[..3] {
-            s.on_pull(*l).unwrap();
+            pull(&mut s, *l).unwrap();
         }
-        s.on_push(L[0], Clock(0), &[3.0, 0.0, 0.0]).unwrap();
-        s.on_push(L[1], Clock(0), &[3.0, 0.0, 0.0]).unwrap();
+        push(&mut s, L[0], Clock(0), &[3.0, 0.0, 0.0]).unwrap();
+        push(&mut s, L[1], Clock(0), &[3.0, 0.0, 0.0]).unwrap();
         assert_eq!(s.clock(), Clock(0));
         s.on_membership(L[..2].iter().copied().collect());
         assert_eq!(s.clock(), Clock(1));

@@ -115,7 +115,7 @@ async fn quic(
     });
     let peer = learner.connect(addr, "shard-0").await?;
     let mut rx = peer.incoming(4);
-    let pull = Msg::Pull { learner: 0, last: false };
+    let pull = Msg::Pull { learner: 0, seq: 1, last: false };
     let start = Instant::now();
     for _ in 0..frames {
         peer.send_encoded(Kind::Push, push).await?;
@@ -146,7 +146,7 @@ async fn quic(
 
 /// Nanoseconds to validate a `floats`-float push body and view its payload, and to copy it.
 fn view_and_copy(floats: usize) -> Result<(f64, f64), RuntimeError> {
-    let frame = Msg::Push { learner: 0, computed_on: 0, values: vec![1.5; floats] }.encode()?;
+    let frame = Msg::Push { learner: 0, seq: 1, computed_on: 0, values: vec![1.5; floats] }.encode()?;
     let mut body = AlignedVec::new();
     body.extend_from_slice(&frame[HEADER_LEN..]);
     let body = Arc::new(body);
@@ -177,8 +177,8 @@ pub fn run(frames: usize, repeats: usize) -> Result<Vec<BenchRow>, RuntimeError>
     certs.init()?;
     certs.issue("shard-0")?;
     certs.issue("learner-0")?;
-    let push = Msg::Push { learner: 0, computed_on: 0, values: vec![0.25; FLOATS] }.encode()?;
-    let weights = Msg::Weights { shard: 0, clock: 0, values: vec![0.5; FLOATS] }.encode()?;
+    let push = Msg::Push { learner: 0, seq: 1, computed_on: 0, values: vec![0.25; FLOATS] }.encode()?;
+    let weights = Msg::Weights { shard: 0, seq: 1, clock: 0, values: vec![0.5; FLOATS] }.encode()?;
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(io)?;
     let mut m: [Vec<f64>; 8] = Default::default();

@@ -116,12 +116,14 @@ impl Network {
     /// each; message sizes are those of the encoded wire frames.
     pub fn new(spec: &NetworkSpec, learners: usize, ranges: &[usize]) -> Result<Self, RuntimeError> {
         let time = |bytes: usize| nanos(spec.latency + bytes as f64 / spec.bandwidth);
-        let pull = time(Msg::Pull { learner: 0, last: false }.encode()?.len());
+        let pull = time(Msg::Pull { learner: 0, seq: 1, last: false }.encode()?.len());
         let transit = ranges
             .iter()
             .map(|&len| {
-                let up = Msg::Push { learner: 0, computed_on: 0, values: vec![0.0; len] }.encode()?.len();
-                let down = Msg::Weights { shard: 0, clock: 0, values: vec![0.0; len] }.encode()?.len();
+                let up =
+                    Msg::Push { learner: 0, seq: 1, computed_on: 0, values: vec![0.0; len] }.encode()?.len();
+                let down =
+                    Msg::Weights { shard: 0, seq: 1, clock: 0, values: vec![0.0; len] }.encode()?.len();
                 Ok((pull, time(up), time(down)))
             })
             .collect::<Result<_, RuntimeError>>()?;

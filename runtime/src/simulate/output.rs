@@ -166,6 +166,7 @@ impl SimSummary {
         let samples = report.counts.gradients * c.batch_size as u64;
         let (initial_loss, final_loss) = report.loss_span();
         let run = RunReport {
+            timeline: Vec::new(),
             metrics: Vec::new(),
             params: Vec::new(),
             staleness: report.staleness.clone(),

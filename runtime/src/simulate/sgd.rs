@@ -24,6 +24,8 @@ pub enum SgdMsg {
         shard: ShardId,
         /// After the last push.
         last: bool,
+        /// The learner's step.
+        seq: u64,
     },
     /// Learner → shard: a gradient; the shard reads its range of it.
     Push {
@@ -33,6 +35,8 @@ pub enum SgdMsg {
         shard: ShardId,
         /// The clock of that shard's weights it was computed on.
         computed_on: Clock,
+        /// The learner's step.
+        seq: u64,
         /// The whole gradient, shared by the pushes to every shard.
         grad: Arc<Vec<f32>>,
     },
@@ -42,6 +46,8 @@ pub enum SgdMsg {
         learner: LearnerId,
         /// The weights.
         weights: Weights,
+        /// The pull answered.
+        seq: u64,
     },
 }
 
@@ -50,7 +56,7 @@ impl Message for SgdMsg {
         let (learner, shard, payload) = match self {
             Self::Pull { learner, shard, .. } => (*learner, *shard, Payload::Pull),
             Self::Push { learner, shard, .. } => (*learner, *shard, Payload::Up),
-            Self::Weights { learner, weights } => (*learner, weights.shard, Payload::Down),
+            Self::Weights { learner, weights, .. } => (*learner, weights.shard, Payload::Down),
         };
         Route { learner, shard, payload }
     }
@@ -104,10 +110,12 @@ impl SgdWorld {
         let me = &mut self.learners[learner.index()];
         for event in events {
             match event {
-                LearnerEvent::Pull { shard, last } => eng.send(SgdMsg::Pull { learner, shard, last }),
-                LearnerEvent::Push { shard, computed_on } => {
+                LearnerEvent::Pull { shard, last, seq } => {
+                    eng.send(SgdMsg::Pull { learner, shard, last, seq })
+                }
+                LearnerEvent::Push { shard, computed_on, seq } => {
                     let grad = me.grad.clone().ok_or_else(|| internal("a push without a gradient"))?;
-                    eng.send(SgdMsg::Push { learner, shard, computed_on, grad });
+                    eng.send(SgdMsg::Push { learner, shard, computed_on, seq, grad });
                 }
                 LearnerEvent::Compute => {
                     let weights: Vec<Floats> = me.weights.iter_mut().filter_map(Option::take).collect();
@@ -125,7 +133,9 @@ impl SgdWorld {
     fn drain(&mut self, eng: &mut Engine<SgdMsg>, shard: ShardId) {
         while let Some(event) = self.shards[shard.index()].poll_event() {
             match event {
-                ShardEvent::Serve { learner, weights } => eng.send(SgdMsg::Weights { learner, weights }),
+                ShardEvent::Serve { learner, seq, weights } => {
+                    eng.send(SgdMsg::Weights { learner, weights, seq })
+                }
                 ShardEvent::Gradient(g) => eng.record_gradient(&g),
                 ShardEvent::Update(u) => eng.record_update(&u),
             }
@@ -150,21 +160,21 @@ impl World for SgdWorld {
 
     fn deliver(&mut self, eng: &mut Engine<SgdMsg>, msg: SgdMsg) -> Result<(), RuntimeError> {
         match msg {
-            SgdMsg::Pull { learner, shard, last } => {
+            SgdMsg::Pull { learner, shard, last, seq } => {
                 let core = &mut self.shards[shard.index()];
-                (if last { core.on_last_pull(learner) } else { core.on_pull(learner) })?;
+                (if last { core.on_last_pull(learner, seq) } else { core.on_pull(learner, seq) })?;
                 self.drain(eng, shard);
             }
-            SgdMsg::Push { learner, shard, computed_on, grad } => {
+            SgdMsg::Push { learner, shard, computed_on, seq, grad } => {
                 let range = self.ranges[shard.index()].clone();
-                self.shards[shard.index()].on_push(learner, computed_on, &grad[range])?;
+                self.shards[shard.index()].on_push(learner, seq, computed_on, &grad[range])?;
                 drop(grad);
                 self.drain(eng, shard);
             }
-            SgdMsg::Weights { learner, weights } => {
+            SgdMsg::Weights { learner, weights, seq } => {
                 let me = &mut self.learners[learner.index()];
                 me.weights[weights.shard.index()] = Some(weights.values);
-                if let Some(event) = me.core.on_weights(weights.shard, weights.clock)? {
+                if let Some(event) = me.core.on_weights(weights.shard, weights.clock, seq)? {
                     self.carry_out(eng, learner, [event])?;
                 }
             }

@@ -1,0 +1,122 @@
+//! Fault-injection scenarios on a short MNIST run in one process (4 learners, 2 shards): each
+//! run must end, within its time bound, with what the scenario promises.
+
+use std::time::{Duration, Instant};
+
+use rudra_runtime::config::Config;
+use rudra_runtime::local::{ProgressMode, run_local};
+
+/// A short run of `config` (a file under configs/faults/) with `set` on top.
+fn run(config: &str, set: &[&str]) -> (rudra_actors::RunReport, Duration) {
+    run_with(config, set, true)
+}
+
+/// [`run`], with or without the scenario's faults.
+fn run_with(config: &str, set: &[&str], faults: bool) -> (rudra_actors::RunReport, Duration) {
+    let path = format!("{}/../configs/faults/{config}", env!("CARGO_MANIFEST_DIR"));
+    let mut all = vec![
+        "training.train_examples=8000".to_owned(),
+        "training.test_examples=2000".to_owned(),
+        "training.epochs=2".to_owned(),
+        "compute.device=cpu".to_owned(),
+        format!("training.data_dir={}/../data/mnist", env!("CARGO_MANIFEST_DIR")),
+    ];
+    all.extend(set.iter().map(|s| (*s).to_owned()));
+    let mut config = Config::load(Some(path.as_ref()), &all).expect("a valid scenario");
+    if !faults {
+        config.faults = rudra_actors::faults::FaultPlan::default();
+    }
+    let data = config.data.load().expect("MNIST");
+    let start = Instant::now();
+    let report = run_local(&config, data, ProgressMode::Quiet, None).expect("the run ends");
+    (report, start.elapsed())
+}
+
+fn said(report: &rudra_actors::RunReport, kind: &str, what: &str) -> bool {
+    report.timeline.iter().any(|e| e.kind == kind && e.what.contains(what))
+}
+
+#[test]
+fn a_killed_learner_is_dropped_and_the_run_finishes() {
+    let (report, took) = run("learner-killed.toml", &["faults.crash=[{learner = 3, at_ms = 300}]"]);
+    assert!(took < Duration::from_secs(60), "took {took:?}");
+    assert!(said(&report, "injected", "learner-3 crashed"), "{:?}", report.timeline);
+    assert!(said(&report, "detected", "learner-3 lost"), "{:?}", report.timeline);
+    assert!(said(&report, "detected", "λ = 3"), "{:?}", report.timeline);
+    assert!(report.final_test_accuracy > 0.85, "{}", report.final_test_accuracy);
+    let done = &report.learner_samples;
+    assert!(done[3] < done[0], "learner 3 stopped early: {done:?}");
+}
+
+#[test]
+fn drops_and_delays_never_apply_a_gradient_over_the_bound() {
+    let (report, took) = run("lossy-links.toml", &["training.epochs=1", "training.train_examples=4000"]);
+    assert!(took < Duration::from_secs(120), "took {took:?}");
+    assert!(report.staleness.max <= 4, "max σ {}", report.staleness.max);
+    assert!(report.staleness.applied > 100, "{:?}", report.staleness);
+    assert!(report.final_test_accuracy > 0.8, "{}", report.final_test_accuracy);
+}
+
+#[test]
+fn a_partitioned_learner_is_lost_then_rejoins() {
+    let set = [
+        "cluster.heartbeat_ms=50",
+        "cluster.failure_timeout_ms=250",
+        "cluster.retry_ms=100",
+        "training.epochs=4",
+        "faults.partition=[{node = \"learner-1\", from_ms = 200, until_ms = 600}]",
+    ];
+    let (report, took) = run("learner-partitioned.toml", &set);
+    assert!(took < Duration::from_secs(60), "took {took:?}");
+    let t = &report.timeline;
+    let at =
+        |what: &str| t.iter().position(|e| e.what.contains(what)).unwrap_or_else(|| panic!("{what}: {t:?}"));
+    assert!(at("learner-1 cut off") < at("learner-1 lost"));
+    assert!(at("learner-1 lost") < at("learner-1 rejoined"));
+    assert!(at("learner-1 healed") < at("learner-1 rejoined"));
+    assert!(report.final_test_accuracy > 0.85, "{}", report.final_test_accuracy);
+}
+
+#[test]
+fn duplicated_and_reordered_pushes_are_applied_exactly_once() {
+    // Hardsync sums each round in learner order, so without drops the result cannot depend
+    // on delays or order: a gradient applied twice, or lost, would change the parameters.
+    let set = ["training.epochs=1", "training.train_examples=2048"];
+    let (faulty, _) = run("duplicate-reorder.toml", &set);
+    let (clean, _) = run_with("duplicate-reorder.toml", &set, false);
+    assert_eq!(faulty.updates, clean.updates);
+    assert_eq!(faulty.staleness.applied, clean.staleness.applied);
+    assert!(faulty.params == clean.params, "the parameters differ from the clean run's");
+    assert!(said(&faulty, "injected", "duplicate 0.5"), "{:?}", faulty.timeline);
+}
+
+#[test]
+fn experiment_runs_the_scenario_next_to_a_clean_run_and_reports_both() {
+    let out = tempfile::tempdir().expect("a temporary directory");
+    let root = env!("CARGO_MANIFEST_DIR");
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_rudra-node"))
+        .args(["experiment", "--config", &format!("{root}/../configs/faults/learner-killed.toml")])
+        .args(["--set", "training.train_examples=4000", "--set", "training.test_examples=1000"])
+        .args(["--set", "training.epochs=2", "--set", "compute.device=cpu"])
+        .args(["--set", &format!("training.data_dir={root}/../data/mnist")])
+        .args(["--set", "faults.crash=[{learner = 3, at_ms = 200}]", "--time-limit", "120"])
+        .arg("--out")
+        .arg(out.path())
+        .status()
+        .expect("rudra-node runs");
+    assert!(status.success());
+    let json: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.path().join("experiment.json")).expect("experiment.json"),
+    )
+    .expect("JSON");
+    let acc = json["accuracy"].as_array().expect("two accuracies");
+    assert!(acc.iter().all(|a| a.as_f64().is_some_and(|a| a > 0.8)), "{acc:?}");
+    let timeline = json["timeline"].as_array().expect("a timeline");
+    assert!(timeline.iter().any(|e| e["what"] == "learner-3 lost"), "{timeline:?}");
+    assert!(json["updates_lost"].as_u64().is_some());
+    for run in ["clean", "faulty"] {
+        assert!(out.path().join(run).join("summary.json").is_file(), "{run}");
+    }
+    let md = std::fs::read_to_string(out.path().join("experiment.md")).expect("experiment.md");
+    assert!(md.contains("learner-3 crashed") && md.contains("| final test accuracy |"), "{md}");
+}
