@@ -190,3 +190,56 @@ fn sync_easgd_over_loopback_quic_equals_in_memory() {
         assert!(worst < 1e-5, "{name}: sync EASGD over QUIC and in memory differ by {worst}");
     }
 }
+
+/// A learner process killed mid-run: the scheduler stops hearing its heartbeats, removes it,
+/// tells both shard processes the new λ over the wire, and the run finishes without it; every
+/// other process exits 0.
+#[test]
+fn a_killed_learner_process_is_dropped_and_the_run_finishes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/mnist");
+    ok(node(dir, &["cert", "init", "--dir", "certs"]));
+    for name in ["scheduler", "shard-0", "shard-1", "learner-0", "learner-1", "learner-2"] {
+        ok(node(dir, &["cert", "issue", "--dir", "certs", "--name", name]));
+    }
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut children: Vec<(String, Child)> = Vec::new();
+    for name in ["shard-0", "shard-1", "learner-0", "learner-1", "learner-2"] {
+        let role = name.split('-').next().unwrap();
+        let args = ["--role", role, "--name", name, "--scheduler", &addr, "--certs", "certs"];
+        children.push((name.to_owned(), node(dir, &args).stdout(Stdio::null()).spawn().unwrap()));
+    }
+    let log = std::fs::File::create(dir.join("scheduler.log")).unwrap();
+    let data_dir = format!("training.data_dir={}", data.display());
+    let sched_args = [
+        &["--role", "scheduler", "--listen", &addr, "--certs", "certs", "--out", "run"][..],
+        &["--set", "cluster.learners=3", "--set", "protocol.kind=softsync", "--set", "protocol.n=3"],
+        &["--set", "training.train_examples=30000", "--set", "training.epochs=3", "--set", &data_dir],
+        &["--set", "cluster.failure_timeout_ms=1000"],
+    ]
+    .concat();
+    let scheduler =
+        node(dir, &sched_args).env("RUST_LOG", "info").stdout(Stdio::null()).stderr(log).spawn().unwrap();
+    // Kill learner 2 once the run is under way.
+    let started = Instant::now();
+    while !std::fs::read_to_string(dir.join("scheduler.log")).unwrap().contains("evaluated") {
+        assert!(started.elapsed() < Duration::from_secs(120), "the run did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (_, mut killed) = children.remove(4);
+    killed.kill().unwrap();
+    killed.wait().unwrap();
+    children.push(("scheduler".into(), scheduler));
+    wait_all(&mut children, Duration::from_secs(300));
+    let log = std::fs::read_to_string(dir.join("scheduler.log")).unwrap();
+    assert!(log.contains("learner lost") && log.contains("learner-2"), "{log}");
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("run/summary.json")).unwrap()).unwrap();
+    assert!(summary["final_test_accuracy"].as_f64().unwrap() > 0.9, "{summary}");
+    let csv = std::fs::read_to_string(dir.join("run/metrics.csv")).unwrap();
+    let last: Vec<u64> =
+        csv.lines().last().unwrap().split(',').rev().take(3).map(|v| v.parse().unwrap()).collect();
+    // Columns end with the samples of learners 0, 1, 2; learner 2 stopped early.
+    assert!(last[0] < last[1] && last[1] == last[2], "samples per learner (2, 1, 0): {last:?}");
+}
