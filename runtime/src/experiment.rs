@@ -42,13 +42,14 @@ pub struct Experiment {
     pub staleness_over_time: Vec<(f64, f64)>,
 }
 
-/// Run `config` with and without its faults into `out`; each run must end within `limit`.
+/// Run `config` with and without its faults into `dir`; each run must end within `limit`.
 pub fn run(
     config: &Config,
     data: &TrainingData,
-    out: &Path,
+    dir: &RunDir,
     limit: Duration,
 ) -> Result<Experiment, RuntimeError> {
+    let out = dir.path();
     if config.faults.is_empty() {
         return Err(RuntimeError::Invalid {
             key: "faults",
@@ -72,7 +73,6 @@ pub fn run(
         wall_seconds: (clean.0.wall_seconds, faulty.0.wall_seconds),
         staleness_over_time: faulty.0.metrics.iter().map(|r| (r.wall_seconds, r.mean_staleness)).collect(),
     };
-    let dir = RunDir::create(Some(out), "experiment")?;
     let json = serde_json::to_string_pretty(&experiment).map_err(|e| RuntimeError::Config(e.to_string()))?;
     dir.write_file("experiment.json", &json)?;
     dir.write_file("experiment.md", &markdown(&experiment, &table.to_markdown()))?;

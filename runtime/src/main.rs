@@ -333,7 +333,7 @@ fn run(command: Command) -> Result<(), RuntimeError> {
             let data = config.data.load()?;
             let dir = RunDir::create(out.as_deref(), "experiment")?;
             let limit = std::time::Duration::from_secs(time_limit);
-            let e = experiment::run(&config, &data, dir.path(), limit)?;
+            let e = experiment::run(&config, &data, &dir, limit)?;
             println!(
                 "test accuracy {:.4} clean, {:.4} with faults; {} updates lost; {} timeline events; wrote {}",
                 e.accuracy.0,
