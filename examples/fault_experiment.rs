@@ -11,7 +11,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rudra::actors::faults::{Crash, FaultPlan, LinkRule, Liveness, Nodes, Slow};
+use rudra::actors::faults::{Crash, FaultPlan, LinkRule, Liveness, Node, Nodes, Slow};
 use rudra::actors::protocol::{LrModulation, LrSchedule, SyncRule};
 use rudra::actors::{Cluster, ClusterSpec, ProtocolSpec, RunReport, TrainingData};
 use rudra::compute::ModelSpec;
@@ -54,7 +54,11 @@ fn faults() -> FaultPlan {
             window: FaultWindow::default(),
         }],
         partitions: Vec::new(),
-        crashes: vec![Crash { learner: LearnerId(3), at: Duration::from_millis(1500) }],
+        crashes: vec![Crash {
+            node: Node::Learner(LearnerId(3)),
+            at: Duration::from_millis(1500),
+            restart_after: None,
+        }],
         slow: vec![Slow { learner: LearnerId(0), factor: 3.0 }],
     }
 }

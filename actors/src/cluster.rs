@@ -20,6 +20,7 @@ use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::ActorError;
+use crate::checkpoint::Checkpoints;
 use crate::faults::{FaultPlan, Liveness, Lossy, Node};
 use crate::learner::{LearnerActor, LearnerLoop, SchedulerLink, ShardLink, StopLearner, shard_ranges};
 use crate::metrics::Metrics;
@@ -29,8 +30,8 @@ use crate::protocol::{
     CenterRule, CenterShard, ElasticWorker, LearnerCore, LocalRule, LrModulation, LrSchedule, SchedulerCore,
     SgdShard, StalenessSummary, SyncRule,
 };
-use crate::scheduler::{Joined, LearnerHandle, Members, Note, SchedulerActor, ShardHandle};
-use crate::shard::{ShardActor, ShardCore};
+use crate::scheduler::{Joined, LearnerHandle, Members, Note, SchedulerActor, ShardHandle, ShardRestarted};
+use crate::shard::{Crash, Restart, ShardActor, ShardCore};
 use crate::tracker::StalenessTracker;
 
 /// Which protocol the shards run.
@@ -257,6 +258,10 @@ pub struct RunReport {
     pub final_train_loss: f64,
     /// What happened to the cluster's membership, and the faults injected, in order.
     pub timeline: Vec<TimelineEntry>,
+    /// Updates shards made and lost when they crashed: the clock at the crash minus the
+    /// clock of the checkpoint they restarted from (summed over shards). Each is at most the
+    /// checkpoint interval.
+    pub updates_lost: u64,
 }
 
 /// One event of a run's timeline.
@@ -264,7 +269,8 @@ pub struct RunReport {
 pub struct TimelineEntry {
     /// Seconds since the scheduler started.
     pub seconds: f64,
-    /// `injected` (a fault the plan caused) or `detected` (what the cluster noticed).
+    /// `injected` (a fault the plan caused), `detected` (what the cluster noticed) or
+    /// `recovered` (a shard back from its checkpoint).
     pub kind: &'static str,
     /// What happened, e.g. `learner-2 lost`.
     pub what: String,
@@ -455,30 +461,30 @@ pub struct Cluster {
     models: Vec<Model<Device>>,
     liveness: Liveness,
     faults: FaultPlan,
+    checkpoints: Option<Checkpoints>,
 }
 
-/// Carry out the timed parts of `plan`: learners that crash, and timeline notes of the
-/// windows in which links are faulty or nodes cut off.
+/// Carry out the timed parts of `plan`: learners and shards that crash (shards come back
+/// from their checkpoints), and timeline notes of the windows in which links are faulty or
+/// nodes cut off.
 fn inject(
     plan: &FaultPlan,
     born: Instant,
     scheduler: &Addr<SchedulerActor>,
     learners: &[Recipient<StopLearner>],
+    shards: &[Addr<ShardActor>],
 ) {
-    let at = |when: Duration, what: String, stop: Option<Recipient<StopLearner>>| {
+    let note = |when: Duration, what: String| {
         let scheduler = scheduler.clone();
         actix::spawn(async move {
             tokio::time::sleep_until((born + when).into()).await;
-            if let Some(stop) = stop {
-                stop.do_send(StopLearner);
-            }
             scheduler.do_send(Note(what));
         });
     };
     for p in &plan.partitions {
-        at(p.window.from, format!("{} cut off", p.nodes), None);
+        note(p.window.from, format!("{} cut off", p.nodes));
         if let Some(until) = p.window.until {
-            at(until, format!("{} healed", p.nodes), None);
+            note(until, format!("{} healed", p.nodes));
         }
     }
     for r in &plan.links {
@@ -487,10 +493,39 @@ fn inject(
             "link faults {} ↔ {}: drop {}, duplicate {}, reorder {}, delay {:?} ± {:?}",
             r.a, r.b, f.drop, f.duplicate, f.reorder, f.delay, f.jitter
         );
-        at(r.window.from, what, None);
+        note(r.window.from, what);
     }
-    for c in &plan.crashes {
-        at(c.at, format!("{} crashed", c.learner), learners.get(c.learner.index()).cloned());
+    for &c in &plan.crashes {
+        match c.node {
+            Node::Learner(l) => {
+                let (stop, scheduler) = (learners.get(l.index()).cloned(), scheduler.clone());
+                actix::spawn(async move {
+                    tokio::time::sleep_until((born + c.at).into()).await;
+                    if let Some(stop) = stop {
+                        stop.do_send(StopLearner);
+                    }
+                    scheduler.do_send(Note(format!("{l} crashed")));
+                });
+            }
+            Node::Shard(s) => {
+                let (Some(shard), scheduler) = (shards.get(s.index()).cloned(), scheduler.clone()) else {
+                    continue;
+                };
+                let down = c.restart_after.unwrap_or_default();
+                actix::spawn(async move {
+                    tokio::time::sleep_until((born + c.at).into()).await;
+                    let Ok(crashed_at) = shard.send(Crash).await else { return };
+                    scheduler.do_send(Note(format!("{s} crashed at clock {crashed_at}")));
+                    tokio::time::sleep(down).await;
+                    let resumed = match shard.send(Restart).await {
+                        Ok(r) => r.map_err(|e| e.to_string()),
+                        Err(e) => Err(e.to_string()),
+                    };
+                    scheduler.do_send(ShardRestarted { shard: s, crashed_at, resumed });
+                });
+            }
+            Node::Scheduler => {}
+        }
     }
 }
 
@@ -512,6 +547,7 @@ impl Cluster {
             models: Vec::new(),
             liveness: Liveness::default(),
             faults: FaultPlan::default(),
+            checkpoints: None,
         }
         .on_device(&Device::Cpu(CpuBackend))
     }
@@ -546,6 +582,14 @@ impl Cluster {
         self
     }
 
+    /// Each shard writes checkpoints as `checkpoints` says (none unless this is called); a
+    /// shard that crashes comes back from its last one.
+    #[must_use]
+    pub fn with_checkpoints(mut self, checkpoints: Option<Checkpoints>) -> Self {
+        self.checkpoints = checkpoints;
+        self
+    }
+
     /// Inject the faults of `plan` into the run (see [`FaultPlan`]).
     #[must_use]
     pub fn with_faults(mut self, plan: FaultPlan) -> Self {
@@ -556,7 +600,7 @@ impl Cluster {
     /// Start every actor. Must be called from inside an actix `System`.
     #[must_use]
     pub fn start(self) -> ClusterHandle {
-        let Self { spec, data, observer, metrics, models, liveness, faults } = self;
+        let Self { spec, data, observer, metrics, models, liveness, faults, checkpoints } = self;
         let born = Instant::now();
         let (tx, rx) = oneshot::channel();
         let mut arbiters = Vec::new();
@@ -566,9 +610,9 @@ impl Cluster {
                 let (core, recipient) =
                     (spec.shard_actor_core(s, data.train.len()), tracker.clone().recipient());
                 let counters = metrics.as_ref().map(|m| m.shard(ShardId(s as u32)));
-                let arbiter = Arbiter::new();
+                let (arbiter, checkpoints) = (Arbiter::new(), checkpoints.clone());
                 let addr = ShardActor::start_in_arbiter(&arbiter.handle(), move |_| {
-                    ShardActor::new(core, recipient).with_metrics(counters)
+                    ShardActor::new(core, recipient).with_metrics(counters).with_checkpoints(checkpoints)
                 });
                 arbiters.push(arbiter);
                 addr
@@ -646,7 +690,7 @@ impl Cluster {
         for l in 0..spec.learners {
             scheduler.do_send(Joined::Learner(LearnerId(l)));
         }
-        inject(&faults, born, &scheduler, &learner_stops);
+        inject(&faults, born, &scheduler, &learner_stops, &shards);
         ClusterHandle { report: rx, arbiters }
     }
 }

@@ -21,6 +21,14 @@ pub enum ActorError {
         /// What is wrong and what is allowed.
         message: String,
     },
+    /// A shard's checkpoint could not be written or read.
+    #[error("checkpoint {}: {message}", path.display())]
+    Checkpoint {
+        /// The checkpoint file.
+        path: std::path::PathBuf,
+        /// What went wrong.
+        message: String,
+    },
     /// A compute kernel or the data pipeline failed.
     #[error(transparent)]
     Compute(#[from] ComputeError),
@@ -30,4 +38,7 @@ pub enum ActorError {
     /// A learner failed and the run was aborted.
     #[error("{0} failed: {1}; the run was stopped")]
     LearnerFailed(rudra_transport::LearnerId, String),
+    /// A shard could not come back after a crash and the run was aborted.
+    #[error("{0} failed: {1}; the run was stopped")]
+    ShardFailed(rudra_transport::ShardId, String),
 }

@@ -60,8 +60,18 @@ impl std::fmt::Display for Nodes {
     }
 }
 
-/// A node on one end of a link.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+impl std::fmt::Display for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Learner(l) => write!(f, "{l}"),
+            Self::Shard(s) => write!(f, "{s}"),
+            Self::Scheduler => f.write_str("scheduler"),
+        }
+    }
+}
+
+/// A node on one end of a link, or one that crashes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Node {
     /// A learner.
     Learner(LearnerId),
@@ -128,13 +138,16 @@ pub struct Partition {
     pub window: FaultWindow,
 }
 
-/// A learner that stops for good at a time after the start.
+/// A node that crashes at a time after the start: a learner stops for good; a shard loses
+/// everything in memory and comes back from its last checkpoint `restart_after` later.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Crash {
-    /// Which learner.
-    pub learner: LearnerId,
+    /// Which node: a learner or a shard.
+    pub node: Node,
     /// When, after the start.
     pub at: Duration,
+    /// A shard's time down before it restarts.
+    pub restart_after: Option<Duration>,
 }
 
 /// A learner whose computation takes `factor` times as long.

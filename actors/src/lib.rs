@@ -10,10 +10,12 @@
 //! - [`shard`], [`learner`], [`tracker`], [`scheduler`]: the actix actors and their messages.
 //! - [`remote`]: stand-ins for actors on other nodes, over QUIC.
 //! - [`metrics`]: the live metrics a node serves in the Prometheus text format.
+//! - [`checkpoint`]: a shard's checkpoint file, written atomically and read back.
 //! - [`faults`]: heartbeats, retries and the failure timeout.
 //! - [`cluster`]: the spec, the builder that starts everything in one process, the report.
 //! - [`error`]: the crate's error type.
 
+pub mod checkpoint;
 pub mod cluster;
 pub mod error;
 pub mod faults;

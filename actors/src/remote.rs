@@ -82,6 +82,7 @@ pub fn records_to_wire(r: &Records) -> Msg {
                     Outcome::Applied { alpha } => (alpha, 0),
                     Outcome::Dropped(DropReason::TooStale) => (0.0, 1),
                     Outcome::Dropped(DropReason::StaleRound) => (0.0, 2),
+                    Outcome::Dropped(DropReason::RolledBack) => (0.0, 3),
                 };
                 GradientReport {
                     learner: g.learner.0,
@@ -114,6 +115,7 @@ pub fn records_from_wire(shard: ShardId, gradients: &[GradientReport], updates: 
                 outcome: match g.dropped {
                     0 => Outcome::Applied { alpha: g.alpha },
                     1 => Outcome::Dropped(DropReason::TooStale),
+                    3 => Outcome::Dropped(DropReason::RolledBack),
                     _ => Outcome::Dropped(DropReason::StaleRound),
                 },
             })

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use rudra_compute::{CpuBackend, Dataset, Model, ModelSpec};
-use rudra_transport::{LearnerId, ShardId};
+use rudra_transport::{Clock, LearnerId, ShardId};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::ActorError;
@@ -64,6 +64,18 @@ pub struct Disconnected(pub LearnerId);
 #[derive(Message, Clone, Debug)]
 #[rtype(result = "()")]
 pub struct Note(pub String);
+
+/// A crashed shard came back from its checkpoint at clock `resumed`, or could not.
+#[derive(Message, Clone, Debug)]
+#[rtype(result = "()")]
+pub struct ShardRestarted {
+    /// Which shard.
+    pub shard: ShardId,
+    /// Its clock when it crashed.
+    pub crashed_at: Clock,
+    /// The clock it resumed at, or why it could not.
+    pub resumed: Result<Clock, String>,
+}
 
 /// A learner finished its steps, or failed with `error`.
 #[derive(Message)]
@@ -165,6 +177,8 @@ pub struct SchedulerActor {
     /// How often the failure detector looks, if it runs.
     tick: Option<Duration>,
     timeline: Vec<TimelineEntry>,
+    /// Updates shards made and then lost in a crash (rolled back to a checkpoint).
+    updates_lost: u64,
 }
 
 /// What one evaluation measured.
@@ -205,6 +219,7 @@ impl SchedulerActor {
             born: Instant::now(),
             tick: None,
             timeline: Vec::new(),
+            updates_lost: 0,
         }
     }
 
@@ -350,6 +365,7 @@ impl SchedulerActor {
                 final_test_accuracy: row.test_accuracy,
                 final_train_loss: row.train_loss,
                 timeline: std::mem::take(&mut self.timeline),
+                updates_lost: self.updates_lost,
             };
             self.finish(Ok(report), ctx);
         }
@@ -419,6 +435,25 @@ impl Handler<Note> for SchedulerActor {
     fn handle(&mut self, Note(what): Note, _: &mut Context<Self>) {
         tracing::info!("fault injected: {what}");
         self.note("injected", what);
+    }
+}
+
+impl Handler<ShardRestarted> for SchedulerActor {
+    type Result = ();
+    fn handle(&mut self, msg: ShardRestarted, ctx: &mut Context<Self>) {
+        match msg.resumed {
+            Ok(resumed) => {
+                let lost = msg.crashed_at.0.saturating_sub(resumed.0);
+                self.updates_lost += lost;
+                let what = format!("{} restarted from its checkpoint at clock {resumed}: {lost} updates lost", msg.shard);
+                tracing::info!("{what}");
+                self.note("recovered", what);
+            }
+            Err(error) => {
+                tracing::error!(shard = %msg.shard, "could not restart: {error}");
+                self.finish(Err(ActorError::ShardFailed(msg.shard, error)), ctx);
+            }
+        }
     }
 }
 

@@ -7,8 +7,9 @@ use actix::prelude::*;
 use rudra_transport::{Clock, Floats, LearnerId};
 
 use crate::ActorError;
+use crate::checkpoint::Checkpoints;
 use crate::metrics::ShardMetrics;
-use crate::protocol::{CenterEvent, CenterShard, SgdShard, ShardEvent, UpdateRecord, Weights};
+use crate::protocol::{CenterEvent, CenterShard, SgdShard, ShardEvent, ShardState, UpdateRecord, Weights};
 use crate::tracker::Records;
 
 /// A learner asks for the shard's weights; they are sent to `reply_to`, maybe later.
@@ -77,6 +78,17 @@ pub struct Membership {
     pub active: std::collections::BTreeSet<LearnerId>,
 }
 
+/// The shard crashes, as a process would: it loses everything in memory and ignores every
+/// message until [`Restart`]. Answers the clock it had.
+#[derive(Message)]
+#[rtype(result = "Clock")]
+pub struct Crash;
+
+/// The crashed shard comes back from its last checkpoint. Answers the clock it resumes at.
+#[derive(Message)]
+#[rtype(result = "Result<Clock, ActorError>")]
+pub struct Restart;
+
 /// Flush reports and stop.
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -110,6 +122,30 @@ impl ShardCore {
             Self::Center(c) => c.id(),
         }
     }
+
+    fn clock(&self) -> Clock {
+        match self {
+            Self::Sgd(c) => c.clock(),
+            Self::Center(c) => c.clock(),
+        }
+    }
+
+    /// What a checkpoint keeps.
+    #[must_use]
+    pub fn state(&self) -> ShardState {
+        match self {
+            Self::Sgd(c) => c.state(),
+            Self::Center(c) => c.state(),
+        }
+    }
+
+    /// Continue from a checkpoint's `state` (see [`SgdShard::restore`]).
+    pub fn restore(&mut self, state: ShardState) -> Result<(), ActorError> {
+        match self {
+            Self::Sgd(c) => c.restore(state),
+            Self::Center(c) => c.restore(state),
+        }
+    }
 }
 
 /// The shard actor.
@@ -119,13 +155,49 @@ pub struct ShardActor {
     replies: BTreeMap<LearnerId, Recipient<Served>>,
     pending: Records,
     metrics: Option<ShardMetrics>,
+    checkpoints: Option<Checkpoints>,
+    /// The clock of the last checkpoint written.
+    saved: Clock,
+    /// Crashed and not restarted yet: every message is lost.
+    down: bool,
 }
 
 impl ShardActor {
     /// A shard actor around `core`, reporting to `tracker`.
     #[must_use]
     pub fn new(core: ShardCore, tracker: Recipient<Records>) -> Self {
-        Self { core, tracker, replies: BTreeMap::new(), pending: Records::default(), metrics: None }
+        Self {
+            core,
+            tracker,
+            replies: BTreeMap::new(),
+            pending: Records::default(),
+            metrics: None,
+            checkpoints: None,
+            saved: Clock(0),
+            down: false,
+        }
+    }
+
+    /// Write a checkpoint when the shard starts and after every `every_updates` updates.
+    #[must_use]
+    pub fn with_checkpoints(mut self, checkpoints: Option<Checkpoints>) -> Self {
+        self.checkpoints = checkpoints;
+        self
+    }
+
+    /// Write a checkpoint if one is due (or `now`). A checkpoint that cannot be written is
+    /// logged and training goes on; the next one is tried at the next interval.
+    fn checkpoint(&mut self, now: bool) {
+        let Some(c) = &self.checkpoints else { return };
+        let clock = self.core.clock();
+        if !now && clock.0 < self.saved.0 + c.every_updates.max(1) {
+            return;
+        }
+        self.saved = clock;
+        match c.write(self.core.id(), &self.core.state()) {
+            Ok(()) => tracing::debug!(shard = %self.core.id(), "checkpoint at clock {clock}"),
+            Err(e) => tracing::error!(shard = %self.core.id(), "{e}; training goes on"),
+        }
     }
 
     /// Also count every gradient and update in `metrics`, if given, as it happens.
@@ -175,6 +247,7 @@ impl ShardActor {
         if self.pending.gradients.len() + self.pending.updates.len() >= REPORT_BATCH {
             self.flush();
         }
+        self.checkpoint(false);
     }
 
     /// Carry out the effects of a pull or push the core took, or log why it did not.
@@ -203,11 +276,18 @@ fn serve(replies: &BTreeMap<LearnerId, Recipient<Served>>, learner: LearnerId, w
 
 impl Actor for ShardActor {
     type Context = Context<Self>;
+
+    fn started(&mut self, _: &mut Context<Self>) {
+        self.checkpoint(true);
+    }
 }
 
 impl Handler<Pull> for ShardActor {
     type Result = ();
     fn handle(&mut self, msg: Pull, _: &mut Context<Self>) {
+        if self.down {
+            return;
+        }
         let ShardCore::Sgd(core) = &mut self.core else {
             return tracing::warn!(shard = %self.core.id(), "rejected a pull: this shard holds a center");
         };
@@ -221,6 +301,9 @@ impl Handler<Pull> for ShardActor {
 impl Handler<Push> for ShardActor {
     type Result = ();
     fn handle(&mut self, msg: Push, _: &mut Context<Self>) {
+        if self.down {
+            return;
+        }
         let ShardCore::Sgd(core) = &mut self.core else {
             return tracing::warn!(shard = %self.core.id(), "rejected a push: this shard holds a center");
         };
@@ -232,6 +315,9 @@ impl Handler<Push> for ShardActor {
 impl Handler<Exchange> for ShardActor {
     type Result = ();
     fn handle(&mut self, msg: Exchange, _: &mut Context<Self>) {
+        if self.down {
+            return;
+        }
         let ShardCore::Center(core) = &mut self.core else {
             return tracing::warn!(shard = %self.core.id(), "rejected an exchange: this shard runs SGD");
         };
@@ -271,6 +357,37 @@ impl Handler<Snapshot> for ShardActor {
     fn handle(&mut self, _: Snapshot, _: &mut Context<Self>) -> Self::Result {
         self.flush();
         MessageResult(self.core.snapshot())
+    }
+}
+
+impl Handler<Crash> for ShardActor {
+    type Result = MessageResult<Crash>;
+    fn handle(&mut self, _: Crash, _: &mut Context<Self>) -> Self::Result {
+        let clock = self.core.clock();
+        tracing::warn!(shard = %self.core.id(), "crashed at clock {clock}");
+        // What the tracker was sent is the run's record; what was not is lost with the process.
+        self.pending = Records::default();
+        self.replies.clear();
+        self.down = true;
+        MessageResult(clock)
+    }
+}
+
+impl Handler<Restart> for ShardActor {
+    type Result = Result<Clock, ActorError>;
+    fn handle(&mut self, _: Restart, _: &mut Context<Self>) -> Self::Result {
+        let id = self.core.id();
+        let c = self.checkpoints.as_ref().ok_or_else(|| {
+            ActorError::Protocol(format!("{id} cannot restart: it writes no checkpoints"))
+        })?;
+        let state = c.read(id)?.ok_or_else(|| ActorError::Checkpoint {
+            path: c.path(id),
+            message: "missing: the shard cannot restart".into(),
+        })?;
+        self.core.restore(state)?;
+        (self.down, self.saved) = (false, self.core.clock());
+        tracing::info!(shard = %id, "restarted from its checkpoint at clock {}", self.saved);
+        Ok(self.saved)
     }
 }
 

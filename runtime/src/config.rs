@@ -6,11 +6,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rudra_actors::faults::{Crash, FaultPlan, LinkRule, Liveness, Nodes, Partition, Slow};
+use rudra_actors::checkpoint::Checkpoints;
+use rudra_actors::faults::{Crash, FaultPlan, LinkRule, Liveness, Node, Nodes, Partition, Slow};
 use rudra_actors::protocol::{LrModulation, LrSchedule, SyncRule};
 use rudra_actors::{ClusterSpec, ElasticMethod, ElasticSpec, ProtocolSpec, TrainingData};
 use rudra_compute::{DeviceKind, ModelSpec};
-use rudra_transport::{FaultWindow, LearnerId, LinkFaults};
+use rudra_transport::{FaultWindow, LearnerId, LinkFaults, ShardId};
 use serde::{Deserialize, Serialize};
 
 use crate::RuntimeError;
@@ -36,6 +37,26 @@ pub struct RawConfig {
     /// `[faults]`: faults to inject (none by default).
     #[serde(default)]
     pub faults: RawFaults,
+    /// `[checkpoint]`: the shards' checkpoints.
+    #[serde(default)]
+    pub checkpoint: RawCheckpoint,
+}
+
+/// `[checkpoint]`
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawCheckpoint {
+    /// Each shard writes a checkpoint after every this many updates (0: none).
+    pub every_updates: u64,
+    /// Where (default: `checkpoints/` in the run directory; for a shard process, its
+    /// `--checkpoints` directory).
+    pub dir: Option<PathBuf>,
+}
+
+impl Default for RawCheckpoint {
+    fn default() -> Self {
+        Self { every_updates: 500, dir: None }
+    }
 }
 
 /// `[faults]`
@@ -94,14 +115,19 @@ pub struct RawPartition {
     pub until_ms: Option<u64>,
 }
 
-/// `[[faults.crash]]`: a learner that stops for good.
+/// `[[faults.crash]]`: a learner that stops for good, or a shard that restarts from its
+/// last checkpoint.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawCrash {
-    /// The learner id.
-    pub learner: u32,
+    /// The learner id (give this or `shard`).
+    pub learner: Option<u32>,
+    /// The shard id.
+    pub shard: Option<u32>,
     /// When, milliseconds after the start.
     pub at_ms: u64,
+    /// A shard restarts this many milliseconds after it crashed.
+    pub restart_after_ms: Option<u64>,
 }
 
 /// `[[faults.slow]]`: a learner that computes slowly.
@@ -117,7 +143,7 @@ pub struct RawSlow {
 impl RawFaults {
     /// The checked plan for a cluster of `learners` learners and `shards` shards; `elastic`
     /// says whether the protocol is of the EASGD family, whose exchanges are not retried.
-    fn plan(&self, learners: u32, shards: u32, elastic: bool) -> Result<FaultPlan, RuntimeError> {
+    fn plan(&self, learners: u32, shards: u32, elastic: bool, checkpoints: bool) -> Result<FaultPlan, RuntimeError> {
         let ms = Duration::from_millis;
         let nodes = |key: &'static str, s: &str| {
             let n = Nodes::parse(s).map_err(|e| invalid(key, e))?;
@@ -175,7 +201,41 @@ impl RawFaults {
             })
             .collect::<Result<_, RuntimeError>>()?;
         let crashes = (self.crash.iter())
-            .map(|c| Ok(Crash { learner: learner("faults.crash.learner", c.learner)?, at: ms(c.at_ms) }))
+            .map(|c| {
+                let node = match (c.learner, c.shard, c.restart_after_ms) {
+                    (Some(l), None, None) => Node::Learner(learner("faults.crash.learner", l)?),
+                    (Some(_), None, Some(_)) => {
+                        return Err(invalid(
+                            "faults.crash.restart_after_ms",
+                            "a crashed learner stays down; start a new `rudra-node --role learner` to replace it",
+                        ));
+                    }
+                    (None, Some(x), Some(_)) if x < shards => Node::Shard(ShardId(x)),
+                    (None, Some(x), Some(_)) => {
+                        return Err(invalid("faults.crash.shard", format!("shard {x}: there are {shards}")));
+                    }
+                    (None, Some(_), None) => {
+                        return Err(invalid(
+                            "faults.crash.restart_after_ms",
+                            "a crashed shard must restart: the run cannot go on without its parameters",
+                        ));
+                    }
+                    _ => return Err(invalid("faults.crash", "give either `learner` or `shard`")),
+                };
+                if matches!(node, Node::Shard(_)) && elastic {
+                    return Err(invalid(
+                        "faults.crash.shard",
+                        "shard crashes need hardsync, softsync or async: an EASGD exchange is not retried",
+                    ));
+                }
+                if matches!(node, Node::Shard(_)) && !checkpoints {
+                    return Err(invalid(
+                        "checkpoint.every_updates",
+                        "is 0; a shard that crashes restarts from its checkpoint, so set it above 0",
+                    ));
+                }
+                Ok(Crash { node, at: ms(c.at_ms), restart_after: c.restart_after_ms.map(ms) })
+            })
             .collect::<Result<_, RuntimeError>>()?;
         let slow = (self.slow.iter())
             .map(|s| {
@@ -535,12 +595,24 @@ impl TryFrom<RawConfig> for Config {
             retry: Duration::from_millis(c.retry_ms),
             failure_timeout: Duration::from_millis(c.failure_timeout_ms),
         };
-        let faults = raw.faults.plan(cluster.learners, cluster.shards, cluster.protocol.elastic.is_some())?;
+        let elastic = cluster.protocol.elastic.is_some();
+        let every = raw.checkpoint.every_updates;
+        let faults = raw.faults.plan(cluster.learners, cluster.shards, elastic, every > 0)?;
         Ok(Self { cluster, data, device, liveness, faults, simulation, raw })
     }
 }
 
 impl Config {
+    /// Where the shards write their checkpoints and how often: `checkpoint.dir` if set, else
+    /// `checkpoints/` in `run_dir`; `None` when `checkpoint.every_updates` is 0 or there is
+    /// no directory to write to.
+    #[must_use]
+    pub fn checkpoints(&self, run_dir: Option<&Path>) -> Option<Checkpoints> {
+        let c = &self.raw.checkpoint;
+        let dir = c.dir.clone().or_else(|| run_dir.map(|d| d.join("checkpoints")))?;
+        (c.every_updates > 0).then_some(Checkpoints { dir, every_updates: c.every_updates })
+    }
+
     /// Load and validate, see [`RawConfig::load`].
     pub fn load(file: Option<&Path>, overrides: &[String]) -> Result<Self, RuntimeError> {
         RawConfig::load(file, overrides)?.try_into()

@@ -32,8 +32,11 @@ pub struct Experiment {
     pub accuracy: (f64, f64),
     /// Updates applied per shard without and with the faults.
     pub updates: (u64, u64),
-    /// Updates the faulty run did not make: the clean run's minus its own (0 if it made more).
+    /// Updates shards made in the faulty run and lost when they crashed (rolled back to their
+    /// checkpoints).
     pub updates_lost: u64,
+    /// Updates the faulty run did not make: the clean run's minus its own (0 if it made more).
+    pub updates_missing: u64,
     /// Gradients dropped (over the staleness bound, or from a closed round) in each run.
     pub gradients_dropped: (u64, u64),
     /// Seconds each run took.
@@ -68,7 +71,8 @@ pub fn run(
         timeline: faulty.0.timeline.clone(),
         accuracy: (clean.0.final_test_accuracy, faulty.0.final_test_accuracy),
         updates: (clean.0.updates, faulty.0.updates),
-        updates_lost: clean.0.updates.saturating_sub(faulty.0.updates),
+        updates_lost: faulty.0.updates_lost,
+        updates_missing: clean.0.updates.saturating_sub(faulty.0.updates),
         gradients_dropped: (clean.1.gradients_dropped, faulty.1.gradients_dropped),
         wall_seconds: (clean.0.wall_seconds, faulty.0.wall_seconds),
         staleness_over_time: faulty.0.metrics.iter().map(|r| (r.wall_seconds, r.mean_staleness)).collect(),
@@ -91,10 +95,10 @@ fn run_one(
     dir.write_config(config)?;
     tracing::info!(dir = %dir.path().display(), "{what}");
     let (tx, rx) = mpsc::channel();
-    let (config_, data_) = (config.clone(), data.clone());
+    let (config_, data_, path) = (config.clone(), data.clone(), dir.path().to_owned());
     std::thread::spawn(move || {
         // The receiver is gone only if the limit has passed.
-        let _ = tx.send(run_local(&config_, data_, ProgressMode::detect(), None));
+        let _ = tx.send(run_local(&config_, data_, Some(&path), ProgressMode::detect(), None));
     });
     let report = rx.recv_timeout(limit).map_err(|_| RuntimeError::Invalid {
         key: "--time-limit",
@@ -113,8 +117,9 @@ fn markdown(e: &Experiment, table: &str) -> String {
     md += &format!("| gradients dropped | {} | {} |\n", e.gradients_dropped.0, e.gradients_dropped.1);
     md += &format!("| seconds | {:.1} | {:.1} |\n\n", e.wall_seconds.0, e.wall_seconds.1);
     md += &format!(
-        "Updates lost: {}.\n\n## Timeline\n\n| seconds | | event |\n|---|---|---|\n",
-        e.updates_lost
+        "Updates lost in shard crashes: {}. Updates the faulty run did not make: {}.\n\n\
+         ## Timeline\n\n| seconds | | event |\n|---|---|---|\n",
+        e.updates_lost, e.updates_missing
     );
     for t in &e.timeline {
         md += &format!("| {:.2} | {} | {} |\n", t.seconds, t.kind, t.what);

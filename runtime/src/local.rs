@@ -2,6 +2,7 @@
 
 use std::io::IsTerminal;
 use std::net::SocketAddr;
+use std::path::Path;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use rudra_actors::{Cluster, RunEvent, RunReport, TrainingData};
@@ -30,18 +31,21 @@ impl ProgressMode {
     }
 }
 
-/// Run `config`'s cluster on `data` in this process and return its report; serve its live
-/// metrics at `metrics_addr` while it runs, if given.
+/// Run `config`'s cluster on `data` in this process and return its report; the shards write
+/// their checkpoints into `run_dir` (see [`Config::checkpoints`]); serve the live metrics at
+/// `metrics_addr` while it runs, if given.
 pub fn run_local(
     config: &Config,
     data: TrainingData,
+    run_dir: Option<&Path>,
     progress: ProgressMode,
     metrics_addr: Option<SocketAddr>,
 ) -> Result<RunReport, RuntimeError> {
     let mut cluster = Cluster::new(config.cluster.clone(), data)?
         .on_device(&Device::open(config.device)?)?
         .with_liveness(config.liveness)
-        .with_faults(config.faults.clone());
+        .with_faults(config.faults.clone())
+        .with_checkpoints(config.checkpoints(run_dir));
     let endpoint = MetricsEndpoint::bind_if(metrics_addr)?;
     actix::System::new().block_on(async move {
         if let Some(endpoint) = endpoint {

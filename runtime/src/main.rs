@@ -323,7 +323,9 @@ fn run(command: Command) -> Result<(), RuntimeError> {
             dir.write_config(&config)?;
             tracing::info!(dir = %dir.path().display(), "run directory");
             let report = match transport {
-                Transport::Memory => run_local(&config, data, ProgressMode::detect(), metrics_addr)?,
+                Transport::Memory => {
+                    run_local(&config, data, Some(dir.path()), ProgressMode::detect(), metrics_addr)?
+                }
                 Transport::Quic => run_loopback(&config, data, ProgressMode::detect(), metrics_addr)?,
             };
             finish(&dir, &config, &report)
@@ -335,10 +337,12 @@ fn run(command: Command) -> Result<(), RuntimeError> {
             let limit = std::time::Duration::from_secs(time_limit);
             let e = experiment::run(&config, &data, &dir, limit)?;
             println!(
-                "test accuracy {:.4} clean, {:.4} with faults; {} updates lost; {} timeline events; wrote {}",
+                "test accuracy {:.4} clean, {:.4} with faults; {} updates lost in crashes, {} fewer made; \
+                 {} timeline events; wrote {}",
                 e.accuracy.0,
                 e.accuracy.1,
                 e.updates_lost,
+                e.updates_missing,
                 e.timeline.len(),
                 dir.path().display()
             );

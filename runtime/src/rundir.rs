@@ -54,6 +54,8 @@ pub struct Summary {
     pub device: String,
     /// Updates applied per shard.
     pub updates: u64,
+    /// Updates shards made and lost in crashes (rolled back to their checkpoints).
+    pub updates_lost: u64,
     /// Gradients applied (summed over shards).
     pub gradients_applied: u64,
     /// Gradients dropped (summed over shards).
@@ -99,6 +101,7 @@ impl Summary {
             model: config.raw.training.model.clone(),
             device: config.device.name().into(),
             updates: report.updates,
+            updates_lost: report.updates_lost,
             gradients_applied: report.staleness.applied,
             gradients_dropped: report.staleness.dropped,
             samples: report.samples,
@@ -389,6 +392,7 @@ mod tests {
         let config = Config::load(None, &[]).unwrap();
         let report = RunReport {
             timeline: Vec::new(),
+            updates_lost: 0,
             metrics: rows.clone(),
             params: config.cluster.model.init(1),
             staleness: StalenessSummary::default(),

@@ -27,8 +27,9 @@ fn run_with(config: &str, set: &[&str], faults: bool) -> (rudra_actors::RunRepor
         config.faults = rudra_actors::faults::FaultPlan::default();
     }
     let data = config.data.load().expect("MNIST");
+    let dir = tempfile::tempdir().expect("a temporary directory");
     let start = Instant::now();
-    let report = run_local(&config, data, ProgressMode::Quiet, None).expect("the run ends");
+    let report = run_local(&config, data, Some(dir.path()), ProgressMode::Quiet, None).expect("the run ends");
     (report, start.elapsed())
 }
 
@@ -46,6 +47,24 @@ fn a_killed_learner_is_dropped_and_the_run_finishes() {
     assert!(report.final_test_accuracy > 0.85, "{}", report.final_test_accuracy);
     let done = &report.learner_samples;
     assert!(done[3] < done[0], "learner 3 stopped early: {done:?}");
+}
+
+#[test]
+fn a_crashed_shard_restarts_from_its_checkpoint_and_loses_at_most_the_interval() {
+    let set = [
+        "cluster.retry_ms=100",
+        "checkpoint.every_updates=40",
+        "faults.crash=[{shard = 1, at_ms = 700, restart_after_ms = 300}]",
+    ];
+    let (report, took) = run("shard-restarted.toml", &set);
+    assert!(took < Duration::from_secs(60), "took {took:?}");
+    assert!(said(&report, "injected", "shard-1 crashed at clock"), "{:?}", report.timeline);
+    assert!(said(&report, "recovered", "shard-1 restarted from its checkpoint"), "{:?}", report.timeline);
+    assert!(report.updates_lost <= 40, "lost {} updates, the interval is 40", report.updates_lost);
+    assert!(report.final_test_accuracy > 0.85, "{}", report.final_test_accuracy);
+    // Every learner went on after the restart and finished its steps.
+    let done = &report.learner_samples;
+    assert!(done.iter().all(|&d| d == done[0]), "{done:?}");
 }
 
 #[test]

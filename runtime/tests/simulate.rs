@@ -263,7 +263,7 @@ fn sync_easgd_in_the_simulator_equals_the_local_runtime() {
         "simulation.gradients=model",
         "simulation.stop_gradients=0",
     ]);
-    let local = run_local(&cfg, cfg.data.load().unwrap(), ProgressMode::Quiet, None).unwrap();
+    let local = run_local(&cfg, cfg.data.load().unwrap(), None, ProgressMode::Quiet, None).unwrap();
     let sim = simulate(&cfg, ProgressMode::Quiet).unwrap();
     // 1440 examples over 3 learners, μ = 16: 30 steps each, a round at t = 0, 4, …, 28.
     assert_eq!(sim.counts.gradients, 90, "the workers end after their epochs");
@@ -318,7 +318,7 @@ fn simulator_and_local_runtime_do_the_same_work() {
             "simulation.gradients=model",
             "simulation.stop_gradients=0",
         ]);
-        let local = run_local(&cfg, cfg.data.load().unwrap(), ProgressMode::Quiet, None).unwrap();
+        let local = run_local(&cfg, cfg.data.load().unwrap(), None, ProgressMode::Quiet, None).unwrap();
         let sim = simulate(&cfg, ProgressMode::Quiet).unwrap();
         let (s, l) = (sim.staleness.mean, local.staleness.mean);
         eprintln!("λ = 4, n = {n}: simulator ⟨σ⟩ = {s:.3}, local ⟨σ⟩ = {l:.3}");

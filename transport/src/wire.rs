@@ -56,7 +56,8 @@ pub struct GradientReport {
     pub staleness: u64,
     /// The rate it was applied with (0 when dropped).
     pub alpha: f32,
-    /// 0: applied; 1: dropped as too stale; 2: dropped as of an earlier hardsync round.
+    /// 0: applied; 1: dropped as too stale; 2: dropped as of an earlier hardsync round;
+    /// 3: dropped as computed on weights the shard lost in a crash.
     pub dropped: u8,
 }
 

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use rudra_compute::cpu;
 use rudra_transport::{Clock, LearnerId, ShardId};
 
-use super::Weights;
+use super::{ShardState, Weights};
 use crate::ActorError;
 
 /// How a center shard combines what learners send.
@@ -101,6 +101,29 @@ impl CenterShard {
     #[must_use]
     pub fn snapshot(&self) -> Weights {
         Weights { shard: self.id, clock: self.clock, values: Arc::clone(&self.center).into() }
+    }
+
+    /// What a checkpoint keeps: the center, the clock and MDOWNPOUR's velocity (see
+    /// [`ShardState`]).
+    #[must_use]
+    pub fn state(&self) -> ShardState {
+        ShardState {
+            clock: self.clock,
+            values: self.center.to_vec(),
+            velocity: self.velocity.clone(),
+            ..ShardState::default()
+        }
+    }
+
+    /// Continue from `state`; an open sync round is forgotten. A state of the wrong size is
+    /// refused and changes nothing.
+    pub fn restore(&mut self, state: ShardState) -> Result<(), ActorError> {
+        state.check(self.center.len(), !self.velocity.is_empty())?;
+        (self.clock, self.center, self.velocity) = (state.clock, Arc::new(state.values), state.velocity);
+        self.round_sum.fill(0.0);
+        self.round.clear();
+        self.events.clear();
+        Ok(())
     }
 
     /// Exchanges (or sync rounds) completed.

@@ -38,6 +38,46 @@ pub struct Weights {
     pub values: Floats,
 }
 
+/// What a shard keeps across a restart, in its checkpoints: everything that defines its
+/// future updates. What is in flight (held gradients, an open round, deferred pulls) is not
+/// kept: learners send their pulls again, and a gradient computed on weights newer than the
+/// restored ones is refused.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ShardState {
+    /// The clock `i`.
+    pub clock: Clock,
+    /// The parameters of the shard's range, or the center x̃ for the EASGD family.
+    pub values: Vec<f32>,
+    /// Optimizer state beside the values (MDOWNPOUR's velocity); empty when there is none.
+    pub velocity: Vec<f32>,
+    /// Gradients received so far: where the learning-rate schedule is.
+    pub received: u64,
+    /// Each learner's last accepted push, so a push applied before the checkpoint is never
+    /// applied again.
+    pub last_pushed: BTreeMap<LearnerId, u64>,
+}
+
+impl ShardState {
+    /// Refuse a state that does not fit a shard of `len` values (`velocity`: whether the
+    /// shard keeps a velocity).
+    pub fn check(&self, len: usize, velocity: bool) -> Result<(), ActorError> {
+        if self.values.len() != len {
+            return Err(ActorError::Protocol(format!(
+                "the saved state holds {} values; this shard holds {len}",
+                self.values.len()
+            )));
+        }
+        let want = if velocity { len } else { 0 };
+        if self.velocity.len() != want {
+            return Err(ActorError::Protocol(format!(
+                "the saved state holds {} velocity values; this shard needs {want}",
+                self.velocity.len()
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// Why a gradient was not applied.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -46,6 +86,8 @@ pub enum DropReason {
     TooStale,
     /// Hardsync: it was computed on weights of an earlier round.
     StaleRound,
+    /// It was computed on weights the shard lost in a crash (newer than its checkpoint).
+    RolledBack,
 }
 
 /// What happened to one gradient.
@@ -215,6 +257,9 @@ pub struct SgdShard {
     stats: StalenessStats,
     /// Gradients received and validated, applied or dropped.
     received: u64,
+    /// Restarted from a checkpoint: learners may still push gradients computed on the
+    /// newer weights that were lost; they are dropped as [`DropReason::RolledBack`].
+    restored: bool,
     events: VecDeque<ShardEvent>,
 }
 
@@ -238,6 +283,7 @@ impl SgdShard {
             deferred_set: BTreeSet::new(),
             stats: StalenessStats::default(),
             received: 0,
+            restored: false,
             events: VecDeque::new(),
         }
     }
@@ -258,6 +304,37 @@ impl SgdShard {
     #[must_use]
     pub fn snapshot(&self) -> Weights {
         Weights { shard: self.cfg.id, clock: self.clock, values: Arc::clone(&self.params).into() }
+    }
+
+    /// What a checkpoint keeps (see [`ShardState`]).
+    #[must_use]
+    pub fn state(&self) -> ShardState {
+        ShardState {
+            clock: self.clock,
+            values: self.params.to_vec(),
+            velocity: Vec::new(),
+            received: self.received,
+            last_pushed: self.last_pushed.clone(),
+        }
+    }
+
+    /// Continue from `state`, as a shard restarted from its checkpoint: everything in flight
+    /// is forgotten (see [`ShardState`]). A state of the wrong size is refused and changes
+    /// nothing.
+    pub fn restore(&mut self, state: ShardState) -> Result<(), ActorError> {
+        state.check(self.params.len(), false)?;
+        let ShardState { clock, values, received, last_pushed, .. } = state;
+        (self.clock, self.params, self.received, self.last_pushed) =
+            (clock, Arc::new(values), received, last_pushed);
+        self.restored = true;
+        self.acc.fill(0.0);
+        self.held.clear();
+        self.spare.extend(std::mem::take(&mut self.round).into_values().map(|(_, g)| g));
+        self.outstanding = Outstanding::default();
+        self.deferred.clear();
+        self.deferred_set.clear();
+        self.events.clear();
+        Ok(())
     }
 
     /// Staleness counts of the gradients this shard has seen.
@@ -356,7 +433,7 @@ impl SgdShard {
                 self.params.len()
             )));
         }
-        if computed_on > self.clock {
+        if computed_on > self.clock && !self.restored {
             return Err(ActorError::Protocol(format!(
                 "{learner} pushed a gradient on clock {computed_on} to {}, which is at {}",
                 self.cfg.id, self.clock
@@ -373,6 +450,7 @@ impl SgdShard {
         self.received += 1;
         let staleness = self.clock.staleness_of(computed_on).unwrap_or_default();
         let drop = match (self.cfg.rule, self.cfg.max_staleness) {
+            _ if computed_on > self.clock => Some(DropReason::RolledBack),
             (SyncRule::Hardsync, _) if staleness.0 > 0 => Some(DropReason::StaleRound),
             (_, Some(bound)) if staleness.0 > bound => Some(DropReason::TooStale),
             _ => None,
@@ -672,6 +750,39 @@ mod tests {
         assert_eq!(served, vec![(L[0], Clock(1))]);
         assert!(grads.iter().all(|g| g.staleness == Staleness(0)));
         close(&values(&s), &[1.0 - 0.5, 2.0 - 1.0, 3.0]);
+    }
+
+    #[test]
+    fn a_restored_shard_continues_from_its_checkpoint_exactly() {
+        let new = || shard(SyncRule::Softsync { n: 2 }, LrModulation::PerGradient, None, 2);
+        let (mut a, mut b) = (new(), new());
+        for (l, g) in [(L[0], [1.0, 0.0, 0.0]), (L[1], [0.0, 2.0, 0.0]), (L[0], [0.0, 0.0, 3.0])] {
+            pull(&mut a, l).unwrap();
+            let clock = a.clock();
+            push(&mut a, l, clock, &g).unwrap();
+        }
+        let saved = a.state();
+        assert_eq!((saved.clock, saved.received), (Clock(3), 3));
+        // What happens after the checkpoint is lost with the crash.
+        pull(&mut a, L[1]).unwrap();
+        push(&mut a, L[1], Clock(3), &[5.0, 5.0, 5.0]).unwrap();
+        let lost_seq = a.last_pushed(L[1]);
+        b.restore(saved.clone()).unwrap();
+        assert_eq!(b.state(), saved);
+        // A push applied before the checkpoint is a duplicate; one on the lost clock 4 is
+        // dropped and changes nothing; the next step goes on from clock 3 as if never lost.
+        assert!(matches!(b.on_push(L[0], 2, Clock(2), &[9.0; 3]), Err(ActorError::Duplicate(_))));
+        b.on_push(L[1], lost_seq, Clock(4), &[9.0; 3]).unwrap();
+        let (_, grads, updates) = drain(&mut b);
+        assert_eq!(grads[0].outcome, Outcome::Dropped(DropReason::RolledBack));
+        assert!(updates.is_empty());
+        assert_eq!(b.state().values, saved.values);
+        b.on_pull(L[0], 3).unwrap();
+        assert_eq!(drain(&mut b).0, vec![(L[0], Clock(3))]);
+        // A state of another size is refused and changes nothing.
+        let wrong = ShardState { values: vec![0.0; 4], ..saved.clone() };
+        assert!(b.restore(wrong).is_err());
+        assert_eq!(b.clock(), Clock(3));
     }
 
     #[test]

@@ -39,7 +39,7 @@ pub fn run(file: Option<&Path>, overrides: &[String], repeats: usize) -> Result<
         let sim = simulate(&config, ProgressMode::Quiet)?.staleness.mean;
         let mut local = Vec::new();
         for round in 0..repeats.max(1) {
-            let mean = run_local(&config, data.clone(), ProgressMode::Quiet, None)?.staleness.mean;
+            let mean = run_local(&config, data.clone(), None, ProgressMode::Quiet, None)?.staleness.mean;
             tracing::info!(round, n, "local ⟨σ⟩ {mean:.3}, simulator ⟨σ⟩ {sim:.3}");
             local.push(mean);
         }

@@ -84,7 +84,7 @@ fn cluster(
     let examples = steps * c.cluster.batch_size * learners as usize;
     let data =
         TrainingData { train: Arc::new(data.train.head(examples)), test: Arc::new(data.test.head(1000)) };
-    let report = run_local(&c, data, ProgressMode::Quiet, None)?;
+    let report = run_local(&c, data, None, ProgressMode::Quiet, None)?;
     Ok(report.samples as f64 / report.wall_seconds)
 }
 

@@ -167,6 +167,7 @@ impl SimSummary {
         let (initial_loss, final_loss) = report.loss_span();
         let run = RunReport {
             timeline: Vec::new(),
+            updates_lost: 0,
             metrics: Vec::new(),
             params: Vec::new(),
             staleness: report.staleness.clone(),

@@ -1,0 +1,172 @@
+//! A shard's checkpoint, `DIR/shard-N.safetensors`: its [`ShardState`] as safetensors, so a
+//! restarted shard continues where the checkpoint left it and other tools can read it too.
+//!
+//! Tensors: `values` (F32 `[len]`: the parameters or the center) and, for MDOWNPOUR,
+//! `velocity`. String metadata: `shard`, `clock`, `received` and `last_pushed` (each learner's
+//! last applied push, as `learner:seq` pairs joined by commas).
+//!
+//! A checkpoint is written to a temporary file, flushed to disk and renamed over the last one,
+//! so a crash at any moment leaves either the old checkpoint or the new one, never half of one.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::path::PathBuf;
+
+use rudra_transport::{Clock, LearnerId, ShardId};
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, SafeTensors};
+
+use crate::ActorError;
+use crate::protocol::ShardState;
+
+/// Where a shard keeps its checkpoints and how often it writes one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Checkpoints {
+    /// The directory; each shard writes `shard-N.safetensors` in it.
+    pub dir: PathBuf,
+    /// A checkpoint after every this many updates (at least 1).
+    pub every_updates: u64,
+}
+
+impl Checkpoints {
+    /// The checkpoint file of `shard`.
+    #[must_use]
+    pub fn path(&self, shard: ShardId) -> PathBuf {
+        self.dir.join(format!("shard-{}.safetensors", shard.0))
+    }
+
+    /// Write `state` as `shard`'s checkpoint, replacing the last one atomically.
+    pub fn write(&self, shard: ShardId, state: &ShardState) -> Result<(), ActorError> {
+        let path = self.path(shard);
+        let error = |message: String| ActorError::Checkpoint { path: path.clone(), message };
+        let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let (values, velocity) = (bytes(&state.values), bytes(&state.velocity));
+        let mut views = vec![("values", view(&values, state.values.len()).map_err(&error)?)];
+        if !state.velocity.is_empty() {
+            views.push(("velocity", view(&velocity, state.velocity.len()).map_err(&error)?));
+        }
+        let pushed: Vec<String> = state.last_pushed.iter().map(|(l, s)| format!("{}:{s}", l.0)).collect();
+        let metadata = HashMap::from([
+            ("shard".to_owned(), shard.0.to_string()),
+            ("clock".to_owned(), state.clock.0.to_string()),
+            ("received".to_owned(), state.received.to_string()),
+            ("last_pushed".to_owned(), pushed.join(",")),
+        ]);
+        let file = safetensors::tensor::serialize(views, Some(metadata)).map_err(|e| error(e.to_string()))?;
+        std::fs::create_dir_all(&self.dir).map_err(|e| error(format!("cannot create the directory: {e}")))?;
+        let tmp = path.with_extension("safetensors.tmp");
+        let written = std::fs::File::create(&tmp).and_then(|mut f| {
+            f.write_all(&file)?;
+            f.sync_all()
+        });
+        written
+            .and_then(|()| std::fs::rename(&tmp, &path))
+            .map_err(|e| error(format!("cannot write: {e}")))?;
+        // The rename itself is durable once the directory is synced (not possible everywhere).
+        if let Ok(dir) = std::fs::File::open(&self.dir) {
+            let _ = dir.sync_all();
+        }
+        Ok(())
+    }
+
+    /// `shard`'s last checkpoint, or `None` if it has none yet. A file that is not a
+    /// checkpoint of this shard is an error naming it.
+    pub fn read(&self, shard: ShardId) -> Result<Option<ShardState>, ActorError> {
+        let path = self.path(shard);
+        let bytes = match std::fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(ActorError::Checkpoint { path, message: format!("cannot read: {e}") }),
+        };
+        parse(&bytes, shard).map(Some).map_err(|message| ActorError::Checkpoint { path, message })
+    }
+}
+
+fn view(bytes: &[u8], len: usize) -> Result<TensorView<'_>, String> {
+    TensorView::new(Dtype::F32, vec![len], bytes).map_err(|e| e.to_string())
+}
+
+fn parse(bytes: &[u8], shard: ShardId) -> Result<ShardState, String> {
+    let not_one = |e: safetensors::SafeTensorError| format!("is not a shard checkpoint: {e}");
+    let (_, header) = SafeTensors::read_metadata(bytes).map_err(not_one)?;
+    let tensors = SafeTensors::deserialize(bytes).map_err(not_one)?;
+    let meta: BTreeMap<String, String> = header.metadata().clone().unwrap_or_default().into_iter().collect();
+    let number = |key: &str| -> Result<u64, String> {
+        let value = meta.get(key).ok_or_else(|| format!("has no `{key}` metadata"))?;
+        value.parse().map_err(|_| format!("`{key}` is {value:?}, not a number"))
+    };
+    let saved = number("shard")?;
+    if saved != u64::from(shard.0) {
+        return Err(format!("is the checkpoint of shard-{saved}, not of {shard}"));
+    }
+    let floats = |name: &str| -> Result<Vec<f32>, String> {
+        let Ok(t) = tensors.tensor(name) else { return Ok(Vec::new()) };
+        if t.dtype() != Dtype::F32 || t.shape().len() != 1 {
+            return Err(format!("tensor `{name}` is {:?} {:?}, not F32 [len]", t.dtype(), t.shape()));
+        }
+        Ok(t.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+    };
+    let last_pushed = meta
+        .get("last_pushed")
+        .map(String::as_str)
+        .unwrap_or_default()
+        .split(',')
+        .filter(|p| !p.is_empty())
+        .map(|pair| {
+            let parsed = pair.split_once(':').and_then(|(l, s)| Some((LearnerId(l.parse().ok()?), s.parse().ok()?)));
+            parsed.ok_or_else(|| format!("`last_pushed` has {pair:?}, not learner:seq"))
+        })
+        .collect::<Result<_, _>>()?;
+    let values = floats("values")?;
+    if values.is_empty() {
+        return Err("has no `values` tensor".into());
+    }
+    Ok(ShardState {
+        clock: Clock(number("clock")?),
+        values,
+        velocity: floats("velocity")?,
+        received: number("received")?,
+        last_pushed,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state() -> ShardState {
+        ShardState {
+            clock: Clock(812),
+            values: vec![1.5, -2.0, 3.25],
+            velocity: vec![0.5, 0.0, -0.5],
+            received: 3250,
+            last_pushed: BTreeMap::from([(LearnerId(0), 17), (LearnerId(3), 1 << 40)]),
+        }
+    }
+
+    #[test]
+    fn a_checkpoint_reads_back_as_written_and_replaces_the_last() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Checkpoints { dir: dir.path().join("ck"), every_updates: 10 };
+        assert_eq!(c.read(ShardId(1)).unwrap(), None);
+        c.write(ShardId(1), &ShardState { clock: Clock(1), values: vec![0.0; 3], ..ShardState::default() })
+            .unwrap();
+        c.write(ShardId(1), &state()).unwrap();
+        assert_eq!(c.read(ShardId(1)).unwrap(), Some(state()));
+        let names: Vec<_> = std::fs::read_dir(&c.dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, ["shard-1.safetensors"], "no temporary file is left behind");
+    }
+
+    #[test]
+    fn a_file_that_is_not_this_shards_checkpoint_is_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Checkpoints { dir: dir.path().to_owned(), every_updates: 10 };
+        c.write(ShardId(0), &state()).unwrap();
+        std::fs::copy(c.path(ShardId(0)), c.path(ShardId(1))).unwrap();
+        let e = c.read(ShardId(1)).unwrap_err().to_string();
+        assert!(e.contains("shard-1.safetensors") && e.contains("checkpoint of shard-0"), "{e}");
+        std::fs::write(c.path(ShardId(0)), b"not a checkpoint").unwrap();
+        let e = c.read(ShardId(0)).unwrap_err().to_string();
+        assert!(e.contains("is not a shard checkpoint"), "{e}");
+    }
+}
