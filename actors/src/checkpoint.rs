@@ -113,7 +113,8 @@ fn parse(bytes: &[u8], shard: ShardId) -> Result<ShardState, String> {
         .split(',')
         .filter(|p| !p.is_empty())
         .map(|pair| {
-            let parsed = pair.split_once(':').and_then(|(l, s)| Some((LearnerId(l.parse().ok()?), s.parse().ok()?)));
+            let parsed =
+                pair.split_once(':').and_then(|(l, s)| Some((LearnerId(l.parse().ok()?), s.parse().ok()?)));
             parsed.ok_or_else(|| format!("`last_pushed` has {pair:?}, not learner:seq"))
         })
         .collect::<Result<_, _>>()?;

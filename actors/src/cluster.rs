@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::ActorError;
 use crate::checkpoint::Checkpoints;
-use crate::faults::{FaultPlan, Liveness, Lossy, Node};
+use crate::faults::{FaultPlan, LearnerLinks, Liveness, Lossy, Node};
 use crate::learner::{LearnerActor, LearnerLoop, SchedulerLink, ShardLink, StopLearner, shard_ranges};
 use crate::metrics::Metrics;
 use crate::protocol::elastic::{DownpourLearner, ElasticLearner, ElasticSettings};
@@ -632,25 +632,13 @@ impl Cluster {
                     let (core, batches) = spec.learner_loop(l, Arc::clone(&data.train));
                     let id = LearnerId(l as u32);
                     let mut link = link.clone();
-                    let plan = |from, to, stream| faults.link(from, to, (u64::from(id.0) << 8) | stream);
-                    link.heartbeat =
-                        Lossy::wrap(link.heartbeat, plan(Node::Learner(id), Node::Scheduler, 0), born);
-                    let plans: Vec<_> = (0..links.len() as u32)
-                        .map(|s| {
-                            let (me, shard) = (Node::Learner(id), Node::Shard(ShardId(s)));
-                            let stream = 1 + 3 * u64::from(s);
-                            (
-                                plan(me, shard, stream),
-                                plan(me, shard, stream + 1),
-                                plan(shard, me, stream + 2),
-                            )
-                        })
-                        .collect();
+                    let LearnerLinks { heartbeat, shards: plans } = faults.learner_links(id, spec.shards);
+                    link.heartbeat = Lossy::wrap(link.heartbeat, heartbeat, born);
                     let (links, slowdown) = (links.clone(), faults.slowdown(id));
                     let arbiter = Arbiter::new();
                     let addr = LearnerActor::start_in_arbiter(&arbiter.handle(), move |ctx| {
                         let links = (links.into_iter().zip(plans))
-                            .map(|(sl, (pull, push, reply))| {
+                            .map(|(sl, [pull, push, reply])| {
                                 let (p, q) = (sl.pull.clone(), sl.push.clone());
                                 let answers = ctx.address().recipient();
                                 sl.faulty(

@@ -206,6 +206,40 @@ impl FaultPlan {
     }
 }
 
+/// The faulty links of one learner, seen from the learner: to the scheduler, and to and
+/// from each shard.
+#[derive(Clone, Debug, Default)]
+pub struct LearnerLinks {
+    /// Heartbeats to the scheduler.
+    pub heartbeat: Option<LinkPlan>,
+    /// For each shard: pulls to it, pushes to it, and its answers back.
+    pub shards: Vec<[Option<LinkPlan>; 3]>,
+}
+
+impl FaultPlan {
+    /// The links of learner `learner` in a cluster of `shards` shards, each with its own dice.
+    #[must_use]
+    pub fn learner_links(&self, learner: LearnerId, shards: u32) -> LearnerLinks {
+        let me = Node::Learner(learner);
+        let plan = |from, to, stream| self.link(from, to, (u64::from(learner.0) << 8) | stream);
+        LearnerLinks {
+            heartbeat: plan(me, Node::Scheduler, 0),
+            shards: (0..shards)
+                .map(|s| {
+                    let (shard, stream) = (Node::Shard(ShardId(s)), 1 + 3 * u64::from(s));
+                    [plan(me, shard, stream), plan(me, shard, stream + 1), plan(shard, me, stream + 2)]
+                })
+                .collect(),
+        }
+    }
+
+    /// When `learner` crashes, if it does.
+    #[must_use]
+    pub fn crash_of(&self, node: Node) -> Option<Crash> {
+        self.crashes.iter().find(|c| c.node == node).copied()
+    }
+}
+
 /// The faults of one directed link.
 #[derive(Clone, Debug)]
 pub struct LinkPlan {

@@ -72,6 +72,16 @@ pub enum LearnerLoop {
 }
 
 impl LearnerLoop {
+    /// The loop of a learner's `incarnation`-th start: its step numbers follow every earlier
+    /// incarnation's (see [`LearnerCore::incarnation_base`]).
+    #[must_use]
+    pub fn incarnation(self, incarnation: u32) -> Self {
+        match self {
+            Self::Sgd(c) => Self::Sgd(c.with_seq_base(LearnerCore::incarnation_base(incarnation))),
+            elastic @ Self::Elastic(_) => elastic,
+        }
+    }
+
     /// The learner running this loop.
     #[must_use]
     pub fn id(&self) -> LearnerId {

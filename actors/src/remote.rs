@@ -36,6 +36,12 @@ pub struct AnswerSnapshot {
     pub weights: Weights,
 }
 
+/// The remote node reconnected (or restarted and rejoined): send to it on `peer` from now on.
+/// Snapshot requests not answered yet are asked again there.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Rebind(pub Peer);
+
 /// A remote node: local messages in, wire messages out, in order and with flow control.
 pub struct RemotePeer {
     peer: Peer,
@@ -185,6 +191,18 @@ impl Handler<Snapshot> for RemotePeer {
             // A shard that goes away answers with nothing; evaluation then sees no weights.
             rx.await.unwrap_or(Weights { shard, clock: Clock(0), values: Vec::new().into() })
         })
+    }
+}
+
+impl Handler<Rebind> for RemotePeer {
+    type Result = ();
+    fn handle(&mut self, Rebind(peer): Rebind, ctx: &mut Context<Self>) {
+        self.peer = peer;
+        let mut asked: Vec<u64> = self.pending.keys().copied().collect();
+        asked.sort_unstable();
+        for request in asked {
+            self.send(Msg::SnapshotRequest { request }, ctx);
+        }
     }
 }
 

@@ -1,6 +1,7 @@
 //! The scheduler actor: a thin shell over [`SchedulerCore`] that also evaluates the model at
 //! epoch boundaries and assembles the [`RunReport`].
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -64,6 +65,12 @@ pub struct Disconnected(pub LearnerId);
 #[derive(Message, Clone, Debug)]
 #[rtype(result = "()")]
 pub struct Note(pub String);
+
+/// The connection to a shard is gone: it crashed or is cut off. Unless it is back (a
+/// [`ShardRestarted`]) within the scheduler's shard timeout, the run is stopped.
+#[derive(Message, Clone, Copy, Debug)]
+#[rtype(result = "()")]
+pub struct ShardLost(pub ShardId);
 
 /// A crashed shard came back from its checkpoint at clock `resumed`, or could not.
 #[derive(Message, Clone, Debug)]
@@ -179,6 +186,11 @@ pub struct SchedulerActor {
     timeline: Vec<TimelineEntry>,
     /// Updates shards made and then lost in a crash (rolled back to a checkpoint).
     updates_lost: u64,
+    /// How long a lost shard may take to come back.
+    shard_timeout: Duration,
+    /// Shards lost and not back yet, with the number of times each was lost.
+    shards_down: BTreeMap<ShardId, u64>,
+    shard_losses: u64,
 }
 
 /// What one evaluation measured.
@@ -220,7 +232,17 @@ impl SchedulerActor {
             tick: None,
             timeline: Vec::new(),
             updates_lost: 0,
+            shard_timeout: Duration::from_secs(60),
+            shards_down: BTreeMap::new(),
+            shard_losses: 0,
         }
+    }
+
+    /// Stop the run when a lost shard is not back within `timeout` (60 s unless this is called).
+    #[must_use]
+    pub fn with_shard_timeout(mut self, timeout: Duration) -> Self {
+        self.shard_timeout = timeout;
+        self
     }
 
     /// Look for silent learners every `tick` (the core's failure timeout decides who is lost).
@@ -303,10 +325,17 @@ impl SchedulerActor {
         let (spec, test) = (self.model.clone(), Arc::clone(&self.test));
         let window = std::mem::take(&mut self.loss_window);
         let at = (self.elapsed(), self.core.samples(), self.core.epochs(), self.learner_samples.clone());
+        let timeout = self.shard_timeout;
         let fut = async move {
             let mut params = Vec::new();
-            for s in &shards {
-                params.extend_from_slice(&s.snapshot.send(Snapshot).await?.values);
+            for (id, s) in shards.iter().enumerate() {
+                // A shard that is down answers once it is back; one that never is ends the run.
+                let weights =
+                    tokio::time::timeout(timeout, s.snapshot.send(Snapshot)).await.map_err(|_| {
+                        let why = format!("gave no weights for an evaluation within {timeout:?}");
+                        ActorError::ShardFailed(ShardId(id as u32), why)
+                    })??;
+                params.extend_from_slice(&weights.values);
             }
             let tracker = tracker.send(GetStats).await?;
             let (params, test_loss, test_accuracy) =
@@ -438,14 +467,45 @@ impl Handler<Note> for SchedulerActor {
     }
 }
 
+impl Handler<ShardLost> for SchedulerActor {
+    type Result = ();
+    fn handle(&mut self, ShardLost(shard): ShardLost, ctx: &mut Context<Self>) {
+        if self.report.is_none() {
+            return; // The run is over and the shards are hanging up.
+        }
+        tracing::warn!(%shard, "shard lost; waiting {:?} for it to come back", self.shard_timeout);
+        self.note("detected", format!("{shard} lost"));
+        self.shard_losses += 1;
+        let loss = self.shard_losses;
+        self.shards_down.insert(shard, loss);
+        ctx.run_later(self.shard_timeout, move |act, ctx| {
+            if act.shards_down.get(&shard) == Some(&loss) {
+                let why = format!(
+                    "not back within {:?}; restart it (`rudra-node --role shard --resume DIR`) and the run",
+                    act.shard_timeout
+                );
+                act.finish(Err(ActorError::ShardFailed(shard, why)), ctx);
+            }
+        });
+    }
+}
+
 impl Handler<ShardRestarted> for SchedulerActor {
     type Result = ();
     fn handle(&mut self, msg: ShardRestarted, ctx: &mut Context<Self>) {
         match msg.resumed {
             Ok(resumed) => {
+                self.shards_down.remove(&msg.shard);
+                // The restarted shard learns who is active now.
+                if let Some(s) = self.members.shards.get(msg.shard.index()) {
+                    s.membership.do_send(Membership { active: self.core.active() });
+                }
                 let lost = msg.crashed_at.0.saturating_sub(resumed.0);
                 self.updates_lost += lost;
-                let what = format!("{} restarted from its checkpoint at clock {resumed}: {lost} updates lost", msg.shard);
+                let what = format!(
+                    "{} restarted from its checkpoint at clock {resumed}: {lost} updates lost",
+                    msg.shard
+                );
                 tracing::info!("{what}");
                 self.note("recovered", what);
             }

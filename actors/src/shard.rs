@@ -94,8 +94,10 @@ pub struct Restart;
 #[rtype(result = "()")]
 pub struct StopShard;
 
-/// Records are sent to the tracker in batches of this many (and on every snapshot and stop).
+/// Records are sent to the tracker in batches of this many (and on every snapshot and stop) …
 const REPORT_BATCH: usize = 256;
+/// … and at least this often, so that what the tracker knows is never older than this.
+const REPORT_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// The protocol core a shard runs.
 #[derive(Debug)]
@@ -277,8 +279,9 @@ fn serve(replies: &BTreeMap<LearnerId, Recipient<Served>>, learner: LearnerId, w
 impl Actor for ShardActor {
     type Context = Context<Self>;
 
-    fn started(&mut self, _: &mut Context<Self>) {
+    fn started(&mut self, ctx: &mut Context<Self>) {
         self.checkpoint(true);
+        ctx.run_interval(REPORT_EVERY, |act, _| act.flush());
     }
 }
 
@@ -377,9 +380,10 @@ impl Handler<Restart> for ShardActor {
     type Result = Result<Clock, ActorError>;
     fn handle(&mut self, _: Restart, _: &mut Context<Self>) -> Self::Result {
         let id = self.core.id();
-        let c = self.checkpoints.as_ref().ok_or_else(|| {
-            ActorError::Protocol(format!("{id} cannot restart: it writes no checkpoints"))
-        })?;
+        let c = self
+            .checkpoints
+            .as_ref()
+            .ok_or_else(|| ActorError::Protocol(format!("{id} cannot restart: it writes no checkpoints")))?;
         let state = c.read(id)?.ok_or_else(|| ActorError::Checkpoint {
             path: c.path(id),
             message: "missing: the shard cannot restart".into(),

@@ -143,7 +143,13 @@ pub struct RawSlow {
 impl RawFaults {
     /// The checked plan for a cluster of `learners` learners and `shards` shards; `elastic`
     /// says whether the protocol is of the EASGD family, whose exchanges are not retried.
-    fn plan(&self, learners: u32, shards: u32, elastic: bool, checkpoints: bool) -> Result<FaultPlan, RuntimeError> {
+    fn plan(
+        &self,
+        learners: u32,
+        shards: u32,
+        elastic: bool,
+        checkpoints: bool,
+    ) -> Result<FaultPlan, RuntimeError> {
         let ms = Duration::from_millis;
         let nodes = |key: &'static str, s: &str| {
             let n = Nodes::parse(s).map_err(|e| invalid(key, e))?;

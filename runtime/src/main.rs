@@ -21,7 +21,7 @@ use rudra_transport::{LinkFaults, Relay, RelayRules};
     about = "Rudra parameter-server runtime",
     after_help = "Run one node of a distributed cluster with --role (no subcommand):\n  \
         rudra-node --role scheduler --config FILE --listen 0.0.0.0:7070 --certs certs [--out DIR] [--metrics-addr ADDR]\n  \
-        rudra-node --role shard --scheduler HOST:7070 --certs certs [--name shard-0] [--metrics-addr ADDR]\n  \
+        rudra-node --role shard --scheduler HOST:7070 --certs certs [--name shard-0] [--listen ADDR] [--resume DIR] [--metrics-addr ADDR]\n  \
         rudra-node --role learner --scheduler HOST:7070 --certs certs [--name learner-0]"
 )]
 struct Cli {
@@ -50,6 +50,11 @@ struct Cli {
     /// (scheduler and shards), e.g. 127.0.0.1:9100.
     #[arg(long, value_name = "ADDR")]
     metrics_addr: Option<SocketAddr>,
+    /// A shard: continue from the checkpoint in DIR (`DIR/shard-N.safetensors`) and keep
+    /// writing checkpoints there. A shard that rejoins a running job resumes even without it,
+    /// from `checkpoint.dir` or `checkpoints/`.
+    #[arg(long, value_name = "DIR")]
+    resume: Option<PathBuf>,
     /// The run configuration (scheduler).
     #[command(flatten)]
     config: ConfigArgs,
@@ -287,6 +292,7 @@ fn main() -> ExitCode {
             cli.name,
             cli.certs,
             (cli.listen, cli.scheduler, cli.connect_timeout.into(), cli.metrics_addr),
+            cli.resume,
             cli.config,
             cli.out,
         ),
@@ -326,7 +332,9 @@ fn run(command: Command) -> Result<(), RuntimeError> {
                 Transport::Memory => {
                     run_local(&config, data, Some(dir.path()), ProgressMode::detect(), metrics_addr)?
                 }
-                Transport::Quic => run_loopback(&config, data, ProgressMode::detect(), metrics_addr)?,
+                Transport::Quic => {
+                    run_loopback(&config, data, Some(dir.path()), ProgressMode::detect(), metrics_addr)?
+                }
             };
             finish(&dir, &config, &report)
         }
@@ -470,9 +478,16 @@ fn run_node(
         std::time::Duration,
         Option<SocketAddr>,
     ),
+    resume: Option<PathBuf>,
     config: ConfigArgs,
     out: Option<PathBuf>,
 ) -> Result<(), RuntimeError> {
+    if role != RoleArg::Shard && resume.is_some() {
+        return Err(RuntimeError::Invalid {
+            key: "--resume",
+            message: "only a shard resumes from a checkpoint".into(),
+        });
+    }
     if role == RoleArg::Learner && metrics_addr.is_some() {
         return Err(RuntimeError::Invalid {
             key: "--metrics-addr",
@@ -497,6 +512,8 @@ fn run_node(
         scheduler,
         connect_timeout,
         metrics_addr,
+        resume,
+        checkpoints: None,
     };
     match role {
         RoleArg::Scheduler => {

@@ -7,26 +7,32 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
+use rudra_actors::checkpoint::Checkpoints;
+use rudra_actors::faults::{Crash, LearnerLinks, Lossy, Node};
 use rudra_actors::learner::{LearnerActor, SchedulerLink, ShardLink, StartLearner, StopLearner};
 use rudra_actors::metrics::Metrics;
 use rudra_actors::protocol::Weights;
-use rudra_actors::remote::{AnswerSnapshot, RemotePeer, SnapshotReply, records_from_wire};
+use rudra_actors::remote::{AnswerSnapshot, Rebind, RemotePeer, SnapshotReply, records_from_wire};
 use rudra_actors::scheduler::{
     Disconnected, Heartbeat, Joined, LearnerDone, LearnerHandle, Members, Progress, SchedulerActor,
-    ShardHandle,
+    ShardHandle, ShardLost, ShardRestarted,
 };
-use rudra_actors::shard::{Exchange, Membership, Pull, Push, Served, ShardActor, Snapshot, StopShard};
+use rudra_actors::shard::{
+    Crash as CrashShard, Exchange, Membership, Pull, Push, Restart, Served, ShardActor, ShardCore, Snapshot,
+    StopShard,
+};
 use rudra_actors::tracker::StalenessTracker;
 use rudra_actors::{RunReport, TrainingData};
 use rudra_compute::{Device, Model};
 use rudra_transport::quic::{Peer, QuicEndpoint, QuicSettings};
 use rudra_transport::tls::CertDir;
-use rudra_transport::{Inbound, LearnerId, Msg, Role, ShardId};
+use rudra_transport::{Clock, Inbound, LearnerId, Msg, Role, ShardId};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::exporter::MetricsEndpoint;
@@ -48,6 +54,12 @@ pub struct NodeOptions {
     pub connect_timeout: Duration,
     /// Where to serve this node's metrics (the scheduler and shards), if anywhere.
     pub metrics_addr: Option<SocketAddr>,
+    /// A shard: resume from the checkpoint in this directory, and keep writing checkpoints
+    /// there.
+    pub resume: Option<PathBuf>,
+    /// A shard: where to write checkpoints when not resuming (default: `checkpoint.dir`, else
+    /// `checkpoints/`).
+    pub checkpoints: Option<PathBuf>,
 }
 
 fn net(e: impl std::fmt::Display) -> RuntimeError {
@@ -205,21 +217,16 @@ pub fn run_scheduler(
             config.cluster.learners
         );
         let (shards, learners) = gather(&ep, &config, opts.connect_timeout).await?;
-        let config_toml = config.to_toml()?;
-        let names = |nodes: &[Joiner]| nodes.iter().map(|j| j.peer.name().to_owned()).collect::<Vec<_>>();
-        let (shard_names, learner_names) = (names(&shards), names(&learners));
-        let shard_addrs: Vec<String> = shards.iter().map(|j| j.data_addr.clone()).collect();
+        let invitation = Invitation {
+            config_toml: config.to_toml()?,
+            train_examples: data.train.len() as u64,
+            shard_addrs: shards.iter().map(|j| j.data_addr.clone()).collect(),
+            shard_names: shards.iter().map(|j| j.peer.name().to_owned()).collect(),
+            learner_names: learners.iter().map(|j| j.peer.name().to_owned()).collect(),
+        };
         for nodes in [&shards, &learners] {
             for (id, j) in nodes.iter().enumerate() {
-                let welcome = Msg::Welcome {
-                    id: id as u32,
-                    config_toml: config_toml.clone(),
-                    train_examples: data.train.len() as u64,
-                    shard_addrs: shard_addrs.clone(),
-                    shard_names: shard_names.clone(),
-                    learner_names: learner_names.clone(),
-                };
-                j.peer.send(&welcome).await?;
+                j.peer.send(&invitation.welcome(id, 0)).await?;
             }
         }
         let mut learners = learners;
@@ -253,24 +260,29 @@ pub fn run_scheduler(
         let scheduler = SchedulerActor::new(core, members, spec, train_len, (data.test, Some(obs_tx), tx))
             .with_metrics(metrics)
             .with_failure_detector(config.liveness.heartbeat)
+            .with_shard_timeout(opts.connect_timeout)
             .start();
         actix::spawn(show_progress(obs_rx, progress));
-        let mut peers = Vec::new();
+        let roster = Arc::new(Roster {
+            invitation,
+            shards: shard_peers.into_iter().map(Seat::new).collect(),
+            learners: learner_peers.into_iter().map(Seat::new).collect(),
+            tracker,
+            scheduler: scheduler.clone(),
+        });
         for (s, j) in shards.into_iter().enumerate() {
-            peers.push(j.peer.clone());
-            let (tracker, remote) = (tracker.clone(), shard_peers[s].clone());
-            actix::spawn(dispatch_shard(ShardId(s as u32), j, tracker, remote));
+            roster.seat(ShardId(s as u32), j);
             scheduler.do_send(Joined::Shard(ShardId(s as u32)));
         }
         for (l, j) in learners.into_iter().enumerate() {
-            peers.push(j.peer.clone());
-            actix::spawn(dispatch_learner(LearnerId(l as u32), j, scheduler.clone()));
+            roster.seat(LearnerId(l as u32), j);
             scheduler.do_send(Joined::Learner(LearnerId(l as u32)));
         }
+        actix::spawn(accept_rejoins(ep.clone(), Arc::clone(&roster)));
         let report = report.await.map_err(|_| net("the scheduler stopped without a report"))??;
         // Every node was told to stop; give them a moment to hang up first.
         let _ = tokio::time::timeout(HANG_UP, async {
-            for p in &peers {
+            for p in roster.peers() {
                 p.closed().await;
             }
         })
@@ -292,27 +304,199 @@ fn serve_metrics(
     Ok(metrics)
 }
 
-async fn dispatch_shard(
-    id: ShardId,
-    mut j: Joiner,
-    tracker: Addr<StalenessTracker>,
-    remote: Addr<RemotePeer>,
-) {
-    while let Some(m) = j.rx.recv().await {
-        match m {
-            Inbound::Control(Msg::Records { gradients, updates }) => {
-                tracker.do_send(records_from_wire(id, &gradients, &updates));
-            }
-            Inbound::Snapshot { request, clock, values } => {
-                let weights = Weights { shard: id, clock, values };
-                remote.do_send(SnapshotReply { request, weights });
-            }
-            other => tracing::warn!(peer = j.peer.name(), "unexpected {:?}", other.kind()),
+/// What every node is told when it joins; only the id and the incarnation differ.
+struct Invitation {
+    config_toml: String,
+    train_examples: u64,
+    shard_addrs: Vec<String>,
+    shard_names: Vec<String>,
+    learner_names: Vec<String>,
+}
+
+impl Invitation {
+    fn welcome(&self, id: usize, incarnation: u32) -> Msg {
+        Msg::Welcome {
+            id: id as u32,
+            config_toml: self.config_toml.clone(),
+            train_examples: self.train_examples,
+            shard_addrs: self.shard_addrs.clone(),
+            shard_names: self.shard_names.clone(),
+            learner_names: self.learner_names.clone(),
+            incarnation,
         }
     }
 }
 
-async fn dispatch_learner(id: LearnerId, mut j: Joiner, scheduler: Addr<SchedulerActor>) {
+/// One node's place in the running job: its stand-in (which outlives any one connection),
+/// its current connection and how many times it joined.
+struct Seat {
+    remote: Addr<RemotePeer>,
+    current: std::sync::Mutex<Option<(Peer, u32)>>,
+    /// A shard's last clock reported (what it had when it was lost).
+    clock: AtomicU64,
+}
+
+impl Seat {
+    fn new(remote: Addr<RemotePeer>) -> Self {
+        Self { remote, current: std::sync::Mutex::new(None), clock: AtomicU64::new(0) }
+    }
+
+    /// Take `peer` as this node's connection; returns its incarnation (0 for the first). An
+    /// earlier connection is closed.
+    fn take(&self, peer: &Peer) -> u32 {
+        let mut current = self.current.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let incarnation = current.as_ref().map_or(0, |(old, n)| {
+            old.close("replaced by a new connection of the same node");
+            n + 1
+        });
+        *current = Some((peer.clone(), incarnation));
+        incarnation
+    }
+
+    /// Whether `incarnation` is still this node's current connection.
+    fn is_current(&self, incarnation: u32) -> bool {
+        let current = self.current.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        current.as_ref().is_some_and(|(_, n)| *n == incarnation)
+    }
+}
+
+/// The nodes of the running job, so that one that restarts or reconnects takes its seat again.
+struct Roster {
+    invitation: Invitation,
+    shards: Vec<Seat>,
+    learners: Vec<Seat>,
+    tracker: Addr<StalenessTracker>,
+    scheduler: Addr<SchedulerActor>,
+}
+
+/// A seat's id: a shard's or a learner's.
+trait SeatId: Copy + std::fmt::Display + Send + 'static {
+    fn seat(self, roster: &Roster) -> &Seat;
+    /// Serve the node's messages until its connection `incarnation` ends.
+    fn dispatch(self, roster: Arc<Roster>, j: Joiner, incarnation: u32);
+}
+
+impl SeatId for ShardId {
+    fn seat(self, roster: &Roster) -> &Seat {
+        &roster.shards[self.index()]
+    }
+    fn dispatch(self, roster: Arc<Roster>, j: Joiner, incarnation: u32) {
+        actix::spawn(dispatch_shard(self, j, roster, incarnation));
+    }
+}
+
+impl SeatId for LearnerId {
+    fn seat(self, roster: &Roster) -> &Seat {
+        &roster.learners[self.index()]
+    }
+    fn dispatch(self, roster: Arc<Roster>, j: Joiner, incarnation: u32) {
+        actix::spawn(dispatch_learner(self, j, roster, incarnation));
+    }
+}
+
+impl Roster {
+    /// Seat `j` as node `id` and serve it; returns its incarnation.
+    fn seat<I: SeatId>(self: &Arc<Self>, id: I, j: Joiner) -> u32 {
+        let seat = id.seat(self);
+        let incarnation = seat.take(&j.peer);
+        if incarnation > 0 {
+            seat.remote.do_send(Rebind(j.peer.clone()));
+        }
+        id.dispatch(Arc::clone(self), j, incarnation);
+        incarnation
+    }
+
+    fn peers(&self) -> Vec<Peer> {
+        let current = |s: &Seat| s.current.lock().ok().and_then(|c| c.as_ref().map(|(p, _)| p.clone()));
+        self.shards.iter().chain(&self.learners).filter_map(current).collect()
+    }
+}
+
+/// After the start: a node of the job that restarted or lost its connection joins again and
+/// takes its seat (a shard must come back at the address the learners know); anyone else is
+/// refused.
+async fn accept_rejoins(ep: QuicEndpoint, roster: Arc<Roster>) {
+    while let Some(next) = ep.accept().await {
+        let peer = match next {
+            Ok(peer) => peer,
+            Err(e) => {
+                tracing::warn!("refused a node: {e}");
+                continue;
+            }
+        };
+        let roster = Arc::clone(&roster);
+        actix::spawn(async move {
+            let mut rx = peer.incoming(256);
+            let data_addr = match expect(&mut rx, "a join", Duration::from_secs(10)).await {
+                Ok(Inbound::Control(Msg::Join { role, name, data_addr }))
+                    if role == peer.role() && name == peer.name() =>
+                {
+                    data_addr
+                }
+                other => {
+                    tracing::warn!(peer = peer.name(), "did not join as its certificate says: {other:?}");
+                    return peer.close("expected a join matching the certificate");
+                }
+            };
+            let inv = &roster.invitation;
+            let (names, role) = match peer.role() {
+                Role::Shard => (&inv.shard_names, "shard"),
+                _ => (&inv.learner_names, "learner"),
+            };
+            let Some(id) = names.iter().position(|n| n == peer.name()) else {
+                tracing::warn!(peer = peer.name(), "refused: not a {role} of the running job");
+                return peer.close("the job is running and this node is not one of its members");
+            };
+            if peer.role() == Role::Shard && inv.shard_addrs[id] != data_addr {
+                tracing::error!(
+                    peer = peer.name(),
+                    "refused: it came back at {data_addr}, the learners know it at {}; restart it with --listen {}",
+                    inv.shard_addrs[id],
+                    inv.shard_addrs[id]
+                );
+                return peer.close("restart the shard at the address it had");
+            }
+            let j = Joiner { peer: peer.clone(), rx, data_addr };
+            let incarnation = match peer.role() {
+                Role::Shard => roster.seat(ShardId(id as u32), j),
+                _ => roster.seat(LearnerId(id as u32), j),
+            };
+            tracing::info!(peer = peer.name(), incarnation, "rejoined the running job");
+            if let Err(e) = peer.send(&inv.welcome(id, incarnation)).await {
+                tracing::warn!(peer = peer.name(), "{e}");
+            }
+        });
+    }
+}
+
+async fn dispatch_shard(id: ShardId, mut j: Joiner, roster: Arc<Roster>, incarnation: u32) {
+    let seat = id.seat(&roster);
+    while let Some(m) = j.rx.recv().await {
+        match m {
+            Inbound::Control(Msg::Records { gradients, updates }) => {
+                if let Some(last) = updates.iter().map(|u| u.clock).max() {
+                    seat.clock.store(last, Ordering::Relaxed);
+                }
+                roster.tracker.do_send(records_from_wire(id, &gradients, &updates));
+            }
+            Inbound::Snapshot { request, clock, values } => {
+                let weights = Weights { shard: id, clock, values };
+                seat.remote.do_send(SnapshotReply { request, weights });
+            }
+            Inbound::Control(Msg::Resumed { clock }) => {
+                let crashed_at = Clock(seat.clock.swap(clock, Ordering::Relaxed));
+                roster.scheduler.do_send(ShardRestarted { shard: id, crashed_at, resumed: Ok(Clock(clock)) });
+            }
+            other => tracing::warn!(peer = j.peer.name(), "unexpected {:?}", other.kind()),
+        }
+    }
+    if seat.is_current(incarnation) {
+        roster.scheduler.do_send(ShardLost(id));
+    }
+}
+
+async fn dispatch_learner(id: LearnerId, mut j: Joiner, roster: Arc<Roster>, incarnation: u32) {
+    let scheduler = &roster.scheduler;
     while let Some(m) = j.rx.recv().await {
         match m {
             Inbound::Control(Msg::Progress { learner, samples, steps, loss_sum }) if learner == id.0 => {
@@ -325,8 +509,11 @@ async fn dispatch_learner(id: LearnerId, mut j: Joiner, scheduler: Addr<Schedule
             other => tracing::warn!(peer = j.peer.name(), "unexpected {:?}", other.kind()),
         }
     }
-    // The connection is gone: the learner crashed, or was stopped at the end of the run.
-    scheduler.do_send(Disconnected(id));
+    // The connection is gone: the learner crashed, or was stopped at the end of the run. A
+    // connection already replaced by a newer one says nothing.
+    if id.seat(&roster).is_current(incarnation) {
+        scheduler.do_send(Disconnected(id));
+    }
 }
 
 /// What the scheduler tells a node that joins.
@@ -341,6 +528,8 @@ struct Welcome {
     shards: Vec<(String, String)>,
     /// Learner certificate names, by learner id (for shards).
     learners: Vec<String>,
+    /// 0 when the run starts; more when this node rejoins the running job.
+    incarnation: u32,
 }
 
 /// Join the scheduler at `opts.scheduler`: returns the connection, its messages, and the welcome.
@@ -364,24 +553,27 @@ async fn join(
         shard_addrs,
         shard_names,
         learner_names,
+        incarnation,
     }) = expect(&mut rx, "the welcome", Duration::from_secs(3600)).await?
     else {
         return Err(net("the scheduler did not answer the join with a welcome"));
     };
     let raw: RawConfig =
         toml::from_str(&config_toml).map_err(|e| RuntimeError::Config(format!("from the scheduler: {e}")))?;
-    tracing::info!(id, "joined the run");
+    tracing::info!(id, incarnation, "joined the run");
     let welcome = Welcome {
         id,
         config: raw.try_into()?,
         train_examples: train_examples as usize,
         shards: shard_addrs.into_iter().zip(shard_names).collect(),
         learners: learner_names,
+        incarnation,
     };
     Ok((sched, rx, welcome))
 }
 
-/// Run a shard: join, serve learners, answer the scheduler, stop when told.
+/// Run a shard: join, serve learners, answer the scheduler, stop when told. A shard that
+/// rejoins a running job (or is started with `--resume`) continues from its checkpoint.
 pub fn run_shard(opts: &NodeOptions) -> Result<(), RuntimeError> {
     let opts = opts.clone();
     let exporter = MetricsEndpoint::bind_if(opts.metrics_addr)?;
@@ -391,16 +583,34 @@ pub fn run_shard(opts: &NodeOptions) -> Result<(), RuntimeError> {
         let (sched, mut rx, welcome) = join(&ep, &opts, Role::Shard).await?;
         let id = ShardId(welcome.id);
         let tracker = RemotePeer::new(sched.clone(), id).start();
-        let core = welcome.config.cluster.shard_actor_core(id.index(), welcome.train_examples);
+        let mut core = welcome.config.cluster.shard_actor_core(id.index(), welcome.train_examples);
+        let checkpoints = shard_checkpoints(&opts, &welcome.config);
+        if opts.resume.is_some() || welcome.incarnation > 0 {
+            let clock = resume(&mut core, checkpoints.as_ref(), id)?;
+            sched.send(&Msg::Resumed { clock: clock.0 }).await?;
+        }
         let counters = metrics.as_ref().map(|m| m.shard(id));
-        let shard = ShardActor::new(core, tracker.clone().recipient()).with_metrics(counters).start();
+        let shard = ShardActor::new(core, tracker.clone().recipient())
+            .with_metrics(counters)
+            .with_checkpoints(checkpoints)
+            .start();
         let policy = LearnerPolicy {
             names: Arc::new(welcome.learners),
             range_len: welcome.config.cluster.shard_ranges()[id.index()].len(),
             metrics,
         };
         actix::spawn(accept_learners(ep.clone(), shard.clone(), policy));
-        while let Some(m) = rx.recv().await {
+        let crash = welcome.config.faults.crash_of(Node::Shard(id));
+        let crash = crash.filter(|_| welcome.incarnation == 0 && opts.resume.is_none());
+        let (failed_tx, mut failed) = mpsc::channel(1);
+        if let Some(c) = crash {
+            actix::spawn(crash_and_restart(c, shard.clone(), sched.clone(), failed_tx));
+        }
+        let mut stopped = false;
+        while let Some(m) = tokio::select! {
+            m = rx.recv() => m,
+            Some(e) = failed.recv() => return Err(e),
+        } {
             match m {
                 Inbound::Control(Msg::SnapshotRequest { request }) => {
                     // The shard flushes its records to the tracker's stand-in before answering;
@@ -412,16 +622,82 @@ pub fn run_shard(opts: &NodeOptions) -> Result<(), RuntimeError> {
                     let active = active.into_iter().map(LearnerId).collect();
                     shard.do_send(Membership { active });
                 }
-                Inbound::Control(Msg::Stop) => break,
+                Inbound::Control(Msg::Stop) => {
+                    stopped = true;
+                    break;
+                }
                 other => tracing::warn!("unexpected {:?} from the scheduler", other.kind()),
             }
         }
         let _ = shard.send(StopShard).await;
-        tracing::info!("stopped by the scheduler");
+        if !stopped {
+            // No clean close: the learners take this like a crash and connect again to the
+            // shard restarted in its place.
+            return Err(net(format!(
+                "lost the scheduler ({}); restart this shard with --resume to continue from its checkpoint",
+                sched.closed().await
+            )));
+        }
         sched.close("stopped");
         hang_up(&ep).await;
+        tracing::info!("stopped by the scheduler");
         Ok(())
     })
+}
+
+/// An injected crash of this shard at `c.at` after it joined: it loses what it holds in
+/// memory, and `c.restart_after` later comes back from its checkpoint and tells the scheduler.
+async fn crash_and_restart(
+    c: Crash,
+    shard: Addr<ShardActor>,
+    sched: Peer,
+    failed: mpsc::Sender<RuntimeError>,
+) {
+    tokio::time::sleep(c.at).await;
+    let Ok(clock) = shard.send(CrashShard).await else { return };
+    tracing::error!("crashed at clock {clock} (fault injection)");
+    tokio::time::sleep(c.restart_after.unwrap_or_default()).await;
+    let resumed = match shard.send(Restart).await {
+        Ok(r) => r.map_err(RuntimeError::from),
+        Err(e) => Err(net(e)),
+    };
+    let sent = match resumed {
+        Ok(clock) => sched.send(&Msg::Resumed { clock: clock.0 }).await.map_err(RuntimeError::from),
+        Err(e) => Err(e),
+    };
+    if let Err(e) = sent {
+        let _ = failed.send(e).await;
+    }
+}
+
+/// Where a shard process keeps its checkpoints: `--resume DIR`, else the directory it was
+/// given, else `checkpoint.dir`, else `checkpoints/`; none when `checkpoint.every_updates` is 0.
+fn shard_checkpoints(opts: &NodeOptions, config: &Config) -> Option<Checkpoints> {
+    let every_updates = config.raw.checkpoint.every_updates;
+    let dir = (opts.resume.clone().or_else(|| opts.checkpoints.clone()))
+        .or_else(|| config.raw.checkpoint.dir.clone())
+        .unwrap_or_else(|| PathBuf::from("checkpoints"));
+    (every_updates > 0).then_some(Checkpoints { dir, every_updates })
+}
+
+/// Restore `core` from its checkpoint; the clock it resumes at.
+fn resume(
+    core: &mut ShardCore,
+    checkpoints: Option<&Checkpoints>,
+    id: ShardId,
+) -> Result<Clock, RuntimeError> {
+    let c = checkpoints.ok_or_else(|| RuntimeError::Invalid {
+        key: "checkpoint.every_updates",
+        message: "is 0: this shard has no checkpoint to resume from".into(),
+    })?;
+    let state = c.read(id)?.ok_or_else(|| RuntimeError::Invalid {
+        key: "--resume",
+        message: format!("{} does not exist: nothing to resume {id} from", c.path(id).display()),
+    })?;
+    let clock = state.clock;
+    core.restore(state)?;
+    tracing::info!(shard = %id, "resumed from {} at clock {clock}", c.path(id).display());
+    Ok(clock)
 }
 
 /// What a shard accepts from learners, checked at the boundary before the shard sees anything.
@@ -510,13 +786,16 @@ pub fn run_learner(opts: &NodeOptions) -> Result<(), RuntimeError> {
     learner_node(opts, None)
 }
 
-/// A learner on `data` when given, else on the dataset the run configuration names.
+/// A learner on `data` when given, else on the dataset the run configuration names. A lost
+/// connection to a shard or to the scheduler is made again (within `--connect-timeout`); a
+/// learner that restarted and rejoins the running job starts at once, its step numbers after
+/// every earlier incarnation's.
 fn learner_node(opts: &NodeOptions, data: Option<TrainingData>) -> Result<(), RuntimeError> {
     let opts = opts.clone();
     actix::System::new().block_on(async move {
         let ep = endpoint(&opts, Role::Learner)?;
-        let (sched, mut rx, welcome) = join(&ep, &opts, Role::Learner).await?;
-        let Welcome { id, config, train_examples, shards, .. } = welcome;
+        let (mut sched, mut rx, welcome) = join(&ep, &opts, Role::Learner).await?;
+        let Welcome { id, config, train_examples, shards, incarnation, .. } = welcome;
         let spec = config.cluster.clone();
         let data = match data {
             Some(d) => d,
@@ -531,64 +810,155 @@ fn learner_node(opts: &NodeOptions, data: Option<TrainingData>) -> Result<(), Ru
                 ),
             });
         }
+        // Fault injection: this learner's side of its links, its speed and its crash, timed
+        // from when it joined.
+        let (me, born) = (LearnerId(id), Instant::now());
+        let LearnerLinks { heartbeat, shards: plans } = config.faults.learner_links(me, spec.shards);
         let mut links = Vec::new();
-        let mut inboxes = Vec::new();
-        for ((s, (addr, name)), range) in shards.iter().enumerate().zip(spec.shard_ranges()) {
+        let mut connections = Vec::new();
+        for (((s, (addr, name)), range), [pull, push, answers]) in
+            shards.iter().enumerate().zip(spec.shard_ranges()).zip(plans)
+        {
             let addr: SocketAddr = addr.parse().map_err(|e| net(format!("shard address {addr:?}: {e}")))?;
             let peer = connect_with_retry(&ep, addr, name, opts.connect_timeout).await?;
-            inboxes.push(peer.incoming(8));
             peer.send(&Msg::Hello { learner: id }).await?;
-            let remote = RemotePeer::new(peer, ShardId(s as u32)).start();
+            let remote = RemotePeer::new(peer.clone(), ShardId(s as u32)).start();
             links.push(ShardLink {
                 reply_to: None,
                 range,
-                pull: remote.clone().recipient(),
-                push: remote.clone().recipient(),
-                exchange: remote.recipient(),
+                pull: Lossy::wrap(remote.clone().recipient(), pull, born),
+                push: Lossy::wrap(remote.clone().recipient(), push, born),
+                exchange: remote.clone().recipient(),
             });
+            connections.push((ShardConnection { peer, addr, name: name.clone(), remote }, answers));
         }
         let to_sched = RemotePeer::new(sched.clone(), ShardId(0)).start();
-        let link = SchedulerLink::of(&to_sched);
+        let mut link = SchedulerLink::of(&to_sched);
+        link.heartbeat = Lossy::wrap(link.heartbeat, heartbeat, born);
         let (core, batches) = spec.learner_loop(id as usize, data.train);
+        let core = core.incarnation(incarnation);
         let model = Model::new(Device::open(config.device)?, spec.model.clone())?;
+        let (liveness, slowdown) = (config.liveness, config.faults.slowdown(me));
         let arbiter = Arbiter::new();
         let learner = LearnerActor::start_in_arbiter(&arbiter.handle(), move |_| {
-            LearnerActor::new(core, model, batches, links, link).with_liveness(config.liveness)
+            LearnerActor::new(core, model, batches, links, link).with_liveness(liveness).with_slowdown(slowdown)
         });
-        for mut inbox in inboxes {
-            let learner = learner.clone();
-            actix::spawn(async move {
-                while let Some(m) = inbox.recv().await {
-                    if let Inbound::Weights { shard, seq, clock, values } = m {
-                        learner.do_send(Served { weights: Weights { shard, clock, values }, seq });
-                    }
-                }
-            });
+        let (lost_tx, mut lost_rx) = mpsc::channel(1);
+        for (c, answers) in connections {
+            let answers = Lossy::wrap(learner.clone().recipient(), answers, born);
+            let (ep, learner, lost) = (ep.clone(), learner.clone(), lost_tx.clone());
+            actix::spawn(keep_shard(c, ep, id, (learner, answers), opts.connect_timeout, lost));
         }
-        sched.send(&Msg::Ready).await?;
-        while let Some(m) = rx.recv().await {
-            match m {
-                Inbound::Control(Msg::Start) => learner.do_send(StartLearner),
-                Inbound::Control(Msg::Stop) => break,
-                other => tracing::warn!("unexpected {:?} from the scheduler", other.kind()),
+        let crash = config.faults.crash_of(Node::Learner(me)).filter(|_| incarnation == 0);
+        let crashed = async move {
+            match crash {
+                Some(c) => tokio::time::sleep_until((born + c.at).into()).await,
+                None => std::future::pending().await,
             }
+        };
+        tokio::pin!(crashed);
+        if incarnation == 0 {
+            sched.send(&Msg::Ready).await?;
+        } else {
+            learner.do_send(StartLearner);
         }
+        let result = loop {
+            tokio::select! {
+                m = rx.recv() => match m {
+                    Some(Inbound::Control(Msg::Start)) => learner.do_send(StartLearner),
+                    Some(Inbound::Control(Msg::Stop)) => break Ok(()),
+                    Some(other) => tracing::warn!("unexpected {:?} from the scheduler", other.kind()),
+                    None => {
+                        tracing::warn!("lost the scheduler ({}); joining again", sched.closed().await);
+                        match join(&ep, &opts, Role::Learner).await {
+                            Ok((peer, inbox, _)) => {
+                                to_sched.do_send(Rebind(peer.clone()));
+                                (sched, rx) = (peer, inbox);
+                            }
+                            Err(e) => break Err(e),
+                        }
+                    }
+                },
+                Some(e) = lost_rx.recv() => break Err(e),
+                () = &mut crashed => {
+                    // As a crash: everything stops at once, no connection is closed.
+                    tracing::error!("crashed (fault injection)");
+                    arbiter.stop();
+                    return Ok(());
+                }
+            }
+        };
         learner.do_send(StopLearner);
         arbiter.stop();
-        tracing::info!("stopped by the scheduler");
         sched.close("stopped");
         hang_up(&ep).await;
+        result?;
+        tracing::info!("stopped by the scheduler");
         Ok(())
     })
 }
 
+/// A learner's connection to one shard.
+struct ShardConnection {
+    peer: Peer,
+    addr: SocketAddr,
+    name: String,
+    remote: Addr<RemotePeer>,
+}
+
+/// Hand the shard's answers to the learner (through `answers`); when the connection is lost (the shard restarted,
+/// or the network failed for longer than the idle timeout), connect again and go on. A shard
+/// not reachable within `timeout` is an error on `lost`.
+async fn keep_shard(
+    mut c: ShardConnection,
+    ep: QuicEndpoint,
+    id: u32,
+    (learner, answers): (Addr<LearnerActor>, Recipient<Served>),
+    timeout: Duration,
+    lost: mpsc::Sender<RuntimeError>,
+) {
+    loop {
+        let mut inbox = c.peer.incoming(8);
+        while let Some(m) = inbox.recv().await {
+            if let Inbound::Weights { shard, seq, clock, values } = m {
+                answers.do_send(Served { weights: Weights { shard, clock, values }, seq });
+            }
+        }
+        if !learner.connected() {
+            return; // The learner stopped: the run is over.
+        }
+        match c.peer.ended().await {
+            Ok(why) => return tracing::info!("{} closed the connection ({why})", c.name),
+            Err(why) => tracing::warn!("lost {} ({why}); connecting again", c.name),
+        }
+        let again = async {
+            let peer = connect_with_retry(&ep, c.addr, &c.name, timeout).await?;
+            peer.send(&Msg::Hello { learner: id }).await?;
+            Ok::<_, RuntimeError>(peer)
+        };
+        match again.await {
+            Ok(peer) => {
+                tracing::info!("connected to {} again", c.name);
+                c.remote.do_send(Rebind(peer.clone()));
+                c.peer = peer;
+            }
+            Err(e) => {
+                let _ = lost.send(e).await;
+                return;
+            }
+        }
+    }
+}
+
 /// `rudra-node local --transport quic`: the cluster of `config` in this process with every
 /// node on its own thread, talking QUIC with mutual TLS over loopback exactly as separate
-/// processes would (fresh certificates in a temporary directory). The scheduler serves its
-/// metrics at `metrics_addr`, if given.
+/// processes would (fresh certificates in a temporary directory). The shards write their
+/// checkpoints into `run_dir` (see [`Config::checkpoints`]); the scheduler serves its metrics
+/// at `metrics_addr`, if given.
 pub fn run_loopback(
     config: &Config,
     data: TrainingData,
+    run_dir: Option<&Path>,
     progress: ProgressMode,
     metrics_addr: Option<SocketAddr>,
 ) -> Result<RunReport, RuntimeError> {
@@ -613,6 +983,8 @@ pub fn run_loopback(
         scheduler: Some(scheduler),
         connect_timeout: Duration::from_secs(60),
         metrics_addr: None,
+        resume: None,
+        checkpoints: config.checkpoints(run_dir).map(|c| c.dir),
     };
     let any = SocketAddr::from(([127, 0, 0, 1], 0));
     let mut nodes = Vec::new();

@@ -67,6 +67,50 @@ fn a_crashed_shard_restarts_from_its_checkpoint_and_loses_at_most_the_interval()
     assert!(done.iter().all(|&d| d == done[0]), "{done:?}");
 }
 
+/// The same `[faults]` section, applied by the nodes themselves when they talk QUIC: lossy
+/// links at the learners, and a shard that crashes and restarts from its checkpoint.
+#[test]
+fn the_faults_section_applies_across_nodes_over_quic() {
+    let out = tempfile::tempdir().expect("a temporary directory");
+    let root = env!("CARGO_MANIFEST_DIR");
+    let run = std::process::Command::new(env!("CARGO_BIN_EXE_rudra-node"))
+        .args([
+            "local",
+            "--transport",
+            "quic",
+            "--config",
+            &format!("{root}/../configs/faults/shard-restarted.toml"),
+        ])
+        .args(["--set", "training.train_examples=8000", "--set", "training.test_examples=2000"])
+        .args(["--set", "training.epochs=2", "--set", "compute.device=cpu", "--set", "cluster.retry_ms=100"])
+        .args([
+            "--set",
+            &format!("training.data_dir={root}/../data/mnist"),
+            "--set",
+            "checkpoint.every_updates=40",
+        ])
+        .args(["--set", "faults.crash=[{shard = 1, at_ms = 1500, restart_after_ms = 300}]"])
+        .args(["--set", "faults.link=[{between = [\"learners\", \"shards\"], drop = 0.02, delay_ms = 2}]"])
+        .arg("--out")
+        .arg(out.path())
+        .env("RUST_LOG", "info")
+        .output()
+        .expect("rudra-node runs");
+    let log = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{log}");
+    assert!(
+        log.contains("crashed at clock") && log.contains("shard-1 restarted from its checkpoint"),
+        "{log}"
+    );
+    let summary: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.path().join("summary.json")).expect("summary.json"),
+    )
+    .expect("JSON");
+    assert!(summary["updates_lost"].as_u64().is_some_and(|l| l <= 40), "{summary}");
+    assert!(summary["final_test_accuracy"].as_f64().is_some_and(|a| a > 0.85), "{summary}");
+    assert!(out.path().join("checkpoints/shard-1.safetensors").is_file());
+}
+
 #[test]
 fn drops_and_delays_never_apply_a_gradient_over_the_bound() {
     let (report, took) = run("lossy-links.toml", &["training.epochs=1", "training.train_examples=4000"]);

@@ -243,3 +243,90 @@ fn a_killed_learner_process_is_dropped_and_the_run_finishes() {
     // Columns end with the samples of learners 0, 1, 2; learner 2 stopped early.
     assert!(last[0] < last[1] && last[1] == last[2], "samples per learner (2, 1, 0): {last:?}");
 }
+
+/// Wait until `log` contains `what`.
+fn wait_for_log(log: &Path, what: &str, limit: Duration) {
+    let started = Instant::now();
+    while !std::fs::read_to_string(log).unwrap_or_default().contains(what) {
+        assert!(started.elapsed() < limit, "no {what:?} in {} within {limit:?}", log.display());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A shard process killed mid-run and started again with `--resume` at the same address
+/// continues from its checkpoint: the learners' connections to the dead process are reset by
+/// the new one, they connect again and go on. Then a learner process killed and started again
+/// rejoins the running job. The run finishes; every process still running exits 0.
+#[test]
+fn a_killed_shard_process_resumes_from_its_checkpoint_and_a_restarted_learner_rejoins() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/mnist");
+    ok(node(dir, &["cert", "init", "--dir", "certs"]));
+    for name in ["scheduler", "shard-0", "shard-1", "learner-0", "learner-1"] {
+        ok(node(dir, &["cert", "issue", "--dir", "certs", "--name", name]));
+    }
+    let addr = format!("127.0.0.1:{}", free_port());
+    let listen: Vec<String> = (0..2).map(|_| format!("127.0.0.1:{}", free_port())).collect();
+    let args = |name: &str| -> Vec<String> {
+        let role = name.split('-').next().unwrap();
+        let mut a: Vec<String> = ["--role", role, "--name", name, "--scheduler", &addr, "--certs", "certs"]
+            .map(str::to_owned)
+            .to_vec();
+        if let Some(s) = name.strip_prefix("shard-") {
+            a.extend(["--listen".to_owned(), listen[s.parse::<usize>().unwrap()].clone()]);
+        }
+        a
+    };
+    let spawn = |name: &str, extra: &[&str]| -> Child {
+        let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
+        let mut a = args(name);
+        a.extend(extra.iter().map(|s| (*s).to_owned()));
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        node(dir, &a).env("RUST_LOG", "info").stdout(Stdio::null()).stderr(log).spawn().unwrap()
+    };
+    let mut children: Vec<(String, Child)> = ["shard-0", "shard-1", "learner-0", "learner-1"]
+        .iter()
+        .map(|n| ((*n).to_owned(), spawn(n, &[])))
+        .collect();
+    let data_dir = format!("training.data_dir={}", data.display());
+    let sched_args = [
+        &["--role", "scheduler", "--listen", &addr, "--certs", "certs", "--out", "run"][..],
+        &["--set", "cluster.learners=2", "--set", "protocol.kind=softsync", "--set", "protocol.n=2"],
+        &["--set", "training.train_examples=20000", "--set", "training.epochs=4", "--set", &data_dir],
+        &["--set", "training.evals_per_epoch=4", "--set", "checkpoint.every_updates=50"],
+        &["--set", "cluster.failure_timeout_ms=1000", "--set", "cluster.retry_ms=200"],
+    ]
+    .concat();
+    let sched_log = dir.join("scheduler.log");
+    let log = std::fs::File::create(&sched_log).unwrap();
+    let scheduler =
+        node(dir, &sched_args).env("RUST_LOG", "info").stdout(Stdio::null()).stderr(log).spawn().unwrap();
+    wait_for_log(&sched_log, "evaluated", Duration::from_secs(120));
+    // Kill shard 1 and start it again from its checkpoint.
+    let (_, mut killed) = children.remove(1);
+    killed.kill().unwrap();
+    killed.wait().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    children.push(("shard-1 (restarted)".into(), spawn("shard-1", &["--resume", "checkpoints"])));
+    wait_for_log(&sched_log, "shard-1 restarted from its checkpoint", Duration::from_secs(60));
+    // Then learner 1: killed, and started again.
+    let (_, mut killed) = children.remove(2);
+    killed.kill().unwrap();
+    killed.wait().unwrap();
+    children.push(("learner-1 (restarted)".into(), spawn("learner-1", &[])));
+    children.push(("scheduler".into(), scheduler));
+    wait_all(&mut children, Duration::from_secs(300));
+    let log = std::fs::read_to_string(&sched_log).unwrap();
+    assert!(log.contains("rejoined the running job") && log.contains("learner-1"), "{log}");
+    // The restarted shard reset learner 0's connection to the killed one: no idle timeout.
+    let learner = std::fs::read_to_string(dir.join("learner-0.log")).unwrap();
+    assert!(learner.contains("lost shard-1 (reset by peer)"), "{learner}");
+    assert!(learner.contains("connected to shard-1 again"), "{learner}");
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("run/summary.json")).unwrap()).unwrap();
+    assert!(summary["final_test_accuracy"].as_f64().unwrap() > 0.9, "{summary}");
+    let lost = summary["updates_lost"].as_u64().unwrap();
+    assert!(lost <= 50, "{lost} updates lost; the checkpoint interval is 50");
+    assert!(dir.join("checkpoints/shard-0.safetensors").is_file());
+}

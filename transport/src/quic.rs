@@ -136,7 +136,16 @@ impl QuicEndpoint {
             .map_err(|e| TransportError::Tls(format!("client config: {e}")))?;
         let mut client = quinn::ClientConfig::new(Arc::new(client_tls));
         client.transport_config(transport);
-        let mut config = quinn::EndpointConfig::default();
+        // Connection ids and stateless-reset tokens keyed by secrets derived from the node's
+        // key: a node that restarts at the same address recognises the ids its earlier process
+        // handed out and resets those connections, so the peers notice at once (rather than
+        // after the idle timeout) and connect again.
+        let reset = identity.derived_secret("rudra stateless reset");
+        let cid_key = identity.derived_secret("rudra connection ids");
+        let cid_key = u64::from_le_bytes([0, 1, 2, 3, 4, 5, 6, 7].map(|i| cid_key[i]));
+        let mut config =
+            quinn::EndpointConfig::new(Arc::new(ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &reset)));
+        config.cid_generator(move || Box::new(quinn_proto::HashedConnectionIdGenerator::from_key(cid_key)));
         config
             .max_udp_payload_size(settings.max_udp_payload)
             .map_err(|e| TransportError::Io(format!("max UDP payload {}: {e}", settings.max_udp_payload)))?;
@@ -360,5 +369,14 @@ impl Peer {
     /// Wait until the connection is closed (by either side or by timeout); returns why.
     pub async fn closed(&self) -> String {
         self.conn.closed().await.to_string()
+    }
+
+    /// Wait until the connection is closed: `Ok(why)` when the peer closed it on purpose (it
+    /// is stopping), `Err(why)` when it was lost (reset by a restarted peer, timed out).
+    pub async fn ended(&self) -> Result<String, String> {
+        match self.conn.closed().await {
+            e @ quinn::ConnectionError::ApplicationClosed(_) => Ok(e.to_string()),
+            e => Err(e.to_string()),
+        }
     }
 }

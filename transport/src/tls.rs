@@ -152,6 +152,19 @@ fn provider() -> Arc<CryptoProvider> {
 }
 
 impl Identity {
+    /// A secret of this node's own, the same in every process that runs with its certificate
+    /// and key, and telling nothing about the key: the key's SHA-256 under a label of its own.
+    #[must_use]
+    pub fn derived_secret(&self, label: &str) -> [u8; 32] {
+        let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+        ctx.update(label.as_bytes());
+        ctx.update(&[0]);
+        ctx.update(self.key.secret_der());
+        let mut out = [0; 32];
+        out.copy_from_slice(ctx.finish().as_ref());
+        out
+    }
+
     /// The node name.
     #[must_use]
     pub fn name(&self) -> &str {

@@ -99,6 +99,10 @@ pub enum Msg {
         /// `learner_names[l]` is learner `l`'s certificate name (for shards, which accept
         /// learner `l` only from that certificate).
         learner_names: Vec<String>,
+        /// How many times this node joined before: 0 at the start of the run; more for a node
+        /// that restarted and rejoins the running job (a shard then resumes from its
+        /// checkpoint, a learner starts at once with step numbers after every earlier one).
+        incarnation: u32,
     },
     /// Learner → scheduler: connected to every shard, ready to start.
     Ready,
@@ -149,6 +153,11 @@ pub enum Msg {
     Membership {
         /// The ids of the learners now active.
         active: Vec<u32>,
+    },
+    /// Shard → scheduler: restarted, I resumed from my checkpoint at `clock`.
+    Resumed {
+        /// The clock of the checkpoint.
+        clock: u64,
     },
     /// Learner → shard, first on a connection: I am learner `learner`.
     Hello {
@@ -218,9 +227,10 @@ pub enum Kind {
     Push,
     Exchange,
     Membership,
+    Resumed,
 }
 
-const KINDS: [Kind; 17] = [
+const KINDS: [Kind; 18] = [
     Kind::Join,
     Kind::Welcome,
     Kind::Ready,
@@ -238,6 +248,7 @@ const KINDS: [Kind; 17] = [
     Kind::Push,
     Kind::Exchange,
     Kind::Membership,
+    Kind::Resumed,
 ];
 
 impl Kind {
@@ -263,7 +274,7 @@ impl Kind {
             | Self::Pull
             | Self::Push
             | Self::Exchange => &[Role::Learner],
-            Self::Records | Self::Snapshot | Self::Weights => &[Role::Shard],
+            Self::Records | Self::Snapshot | Self::Weights | Self::Resumed => &[Role::Shard],
         }
     }
 }
@@ -278,7 +289,8 @@ impl Kind {
             | Self::Progress
             | Self::LearnerDone
             | Self::Records
-            | Self::Snapshot => &[Role::Scheduler],
+            | Self::Snapshot
+            | Self::Resumed => &[Role::Scheduler],
             Self::Heartbeat | Self::Stop => &[Role::Shard, Role::Learner, Role::Scheduler],
             Self::Welcome | Self::Start => &[Role::Shard, Role::Learner],
             Self::SnapshotRequest
@@ -317,6 +329,7 @@ impl Msg {
             Self::Snapshot { .. } => Kind::Snapshot,
             Self::Heartbeat => Kind::Heartbeat,
             Self::Membership { .. } => Kind::Membership,
+            Self::Resumed { .. } => Kind::Resumed,
             Self::Hello { .. } => Kind::Hello,
             Self::Pull { .. } => Kind::Pull,
             Self::Weights { .. } => Kind::Weights,
@@ -480,6 +493,7 @@ mod tests {
                 shard_addrs: vec!["a:1".into()],
                 shard_names: vec!["shard-0".into()],
                 learner_names: vec!["learner-0".into(), "learner-1".into()],
+                incarnation: 1,
             },
             Msg::Ready,
             Msg::Start,
@@ -500,6 +514,7 @@ mod tests {
             Msg::Snapshot { request: 9, clock: 4, values: vec![1.0, 2.0] },
             Msg::Heartbeat,
             Msg::Membership { active: vec![0, 2, 3] },
+            Msg::Resumed { clock: 800 },
             Msg::Hello { learner: 2 },
             Msg::Pull { learner: 2, seq: 1, last: false },
             Msg::Weights { shard: 1, seq: 1, clock: 5, values: vec![0.5; 1000] },

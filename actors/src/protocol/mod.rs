@@ -26,5 +26,7 @@ pub use elastic_worker::{ElasticWorker, LocalRule, WorkerEvent};
 pub use learner::{LearnerCore, LearnerEvent};
 pub use modulation::LrModulation;
 pub use scheduler::{LrSchedule, SchedulerCore, SchedulerEvent};
-pub use shard::{DropReason, GradientRecord, Outcome, SgdShard, ShardEvent, ShardState, SyncRule, UpdateRecord, Weights};
+pub use shard::{
+    DropReason, GradientRecord, Outcome, SgdShard, ShardEvent, ShardState, SyncRule, UpdateRecord, Weights,
+};
 pub use staleness::{StalenessStats, StalenessSummary};

@@ -68,6 +68,8 @@ pub struct SchedulerCore {
     last_heard: BTreeMap<LearnerId, Duration>,
     /// Silence longer than this removes a learner (none: never).
     failure_timeout: Option<Duration>,
+    /// When the failure detector last looked.
+    last_tick: Option<Duration>,
     stopping: bool,
 }
 
@@ -91,6 +93,7 @@ impl SchedulerCore {
             lost: BTreeSet::new(),
             last_heard: BTreeMap::new(),
             failure_timeout: None,
+            last_tick: None,
             stopping: false,
         }
     }
@@ -130,6 +133,12 @@ impl SchedulerCore {
         // A learner not heard from yet is given a whole timeout from the first tick.
         for &l in &self.joined_learners {
             self.last_heard.entry(l).or_insert(now);
+        }
+        // A detector that did not look for half a timeout (its scheduler was busy, e.g.
+        // waiting for a restarting shard) may not have read the heartbeats that arrived
+        // meanwhile: it accuses nobody until it has looked again.
+        if self.last_tick.replace(now).is_some_and(|prev| now.saturating_sub(prev) > timeout / 2) {
+            return Vec::new();
         }
         let silent: Vec<LearnerId> = (self.joined_learners.iter())
             .filter(|l| !self.lost.contains(l) && !self.finished.contains(l))
@@ -274,6 +283,22 @@ mod tests {
             s.on_learner_finished(LearnerId(1)),
             vec![SchedulerEvent::Evaluate { epoch: 2, final_: true }, SchedulerEvent::Stop]
         );
+    }
+
+    #[test]
+    fn a_detector_that_did_not_look_for_a_while_reads_its_heartbeats_before_it_accuses() {
+        let ms = Duration::from_millis;
+        let mut s = SchedulerCore::new(2, 1, 100, 1).with_failure_timeout(ms(500));
+        let _ = s.on_shard_joined(ShardId(0));
+        for l in 0..2 {
+            let _ = s.on_learner_joined(LearnerId(l));
+            assert!(s.on_heard(LearnerId(l), ms(0)).is_empty());
+        }
+        assert!(s.on_tick(ms(100)).is_empty());
+        assert!(s.on_tick(ms(2000)).is_empty(), "the scheduler was busy from 100 to 2000 ms");
+        // The heartbeat learner 0 sent while the scheduler was busy is read now.
+        assert!(s.on_heard(LearnerId(0), ms(2010)).is_empty());
+        assert_eq!(s.on_tick(ms(2100)), vec![SchedulerEvent::Lost(LearnerId(1)), SchedulerEvent::Membership]);
     }
 
     #[test]

@@ -204,6 +204,12 @@ impl Outstanding {
     }
 }
 
+/// The incarnation a learner's step number belongs to (see
+/// [`LearnerCore::incarnation_base`](super::LearnerCore::incarnation_base)).
+fn incarnation(seq: u64) -> u64 {
+    seq / super::LearnerCore::incarnation_base(1)
+}
+
 /// A pull waiting to be answered.
 #[derive(Clone, Copy, Debug)]
 struct Deferred {
@@ -395,6 +401,10 @@ impl SgdShard {
     fn pull(&mut self, learner: LearnerId, seq: u64, last: bool) -> Result<(), ActorError> {
         self.check_member(learner)?;
         self.check_fresh(learner, seq, "pull")?;
+        // A learner that restarted never pushes what its earlier incarnation was served.
+        if self.outstanding.seq(learner).is_some_and(|s| incarnation(s) < incarnation(seq)) {
+            self.outstanding.remove(learner);
+        }
         match self.outstanding.seq(learner) {
             Some(s) if s > seq => return Err(self.duplicate(learner, seq, "pull")),
             Some(s) if s == seq => {
@@ -783,6 +793,16 @@ mod tests {
         let wrong = ShardState { values: vec![0.0; 4], ..saved.clone() };
         assert!(b.restore(wrong).is_err());
         assert_eq!(b.clock(), Clock(3));
+    }
+
+    #[test]
+    fn a_restarted_learner_is_served_without_the_push_its_last_incarnation_owed() {
+        let mut s = shard(SyncRule::Softsync { n: 2 }, LrModulation::None, Some(1), 2);
+        pull(&mut s, L[0]).unwrap();
+        assert_eq!(drain(&mut s).0, vec![(L[0], Clock(0))]);
+        // Learner 0 crashes before its push; restarted, it pulls as its next incarnation.
+        s.on_pull(L[0], crate::protocol::LearnerCore::incarnation_base(1) + 1).unwrap();
+        assert_eq!(drain(&mut s).0, vec![(L[0], Clock(0))]);
     }
 
     #[test]
