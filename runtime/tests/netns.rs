@@ -2,7 +2,9 @@
 //! learners each in a network namespace of its own, joined by veth pairs to a bridge in a hub
 //! namespace. Learner 1's link is taken down for 3 s (`ip link set … down`) and brought up
 //! again: the scheduler removes it and tells the shards the new λ, then takes it back once its
-//! heartbeats come through, and the run finishes with every process exiting 0.
+//! heartbeats come through, and the run finishes with every process exiting 0. Learner 2
+//! reaches the scheduler through `rudra-node relay`, which drops 5% of its datagrams and
+//! delays the rest by 20 ms ± 10 ms on the way.
 //!
 //! Needs root and iproute2 (CI has both); elsewhere it is skipped with the reason. It creates
 //! and removes its own namespaces and reaches only their addresses.
@@ -81,12 +83,17 @@ fn ip(args: &[&str]) -> Result<(), String> {
 
 /// `rudra-node args` inside `node`'s namespace, logging to `dir/NAME.log`.
 fn spawn(net: &Net, dir: &Path, node: usize, args: &[&str]) -> Child {
-    let log = std::fs::File::create(dir.join(format!("{}.log", NODES[node]))).unwrap();
+    spawn_as(net, dir, node, NODES[node], args)
+}
+
+/// [`spawn`], logging to `dir/{name}.log`.
+fn spawn_as(net: &Net, dir: &Path, node: usize, name: &str, args: &[&str]) -> Child {
+    let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
     Command::new("ip")
         .args(["netns", "exec", &net.ns(node), env!("CARGO_BIN_EXE_rudra-node")])
         .args(args)
         .current_dir(dir)
-        .env("RUST_LOG", "info")
+        .env("RUST_LOG", "rudra_transport::relay=trace,info")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log)
@@ -116,6 +123,10 @@ fn a_learner_cut_off_by_a_link_taken_down_is_lost_then_rejoins() {
         node(&["cert", "issue", "--dir", "certs", "--name", name]);
     }
     let scheduler = format!("{}:7070", Net::addr(0));
+    let relay = format!("{}:7171", Net::addr(0));
+    let relay_args = ["relay", "--listen", &relay, "--to", &scheduler, "--drop", "0.05", "--delay-ms", "20"];
+    let mut relay_process =
+        spawn_as(&net, dir, 0, "relay", &[&relay_args[..], &["--jitter-ms", "10", "--seed", "7"]].concat());
     let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/mnist");
     let data_dir = format!("training.data_dir={}", data.display());
     let mut children: Vec<(usize, Child)> = Vec::new();
@@ -128,7 +139,7 @@ fn a_learner_cut_off_by_a_link_taken_down_is_lost_then_rejoins() {
             "--name",
             name,
             "--scheduler",
-            &scheduler,
+            if *name == "learner-2" { &relay } else { &scheduler },
             "--certs",
             "certs",
             "--listen",
@@ -192,4 +203,12 @@ fn a_learner_cut_off_by_a_link_taken_down_is_lost_then_rejoins() {
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("run/summary.json")).unwrap()).unwrap();
     assert!(summary["final_test_accuracy"].as_f64().unwrap() > 0.9, "{summary}");
+    relay_process.kill().unwrap();
+    relay_process.wait().unwrap();
+    let relayed = std::fs::read_to_string(dir.join("relay.log")).unwrap();
+    assert!(relayed.contains("relay forwarding") && relayed.contains("datagram dropped"), "{relayed}");
+    // Learner 2 trained through the lossy relay all the same: every learner did its share.
+    let csv = std::fs::read_to_string(dir.join("run/metrics.csv")).unwrap();
+    let last: Vec<&str> = csv.lines().last().unwrap().split(',').collect();
+    assert_eq!(last[last.len() - 1], last[last.len() - 3], "samples of learners 0 and 2: {last:?}");
 }
