@@ -197,6 +197,15 @@ impl Outstanding {
         }
     }
 
+    /// Whether a learner other than `learner` still owes a gradient on weights at or before
+    /// `limit`, and is behind `learner` asking for its step `seq` (by step number, then id).
+    /// Only a learner behind may hold another back, so no two learners ever wait for each
+    /// other, whatever the shards: the one furthest behind is never held back.
+    fn owed_by_one_behind(&self, learner: LearnerId, seq: u64, limit: Clock) -> bool {
+        self.oldest_except(learner).is_some_and(|j| j <= limit)
+            && (self.by_learner.iter()).any(|(&m, &(j, s))| m != learner && j <= limit && (s, m) < (seq, learner))
+    }
+
     /// The oldest clock served to a learner other than `learner`.
     fn oldest_except(&self, learner: LearnerId) -> Option<Clock> {
         let own = self.get(learner);
@@ -540,7 +549,8 @@ impl SgdShard {
             return false;
         }
         let Some(bound) = self.cfg.max_staleness else { return true };
-        self.outstanding.oldest_except(learner).is_none_or(|j| self.clock.0 - j.0 < bound)
+        let Some(limit) = self.clock.0.checked_sub(bound) else { return true };
+        !self.outstanding.owed_by_one_behind(learner, seq, Clock(limit))
     }
 
     fn serve(&mut self, learner: LearnerId, seq: u64) {
@@ -914,6 +924,28 @@ mod tests {
         let (served, grads, _) = drain(&mut s);
         assert_eq!(served, vec![(L[1], Clock(2))]);
         assert_eq!(grads[0].staleness, Staleness(1));
+    }
+
+    #[test]
+    fn the_staleness_gate_never_holds_two_learners_back_for_each_other_across_shards() {
+        // Learner 0 owes shard A a gradient and waits for B; learner 1 owes B and waits for A;
+        // learner 2's gradients have made both debts old. Were both held back, nobody would
+        // move again: the one behind (here by id, as their steps are equal) goes on.
+        let new = || shard(SyncRule::Softsync { n: 3 }, LrModulation::None, Some(1), 3);
+        let (mut a, mut b) = (new(), new());
+        pull(&mut a, L[0]).unwrap();
+        pull(&mut b, L[1]).unwrap();
+        for s in [&mut a, &mut b] {
+            pull(s, L[2]).unwrap();
+            push(s, L[2], Clock(0), &[1.0; 3]).unwrap();
+            drain(s);
+        }
+        pull(&mut a, L[1]).unwrap();
+        assert!(drain(&mut a).0.is_empty(), "learner 1 waits at A for learner 0, who is behind");
+        pull(&mut b, L[0]).unwrap();
+        assert_eq!(drain(&mut b).0, vec![(L[0], Clock(1))], "learner 0 is not held back at B");
+        push(&mut a, L[0], Clock(0), &[1.0; 3]).unwrap();
+        assert_eq!(drain(&mut a).0, vec![(L[1], Clock(2))], "its push lets learner 1 go on at A");
     }
 
     #[test]
