@@ -89,6 +89,7 @@ pub fn records_to_wire(r: &Records) -> Msg {
                     Outcome::Dropped(DropReason::TooStale) => (0.0, 1),
                     Outcome::Dropped(DropReason::StaleRound) => (0.0, 2),
                     Outcome::Dropped(DropReason::RolledBack) => (0.0, 3),
+                    Outcome::Dropped(DropReason::Lapsed) => (0.0, 4),
                 };
                 GradientReport {
                     learner: g.learner.0,
@@ -122,6 +123,7 @@ pub fn records_from_wire(shard: ShardId, gradients: &[GradientReport], updates: 
                     0 => Outcome::Applied { alpha: g.alpha },
                     1 => Outcome::Dropped(DropReason::TooStale),
                     3 => Outcome::Dropped(DropReason::RolledBack),
+                    4 => Outcome::Dropped(DropReason::Lapsed),
                     _ => Outcome::Dropped(DropReason::StaleRound),
                 },
             })

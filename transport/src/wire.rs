@@ -57,7 +57,8 @@ pub struct GradientReport {
     /// The rate it was applied with (0 when dropped).
     pub alpha: f32,
     /// 0: applied; 1: dropped as too stale; 2: dropped as of an earlier hardsync round;
-    /// 3: dropped as computed on weights the shard lost in a crash.
+    /// 3: dropped as computed on weights the shard lost in a crash; 4: dropped as computed
+    /// before its learner was declared lost.
     pub dropped: u8,
 }
 

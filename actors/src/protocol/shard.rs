@@ -88,6 +88,9 @@ pub enum DropReason {
     StaleRound,
     /// It was computed on weights the shard lost in a crash (newer than its checkpoint).
     RolledBack,
+    /// Its learner was declared lost after computing it: it rejoined, and starts afresh from
+    /// the current weights.
+    Lapsed,
 }
 
 /// What happened to one gradient.
@@ -203,7 +206,8 @@ impl Outstanding {
     /// other, whatever the shards: the one furthest behind is never held back.
     fn owed_by_one_behind(&self, learner: LearnerId, seq: u64, limit: Clock) -> bool {
         self.oldest_except(learner).is_some_and(|j| j <= limit)
-            && (self.by_learner.iter()).any(|(&m, &(j, s))| m != learner && j <= limit && (s, m) < (seq, learner))
+            && (self.by_learner.iter())
+                .any(|(&m, &(j, s))| m != learner && j <= limit && (s, m) < (seq, learner))
     }
 
     /// The oldest clock served to a learner other than `learner`.
@@ -272,6 +276,9 @@ pub struct SgdShard {
     stats: StalenessStats,
     /// Gradients received and validated, applied or dropped.
     received: u64,
+    /// The clock at which each learner was last removed from the active set: what it
+    /// computed before is dropped as [`DropReason::Lapsed`].
+    removed_at: BTreeMap<LearnerId, Clock>,
     /// Restarted from a checkpoint: learners may still push gradients computed on the
     /// newer weights that were lost; they are dropped as [`DropReason::RolledBack`].
     restored: bool,
@@ -298,6 +305,7 @@ impl SgdShard {
             deferred_set: BTreeSet::new(),
             stats: StalenessStats::default(),
             received: 0,
+            removed_at: BTreeMap::new(),
             restored: false,
             events: VecDeque::new(),
         }
@@ -470,6 +478,7 @@ impl SgdShard {
         let staleness = self.clock.staleness_of(computed_on).unwrap_or_default();
         let drop = match (self.cfg.rule, self.cfg.max_staleness) {
             _ if computed_on > self.clock => Some(DropReason::RolledBack),
+            _ if self.removed_at.get(&learner).is_some_and(|&c| computed_on < c) => Some(DropReason::Lapsed),
             (SyncRule::Hardsync, _) if staleness.0 > 0 => Some(DropReason::StaleRound),
             (_, Some(bound)) if staleness.0 > bound => Some(DropReason::TooStale),
             _ => None,
@@ -512,6 +521,9 @@ impl SgdShard {
     /// The set of active learners changed (λ changes): pending work is re-evaluated so that
     /// no round waits for a learner that is gone.
     pub fn on_membership(&mut self, active: BTreeSet<LearnerId>) {
+        for &gone in self.active.difference(&active) {
+            self.removed_at.insert(gone, self.clock);
+        }
         self.outstanding.retain(&active);
         self.deferred.retain(|d| active.contains(&d.learner));
         self.deferred_set.retain(|l| active.contains(l));
@@ -962,6 +974,27 @@ mod tests {
         assert_eq!(o.oldest_except(L[3]), Some(Clock(5)));
         o.retain(&[L[2]].into_iter().collect());
         assert_eq!((o.get(L[1]), o.oldest_except(L[2]), o.oldest_except(L[0])), (None, None, Some(Clock(6))));
+    }
+
+    #[test]
+    fn a_gradient_from_before_its_learner_was_lost_is_dropped_when_it_rejoins() {
+        let mut s = shard(SyncRule::Softsync { n: 2 }, LrModulation::None, None, 2);
+        pull(&mut s, L[0]).unwrap();
+        pull(&mut s, L[1]).unwrap();
+        push(&mut s, L[0], Clock(0), &[1.0; 3]).unwrap();
+        s.on_membership([L[0]].into_iter().collect());
+        pull(&mut s, L[0]).unwrap();
+        push(&mut s, L[0], Clock(1), &[1.0; 3]).unwrap();
+        drain(&mut s);
+        let before = values(&s);
+        // Learner 1 comes back and sends what it computed before it was declared lost.
+        s.on_membership([L[0], L[1]].into_iter().collect());
+        push(&mut s, L[1], Clock(0), &[9.0; 3]).unwrap();
+        let (_, grads, _) = drain(&mut s);
+        assert_eq!(grads[0].outcome, Outcome::Dropped(DropReason::Lapsed));
+        assert_eq!((s.clock(), values(&s)), (Clock(2), before));
+        pull(&mut s, L[1]).unwrap();
+        assert_eq!(drain(&mut s).0, vec![(L[1], Clock(2))], "it starts again from the current weights");
     }
 
     #[test]
