@@ -140,6 +140,24 @@ struct Joiner {
     data_addr: String,
 }
 
+/// The join a node must send first: its messages from then on, and its data address. A node
+/// that says anything else, or claims another name or role than its certificate's, is closed.
+async fn read_join(peer: &Peer) -> Option<(mpsc::Receiver<Inbound>, String)> {
+    let mut rx = peer.incoming(256);
+    match expect(&mut rx, "a join", Duration::from_secs(10)).await {
+        Ok(Inbound::Control(Msg::Join { role, name, data_addr }))
+            if role == peer.role() && name == peer.name() =>
+        {
+            Some((rx, data_addr))
+        }
+        other => {
+            tracing::warn!(peer = peer.name(), "did not join as its certificate says: {other:?}");
+            peer.close("expected a join matching the certificate");
+            None
+        }
+    }
+}
+
 /// Wait for `config`'s shards and learners to join; returns them ordered by name.
 async fn gather(
     ep: &QuicEndpoint,
@@ -165,19 +183,7 @@ async fn gather(
             }
             None => return Err(net("the endpoint closed")),
         };
-        let mut rx = peer.incoming(256);
-        let data_addr = match expect(&mut rx, "a join", Duration::from_secs(10)).await {
-            Ok(Inbound::Control(Msg::Join { role, name, data_addr }))
-                if role == peer.role() && name == peer.name() =>
-            {
-                data_addr
-            }
-            other => {
-                tracing::warn!(peer = peer.name(), "did not join as its certificate says: {other:?}");
-                peer.close("expected a join matching the certificate");
-                continue;
-            }
-        };
+        let Some((rx, data_addr)) = read_join(&peer).await else { continue };
         let (slots, want) = match peer.role() {
             Role::Shard => (&mut shards, want_shards),
             Role::Learner => (&mut learners, want_learners),
@@ -426,18 +432,7 @@ async fn accept_rejoins(ep: QuicEndpoint, roster: Arc<Roster>) {
         };
         let roster = Arc::clone(&roster);
         actix::spawn(async move {
-            let mut rx = peer.incoming(256);
-            let data_addr = match expect(&mut rx, "a join", Duration::from_secs(10)).await {
-                Ok(Inbound::Control(Msg::Join { role, name, data_addr }))
-                    if role == peer.role() && name == peer.name() =>
-                {
-                    data_addr
-                }
-                other => {
-                    tracing::warn!(peer = peer.name(), "did not join as its certificate says: {other:?}");
-                    return peer.close("expected a join matching the certificate");
-                }
-            };
+            let Some((rx, data_addr)) = read_join(&peer).await else { return };
             let inv = &roster.invitation;
             let (names, role) = match peer.role() {
                 Role::Shard => (&inv.shard_names, "shard"),

@@ -21,6 +21,14 @@ fn ok(mut c: Command) {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
+/// A cluster CA in `dir/certs` and a certificate for each of `names`.
+fn issue_certs(dir: &Path, names: &[&str]) {
+    ok(node(dir, &["cert", "init", "--dir", "certs"]));
+    for name in names {
+        ok(node(dir, &["cert", "issue", "--dir", "certs", "--name", name]));
+    }
+}
+
 fn free_port() -> u16 {
     std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
@@ -67,10 +75,7 @@ fn hardsync_across_processes_trains_and_equals_local_mode() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/mnist");
-    ok(node(dir, &["cert", "init", "--dir", "certs"]));
-    for name in ["scheduler", "shard-0", "shard-1", "learner-0", "learner-1"] {
-        ok(node(dir, &["cert", "issue", "--dir", "certs", "--name", name]));
-    }
+    issue_certs(dir, &["scheduler", "shard-0", "shard-1", "learner-0", "learner-1"]);
     let settings: Vec<String> = [
         "protocol.kind=hardsync",
         "cluster.learners=2",
@@ -199,10 +204,7 @@ fn a_killed_learner_process_is_dropped_and_the_run_finishes() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/mnist");
-    ok(node(dir, &["cert", "init", "--dir", "certs"]));
-    for name in ["scheduler", "shard-0", "shard-1", "learner-0", "learner-1", "learner-2"] {
-        ok(node(dir, &["cert", "issue", "--dir", "certs", "--name", name]));
-    }
+    issue_certs(dir, &["scheduler", "shard-0", "shard-1", "learner-0", "learner-1", "learner-2"]);
     let addr = format!("127.0.0.1:{}", free_port());
     let mut children: Vec<(String, Child)> = Vec::new();
     for name in ["shard-0", "shard-1", "learner-0", "learner-1", "learner-2"] {
@@ -262,10 +264,7 @@ fn a_killed_shard_process_resumes_from_its_checkpoint_and_a_restarted_learner_re
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/mnist");
-    ok(node(dir, &["cert", "init", "--dir", "certs"]));
-    for name in ["scheduler", "shard-0", "shard-1", "learner-0", "learner-1"] {
-        ok(node(dir, &["cert", "issue", "--dir", "certs", "--name", name]));
-    }
+    issue_certs(dir, &["scheduler", "shard-0", "shard-1", "learner-0", "learner-1"]);
     let addr = format!("127.0.0.1:{}", free_port());
     let listen: Vec<String> = (0..2).map(|_| format!("127.0.0.1:{}", free_port())).collect();
     let args = |name: &str| -> Vec<String> {
