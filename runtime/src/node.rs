@@ -347,10 +347,14 @@ impl Seat {
         Self { remote, current: std::sync::Mutex::new(None), clock: AtomicU64::new(0) }
     }
 
+    fn current(&self) -> std::sync::MutexGuard<'_, Option<(Peer, u32)>> {
+        self.current.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Take `peer` as this node's connection; returns its incarnation (0 for the first). An
     /// earlier connection is closed.
     fn take(&self, peer: &Peer) -> u32 {
-        let mut current = self.current.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut current = self.current();
         let incarnation = current.as_ref().map_or(0, |(old, n)| {
             old.close("replaced by a new connection of the same node");
             n + 1
@@ -361,8 +365,7 @@ impl Seat {
 
     /// Whether `incarnation` is still this node's current connection.
     fn is_current(&self, incarnation: u32) -> bool {
-        let current = self.current.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        current.as_ref().is_some_and(|(_, n)| *n == incarnation)
+        self.current().as_ref().is_some_and(|(_, n)| *n == incarnation)
     }
 }
 
@@ -413,7 +416,7 @@ impl Roster {
     }
 
     fn peers(&self) -> Vec<Peer> {
-        let current = |s: &Seat| s.current.lock().ok().and_then(|c| c.as_ref().map(|(p, _)| p.clone()));
+        let current = |s: &Seat| s.current().as_ref().map(|(p, _)| p.clone());
         self.shards.iter().chain(&self.learners).filter_map(current).collect()
     }
 }
