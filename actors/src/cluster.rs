@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use rudra_compute::{BatchStream, CpuBackend, Dataset, Device, Minibatches, Model, ModelSpec, Partition};
-use rudra_transport::{LearnerId, ShardId};
+use rudra_transport::{Clock, LearnerId, ShardId};
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 
@@ -31,7 +31,7 @@ use crate::protocol::{
     SgdShard, StalenessSummary, SyncRule,
 };
 use crate::scheduler::{Joined, LearnerHandle, Members, Note, SchedulerActor, ShardHandle, ShardRestarted};
-use crate::shard::{Crash, Restart, ShardActor, ShardCore};
+use crate::shard::{ShardActor, ShardCore, crash_and_restart};
 use crate::tracker::StalenessTracker;
 
 /// Which protocol the shards run.
@@ -511,16 +511,16 @@ fn inject(
                 let (Some(shard), scheduler) = (shards.get(s.index()).cloned(), scheduler.clone()) else {
                     continue;
                 };
-                let down = c.restart_after.unwrap_or_default();
                 actix::spawn(async move {
                     tokio::time::sleep_until((born + c.at).into()).await;
-                    let Ok(crashed_at) = shard.send(Crash).await else { return };
-                    scheduler.do_send(Note(format!("{s} crashed at clock {crashed_at}")));
-                    tokio::time::sleep(down).await;
-                    let resumed = match shard.send(Restart).await {
-                        Ok(r) => r.map_err(|e| e.to_string()),
-                        Err(e) => Err(e.to_string()),
-                    };
+                    let mut crashed_at = Clock(0);
+                    let down = c.restart_after.unwrap_or_default();
+                    let resumed = crash_and_restart(&shard, down, |clock| {
+                        crashed_at = clock;
+                        scheduler.do_send(Note(format!("{s} crashed at clock {clock}")));
+                    });
+                    let Some(resumed) = resumed.await else { return };
+                    let resumed = resumed.map_err(|e| e.to_string());
                     scheduler.do_send(ShardRestarted { shard: s, crashed_at, resumed });
                 });
             }

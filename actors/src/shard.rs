@@ -89,6 +89,19 @@ pub struct Crash;
 #[rtype(result = "Result<Clock, ActorError>")]
 pub struct Restart;
 
+/// Crash `shard` (telling `crashed` the clock it had), leave it down for `down`, then bring it
+/// back from its checkpoint: the clock it resumed at, or why it could not. `None` when the
+/// shard had already stopped.
+pub async fn crash_and_restart(
+    shard: &Addr<ShardActor>,
+    down: std::time::Duration,
+    crashed: impl FnOnce(Clock),
+) -> Option<Result<Clock, ActorError>> {
+    crashed(shard.send(Crash).await.ok()?);
+    tokio::time::sleep(down).await;
+    Some(shard.send(Restart).await.map_err(ActorError::from).and_then(|r| r))
+}
+
 /// Flush reports and stop.
 #[derive(Message)]
 #[rtype(result = "()")]

@@ -24,8 +24,7 @@ use rudra_actors::scheduler::{
     ShardHandle, ShardLost, ShardRestarted,
 };
 use rudra_actors::shard::{
-    Crash as CrashShard, Exchange, Membership, Pull, Push, Restart, Served, ShardActor, ShardCore, Snapshot,
-    StopShard,
+    Exchange, Membership, Pull, Push, Served, ShardActor, ShardCore, Snapshot, StopShard,
 };
 use rudra_actors::tracker::StalenessTracker;
 use rudra_actors::{RunReport, TrainingData};
@@ -652,16 +651,12 @@ async fn crash_and_restart(
     failed: mpsc::Sender<RuntimeError>,
 ) {
     tokio::time::sleep(c.at).await;
-    let Ok(clock) = shard.send(CrashShard).await else { return };
-    tracing::error!("crashed at clock {clock} (fault injection)");
-    tokio::time::sleep(c.restart_after.unwrap_or_default()).await;
-    let resumed = match shard.send(Restart).await {
-        Ok(r) => r.map_err(RuntimeError::from),
-        Err(e) => Err(net(e)),
-    };
+    let down = c.restart_after.unwrap_or_default();
+    let crashed = |clock| tracing::error!("crashed at clock {clock} (fault injection)");
+    let Some(resumed) = rudra_actors::shard::crash_and_restart(&shard, down, crashed).await else { return };
     let sent = match resumed {
         Ok(clock) => sched.send(&Msg::Resumed { clock: clock.0 }).await.map_err(RuntimeError::from),
-        Err(e) => Err(e),
+        Err(e) => Err(e.into()),
     };
     if let Err(e) = sent {
         let _ = failed.send(e).await;
