@@ -165,19 +165,19 @@ forward!(Push, |m| Msg::Push {
     learner: m.learner.0,
     seq: m.seq,
     computed_on: m.computed_on.0,
-    values: m.values.to_vec(),
+    values: m.values,
 });
-forward!(Exchange, |m| Msg::Exchange { learner: m.learner.0, values: m.values.to_vec() });
+forward!(Exchange, |m| Msg::Exchange { learner: m.learner.0, values: m.values });
 forward!(AnswerSnapshot, |m| Msg::Snapshot {
     request: m.request,
     clock: m.weights.clock.0,
-    values: m.weights.values.to_vec()
+    values: m.weights.values
 });
 forward!(Served, |m| Msg::Weights {
     shard: m.weights.shard.0,
     seq: m.seq,
     clock: m.weights.clock.0,
-    values: m.weights.values.to_vec()
+    values: m.weights.values
 });
 
 impl Handler<Snapshot> for RemotePeer {

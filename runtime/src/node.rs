@@ -1069,7 +1069,8 @@ mod tests {
             assert!(matches!(served, Some(Inbound::Weights { clock: Clock(0), .. })));
             let before = shard.send(Snapshot).await.expect("a snapshot");
 
-            let push = |learner, n| Msg::Push { learner, seq: 1, computed_on: 0, values: vec![1.0; n] };
+            let push =
+                |learner, n| Msg::Push { learner, seq: 1, computed_on: 0, values: vec![1.0; n].into() };
             let cases: Vec<(&str, &str, u32, Vec<Msg>)> = vec![
                 ("hello as another learner", "learner-1", 0, vec![]),
                 ("hello as an unknown learner", "learner-1", 7, vec![]),

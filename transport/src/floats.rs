@@ -5,9 +5,13 @@ use std::fmt;
 use std::ops::{Deref, Range};
 use std::sync::Arc;
 
+use rkyv::Place;
+use rkyv::rancor::Fallible;
 use rkyv::rend::f32_le;
+use rkyv::ser::{Allocator, Writer};
 use rkyv::util::AlignedVec;
-use rkyv::vec::ArchivedVec;
+use rkyv::vec::{ArchivedVec, VecResolver};
+use rkyv::with::{ArchiveWith, DeserializeWith, SerializeWith};
 
 #[cfg(not(target_endian = "little"))]
 compile_error!("Rudra's zero-copy payload views need a little-endian target");
@@ -86,6 +90,33 @@ impl From<Arc<Vec<f32>>> for Floats {
 impl From<Vec<f32>> for Floats {
     fn from(v: Vec<f32>) -> Self {
         Arc::new(v).into()
+    }
+}
+
+/// Archives [`Floats`] exactly as rkyv archives a `Vec<f32>`, straight from where the values
+/// are: a message carrying them is encoded without first copying them into a vector of its own,
+/// and its receiver sees an ordinary archived vector.
+#[derive(Debug)]
+pub struct AsFloatVec;
+
+impl ArchiveWith<Floats> for AsFloatVec {
+    type Archived = ArchivedVec<f32_le>;
+    type Resolver = VecResolver;
+
+    fn resolve_with(field: &Floats, resolver: VecResolver, out: Place<Self::Archived>) {
+        ArchivedVec::resolve_from_len(field.len(), resolver, out);
+    }
+}
+
+impl<S: Fallible + Allocator + Writer + ?Sized> SerializeWith<Floats, S> for AsFloatVec {
+    fn serialize_with(field: &Floats, serializer: &mut S) -> Result<VecResolver, S::Error> {
+        ArchivedVec::serialize_from_slice(&field[..], serializer)
+    }
+}
+
+impl<D: Fallible + ?Sized> DeserializeWith<ArchivedVec<f32_le>, Floats, D> for AsFloatVec {
+    fn deserialize_with(field: &ArchivedVec<f32_le>, _: &mut D) -> Result<Floats, D::Error> {
+        Ok(field.iter().map(|v| v.to_native()).collect::<Vec<f32>>().into())
     }
 }
 

@@ -1,15 +1,23 @@
 //! QUIC endpoints (quinn) with mutual TLS, carrying framed messages.
 //!
+//! The endpoints of a process run on threads of their own, one per core: sealing, opening and
+//! copying packets never waits for an actor's work, and a node with many peers spreads its
+//! connections over every core. Callers await sends and receives from any runtime (an actix
+//! System is one thread).
+//!
 //! Between two nodes there is one connection. Control messages travel in order on one
 //! long-lived stream per direction; every weights, gradient or snapshot payload gets a stream
 //! of its own, so control never waits behind a large payload. Flow-control windows bound what
 //! a sender may have in flight: a slow receiver pushes back instead of buffering without bound.
 
+use std::future::Future;
 use std::net::{SocketAddr, UdpSocket};
-use std::sync::Arc;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use bytes::Bytes;
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use quinn::{IdleTimeout, TokioRuntime, TransportConfig, VarInt};
 use rkyv::util::AlignedVec;
@@ -20,6 +28,50 @@ use crate::TransportError;
 use crate::frame::{HEADER_LEN, Header};
 use crate::tls::{Identity, peer_name};
 use crate::wire::{Inbound, Kind, Msg, Role};
+
+/// The process's network threads: a multi-threaded tokio runtime with a worker per core,
+/// started by the first endpoint and shared by every endpoint after it.
+fn network() -> Result<&'static tokio::runtime::Runtime, TransportError> {
+    static NETWORK: OnceLock<Result<tokio::runtime::Runtime, String>> = OnceLock::new();
+    NETWORK
+        .get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .thread_name("rudra-net")
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())
+        })
+        .as_ref()
+        .map_err(|e| TransportError::Io(format!("cannot start the network threads: {e}")))
+}
+
+/// quinn on the network threads: its drivers, timers and socket live there whichever runtime
+/// the endpoint is used from.
+#[derive(Debug)]
+struct NetworkRuntime(tokio::runtime::Handle);
+
+impl quinn::Runtime for NetworkRuntime {
+    fn new_timer(&self, at: std::time::Instant) -> Pin<Box<dyn quinn::AsyncTimer>> {
+        let _in = self.0.enter();
+        TokioRuntime.new_timer(at)
+    }
+
+    fn spawn(&self, future: Pin<Box<dyn Future<Output = ()> + Send>>) {
+        self.0.spawn(future);
+    }
+
+    fn wrap_udp_socket(&self, socket: UdpSocket) -> std::io::Result<Arc<dyn quinn::AsyncUdpSocket>> {
+        let _in = self.0.enter();
+        TokioRuntime.wrap_udp_socket(socket)
+    }
+
+    fn now(&self) -> std::time::Instant {
+        TokioRuntime.now()
+    }
+}
+
+/// Ack-eliciting packets a receiver may take in before it must acknowledge them.
+const ACK_EVERY: u32 = 8;
 
 /// Transport settings (the `[transport]` configuration section).
 #[derive(Clone, Debug, PartialEq)]
@@ -66,6 +118,12 @@ impl QuicSettings {
         let mut mtu = quinn::MtuDiscoveryConfig::default();
         mtu.upper_bound(self.max_udp_payload);
         t.mtu_discovery_config(Some(mtu));
+        // Ask the peer to acknowledge every few packets rather than every other one: each
+        // acknowledgement is a datagram to send, receive, decrypt and process. Packets out of
+        // order are still acknowledged at once, so loss is detected as quickly as before.
+        let mut ack = quinn::AckFrequencyConfig::default();
+        ack.ack_eliciting_threshold(VarInt::from_u32(ACK_EVERY));
+        t.ack_frequency_config(Some(ack));
         t.stream_receive_window(VarInt::from_u32(self.stream_window))
             .receive_window(VarInt::from_u32(self.connection_window))
             .send_window(u64::from(self.connection_window))
@@ -112,10 +170,11 @@ pub struct QuicEndpoint {
     identity: Arc<Identity>,
     settings: QuicSettings,
     traffic: Arc<Traffic>,
+    network: tokio::runtime::Handle,
 }
 
 impl QuicEndpoint {
-    /// Bind to `addr` with `identity`. Must run inside a tokio runtime (an actix System is one).
+    /// Bind to `addr` with `identity`.
     pub fn bind(
         addr: SocketAddr,
         identity: Identity,
@@ -149,10 +208,11 @@ impl QuicEndpoint {
         config
             .max_udp_payload_size(settings.max_udp_payload)
             .map_err(|e| TransportError::Io(format!("max UDP payload {}: {e}", settings.max_udp_payload)))?;
-        let mut endpoint =
-            quinn::Endpoint::new(config, Some(server), socket, Arc::new(TokioRuntime)).map_err(io)?;
+        let network = network()?.handle().clone();
+        let runtime = Arc::new(NetworkRuntime(network.clone()));
+        let mut endpoint = quinn::Endpoint::new(config, Some(server), socket, runtime).map_err(io)?;
         endpoint.set_default_client_config(client);
-        Ok(Self { endpoint, identity: Arc::new(identity), settings, traffic: Arc::default() })
+        Ok(Self { endpoint, identity: Arc::new(identity), settings, traffic: Arc::default(), network })
     }
 
     /// The bound address.
@@ -211,6 +271,7 @@ impl QuicEndpoint {
             control: Arc::new(Mutex::new(None)),
             max_frame: self.settings.max_frame_bytes,
             traffic: Arc::clone(&self.traffic),
+            network: self.network.clone(),
         })
     }
 
@@ -235,6 +296,7 @@ pub struct Peer {
     control: Arc<Mutex<Option<quinn::SendStream>>>,
     max_frame: u32,
     traffic: Arc<Traffic>,
+    network: tokio::runtime::Handle,
 }
 
 impl std::fmt::Debug for Peer {
@@ -259,17 +321,19 @@ impl Peer {
     /// Send a message: payloads on a stream of their own, control messages in order on the
     /// control stream. Waits while flow control says the peer is behind.
     pub async fn send(&self, msg: &Msg) -> Result<(), TransportError> {
-        self.send_encoded(msg.kind(), &msg.encode()?).await
+        self.send_encoded(msg.kind(), msg.encode()?).await
     }
 
-    /// Send an already encoded frame of `kind` (see [`Msg::encode`]).
-    pub async fn send_encoded(&self, kind: Kind, frame: &[u8]) -> Result<(), TransportError> {
+    /// Send an already encoded frame of `kind` (see [`Msg::encode`]). The connection takes the
+    /// frame as it is: a payload is not copied again before it is packetized.
+    pub async fn send_encoded(&self, kind: Kind, frame: Bytes) -> Result<(), TransportError> {
         let err = |e: &dyn std::fmt::Display| TransportError::Connection(format!("to {}: {e}", self.name));
         if kind.is_payload() {
+            let len = frame.len();
             let mut s = self.conn.open_uni().await.map_err(|e| err(&e))?;
-            s.write_all(frame).await.map_err(|e| err(&e))?;
+            s.write_chunk(frame).await.map_err(|e| err(&e))?;
             s.finish().map_err(|e| err(&e))?;
-            self.count_sent(frame);
+            self.count_sent(len);
             return Ok(());
         }
         let mut control = self.control.lock().await;
@@ -277,26 +341,28 @@ impl Peer {
             *control = Some(self.conn.open_uni().await.map_err(|e| err(&e))?);
         }
         let stream = control.as_mut().expect("opened above");
-        if let Err(e) = stream.write_all(frame).await {
+        let len = frame.len();
+        if let Err(e) = stream.write_chunk(frame).await {
             *control = None;
             return Err(err(&e));
         }
-        self.count_sent(frame);
+        self.count_sent(len);
         Ok(())
     }
 
-    fn count_sent(&self, frame: &[u8]) {
-        self.traffic.sent.fetch_add(frame.len() as u64, Ordering::Relaxed);
+    fn count_sent(&self, len: usize) {
+        self.traffic.sent.fetch_add(len as u64, Ordering::Relaxed);
     }
 
     /// Start receiving: every valid frame arrives on the returned channel in per-stream
     /// order. A bad frame closes its stream with a logged reason; the connection and the
-    /// other streams carry on. The channel ends when the connection does.
+    /// other streams carry on. The channel ends when the connection does. Frames are read
+    /// and validated on the network threads.
     #[must_use]
     pub fn incoming(&self, capacity: usize) -> mpsc::Receiver<Inbound> {
         let (tx, rx) = mpsc::channel(capacity.max(1));
         let peer = self.clone();
-        tokio::spawn(async move {
+        self.network.spawn(async move {
             while let Ok(stream) = peer.conn.accept_uni().await {
                 let (peer, tx) = (peer.clone(), tx.clone());
                 tokio::spawn(async move { peer.read_stream(stream, tx).await });
@@ -346,11 +412,19 @@ impl Peer {
                 self.local_role.as_str()
             )));
         }
-        let mut body = AlignedVec::with_capacity(h.body_len as usize);
-        body.resize(h.body_len as usize, 0);
-        stream.read_exact(&mut body).await.map_err(|e| {
+        // Chunks as they arrive, appended: the body is copied once out of the connection's
+        // buffers and never zero-filled first.
+        let len = h.body_len as usize;
+        let short = |e: &dyn std::fmt::Display| {
             TransportError::BadFrame(format!("a {:?} body of {} bytes: {e}", h.kind, h.body_len))
-        })?;
+        };
+        let mut body = AlignedVec::with_capacity(len);
+        while body.len() < len {
+            match stream.read_chunk(len - body.len(), true).await.map_err(|e| short(&e))? {
+                Some(chunk) => body.extend_from_slice(&chunk.bytes),
+                None => return Err(short(&format!("the stream ended after {}", body.len()))),
+            }
+        }
         self.traffic.received.fetch_add(u64::from(h.body_len), Ordering::Relaxed);
         Inbound::decode(h.kind, body).map(Some)
     }

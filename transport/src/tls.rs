@@ -147,8 +147,12 @@ pub struct Identity {
     key: Arc<PrivateKeyDer<'static>>,
 }
 
+/// ring's TLS 1.3 suites with AES-128-GCM first: every byte between nodes is sealed and
+/// opened once, and ten AES rounds cost less than AES-256's fourteen.
 fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    let mut provider = rustls::crypto::ring::default_provider();
+    provider.cipher_suites.sort_by_key(|s| s.suite() != rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
+    Arc::new(provider)
 }
 
 impl Identity {

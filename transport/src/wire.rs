@@ -6,10 +6,12 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
 use rkyv::rancor::BoxedError;
 use rkyv::util::AlignedVec;
 use rkyv::{Archive, Deserialize, Serialize};
 
+use crate::floats::AsFloatVec;
 use crate::frame::{HEADER_LEN, Header};
 use crate::{Clock, Floats, LearnerId, ShardId, TransportError};
 
@@ -146,7 +148,8 @@ pub enum Msg {
         /// Shard clock.
         clock: u64,
         /// The shard's parameter range.
-        values: Vec<f32>,
+        #[rkyv(with = AsFloatVec)]
+        values: Floats,
     },
     /// Anyone: I am alive.
     Heartbeat,
@@ -183,7 +186,8 @@ pub enum Msg {
         /// Their clock.
         clock: u64,
         /// The values.
-        values: Vec<f32>,
+        #[rkyv(with = AsFloatVec)]
+        values: Floats,
     },
     /// Learner → shard: a gradient slice.
     Push {
@@ -194,7 +198,8 @@ pub enum Msg {
         /// The clock of the weights it was computed on.
         computed_on: u64,
         /// The values.
-        values: Vec<f32>,
+        #[rkyv(with = AsFloatVec)]
+        values: Floats,
     },
     /// Learner → center shard (EASGD family): x^i, DOWNPOUR's accumulated update, or
     /// MDOWNPOUR's gradient for the shard's range; answered with `Weights` (the center).
@@ -202,7 +207,8 @@ pub enum Msg {
         /// Who.
         learner: u32,
         /// The values.
-        values: Vec<f32>,
+        #[rkyv(with = AsFloatVec)]
+        values: Floats,
     },
 }
 
@@ -339,16 +345,33 @@ impl Msg {
         }
     }
 
-    /// Header and archived body, ready to write to a stream.
-    pub fn encode(&self) -> Result<Vec<u8>, TransportError> {
-        let body = rkyv::to_bytes::<BoxedError>(self).map_err(|e| TransportError::Encode(e.to_string()))?;
-        let body_len = u32::try_from(body.len()).map_err(|_| {
-            TransportError::Encode(format!("a {:?} of {} bytes is too large", self.kind(), body.len()))
+    /// Header and archived body in one buffer, ready to write to a stream: the body is
+    /// archived straight after room for the header, so a payload is copied once, into the frame.
+    pub fn encode(&self) -> Result<Bytes, TransportError> {
+        // The header's length is a multiple of the buffer's alignment, so the body is laid out
+        // exactly as if it were archived on its own.
+        const { assert!(HEADER_LEN.is_multiple_of(AlignedVec::<16>::ALIGNMENT)) };
+        let mut frame = AlignedVec::<16>::with_capacity(HEADER_LEN + self.body_size_hint());
+        frame.extend_from_slice(&[0; HEADER_LEN]);
+        let mut frame = rkyv::api::high::to_bytes_in::<_, BoxedError>(self, frame)
+            .map_err(|e| TransportError::Encode(e.to_string()))?;
+        let body_len = u32::try_from(frame.len() - HEADER_LEN).map_err(|_| {
+            TransportError::Encode(format!("a {:?} of {} bytes is too large", self.kind(), frame.len()))
         })?;
-        let mut out = Vec::with_capacity(HEADER_LEN + body.len());
-        out.extend_from_slice(&Header { kind: self.kind(), body_len }.encode());
-        out.extend_from_slice(&body);
-        Ok(out)
+        frame[..HEADER_LEN].copy_from_slice(&Header { kind: self.kind(), body_len }.encode());
+        Ok(Bytes::from_owner(frame))
+    }
+
+    /// About the size of the archived body: the payload and room for the rest.
+    fn body_size_hint(&self) -> usize {
+        let floats = match self {
+            Self::Weights { values, .. }
+            | Self::Push { values, .. }
+            | Self::Exchange { values, .. }
+            | Self::Snapshot { values, .. } => values.len(),
+            _ => 0,
+        };
+        floats * 4 + 256
     }
 }
 
@@ -512,16 +535,30 @@ mod tests {
                 updates: vec![UpdateReport { clock: 7, gradients: 2 }],
             },
             Msg::SnapshotRequest { request: 9 },
-            Msg::Snapshot { request: 9, clock: 4, values: vec![1.0, 2.0] },
+            Msg::Snapshot { request: 9, clock: 4, values: vec![1.0, 2.0].into() },
             Msg::Heartbeat,
             Msg::Membership { active: vec![0, 2, 3] },
             Msg::Resumed { clock: 800 },
             Msg::Hello { learner: 2 },
             Msg::Pull { learner: 2, seq: 1, last: false },
-            Msg::Weights { shard: 1, seq: 1, clock: 5, values: vec![0.5; 1000] },
-            Msg::Push { learner: 2, seq: 9, computed_on: 5, values: (0..777).map(|i| i as f32).collect() },
-            Msg::Exchange { learner: 3, values: vec![0.25; 333] },
+            Msg::Weights { shard: 1, seq: 1, clock: 5, values: vec![0.5; 1000].into() },
+            Msg::Push {
+                learner: 2,
+                seq: 9,
+                computed_on: 5,
+                values: (0..777).map(|i| i as f32).collect::<Vec<f32>>().into(),
+            },
+            Msg::Exchange { learner: 3, values: vec![0.25; 333].into() },
         ]
+    }
+
+    #[test]
+    fn a_frame_body_is_the_message_archived_on_its_own() {
+        for msg in all_messages() {
+            let frame = msg.encode().unwrap();
+            let alone = rkyv::to_bytes::<BoxedError>(&msg).unwrap();
+            assert_eq!(&frame[HEADER_LEN..], &alone[..], "{:?}", msg.kind());
+        }
     }
 
     #[test]
@@ -560,8 +597,9 @@ mod tests {
 
     #[test]
     fn payloads_are_viewed_in_the_receive_buffer() {
-        let bytes =
-            Msg::Push { learner: 0, seq: 1, computed_on: 0, values: vec![3.0; 4096] }.encode().unwrap();
+        let bytes = Msg::Push { learner: 0, seq: 1, computed_on: 0, values: vec![3.0; 4096].into() }
+            .encode()
+            .unwrap();
         let mut body = AlignedVec::new();
         body.extend_from_slice(&bytes[HEADER_LEN..]);
         let range = body.as_ptr_range();
@@ -579,7 +617,10 @@ mod tests {
 
     #[test]
     fn bad_frames_are_rejected_with_a_reason() {
-        let good = Msg::Push { learner: 1, seq: 1, computed_on: 2, values: vec![1.0; 64] }.encode().unwrap();
+        let good = Msg::Push { learner: 1, seq: 1, computed_on: 2, values: vec![1.0; 64].into() }
+            .encode()
+            .unwrap()
+            .to_vec();
         assert!(rejected(&good[..10], MAX).contains("truncated header"));
         assert!(rejected(&good[..good.len() - 3], MAX).contains("truncated"));
         assert!(rejected(&good, 100).contains("exceeds"));
@@ -604,7 +645,10 @@ mod tests {
     fn random_bytes_never_panic() {
         use rand::{Rng, SeedableRng};
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
-        let good = Msg::Weights { shard: 0, seq: 1, clock: 1, values: vec![1.0; 16] }.encode().unwrap();
+        let good = Msg::Weights { shard: 0, seq: 1, clock: 1, values: vec![1.0; 16].into() }
+            .encode()
+            .unwrap()
+            .to_vec();
         for i in 0..20_000 {
             let mut bytes: Vec<u8> = if i % 2 == 0 {
                 (0..rng.random_range(0..200)).map(|_| rng.random()).collect()

@@ -45,7 +45,10 @@ async fn messages_arrive_intact_and_control_stays_in_order() {
     let mut rx = from_learner.incoming(16);
     assert!(matches!(next(&mut rx).await, Inbound::Control(Msg::Hello { learner: 0 })));
     let grad: Vec<f32> = (0..1 << 20).map(|i| i as f32).collect();
-    to_shard.send(&Msg::Push { learner: 0, seq: 1, computed_on: 7, values: grad.clone() }).await.unwrap();
+    to_shard
+        .send(&Msg::Push { learner: 0, seq: 1, computed_on: 7, values: grad.clone().into() })
+        .await
+        .unwrap();
     match next(&mut rx).await {
         Inbound::Push { learner, seq, computed_on, values } => {
             assert_eq!((learner.0, seq, computed_on.0), (0, 1, 7));
@@ -62,7 +65,8 @@ async fn messages_arrive_intact_and_control_stays_in_order() {
     // Every frame is counted once on each side, header and body.
     let pulls = 50 * Msg::Pull { learner: 0, seq: 1, last: false }.encode().unwrap().len() as u64;
     let hello = Msg::Hello { learner: 0 }.encode().unwrap().len() as u64;
-    let push = Msg::Push { learner: 0, seq: 1, computed_on: 7, values: grad }.encode().unwrap().len() as u64;
+    let push =
+        Msg::Push { learner: 0, seq: 1, computed_on: 7, values: grad.into() }.encode().unwrap().len() as u64;
     assert_eq!(learner.traffic().sent(), hello + push + pulls);
     assert_eq!(received.received(), learner.traffic().sent());
     assert_eq!(learner.traffic().received(), 0);
@@ -122,7 +126,10 @@ async fn bad_frames_close_their_stream_only() {
     let mut rx = accept.await.unwrap().incoming(16);
     assert!(matches!(next(&mut rx).await, Inbound::Control(Msg::Heartbeat)));
 
-    let good = Msg::Push { learner: 0, seq: 1, computed_on: 1, values: vec![1.0; 8] }.encode().unwrap();
+    let good = Msg::Push { learner: 0, seq: 1, computed_on: 1, values: vec![1.0; 8].into() }
+        .encode()
+        .unwrap()
+        .to_vec();
     let header = |kind: Kind, body_len: u32| Header { kind, body_len }.encode().to_vec();
     let mut truncated = good.clone();
     truncated.truncate(good.len() - 5);
@@ -138,16 +145,22 @@ async fn bad_frames_close_their_stream_only() {
         // A learner may not send weights, and a shard does not accept them.
         (
             "wrong kind for the role",
-            Msg::Weights { shard: 0, seq: 1, clock: 0, values: vec![0.0; 4] }.encode().unwrap(),
+            Msg::Weights { shard: 0, seq: 1, clock: 0, values: vec![0.0; 4].into() }
+                .encode()
+                .unwrap()
+                .to_vec(),
         ),
     ];
     for (what, bytes) in bad {
         // Payload kinds get their own stream, so each bad frame is alone on one.
-        to_shard.send_encoded(Kind::Push, &bytes).await.unwrap_or_else(|e| panic!("{what}: {e}"));
+        to_shard.send_encoded(Kind::Push, bytes.into()).await.unwrap_or_else(|e| panic!("{what}: {e}"));
     }
     // The connection and its control stream still work; nothing bad got through.
     to_shard.send(&Msg::Pull { learner: 0, seq: 1, last: false }).await.unwrap();
-    to_shard.send(&Msg::Push { learner: 0, seq: 1, computed_on: 3, values: vec![2.0; 8] }).await.unwrap();
+    to_shard
+        .send(&Msg::Push { learner: 0, seq: 1, computed_on: 3, values: vec![2.0; 8].into() })
+        .await
+        .unwrap();
     let mut got = Vec::new();
     for _ in 0..2 {
         got.push(next(&mut rx).await.kind());

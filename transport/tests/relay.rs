@@ -218,7 +218,10 @@ async fn quic_works_through_a_lossy_relay() {
     let to_shard = timeout(Duration::from_secs(20), learner.connect(via, "shard-0")).await.unwrap().unwrap();
     let grad: Vec<f32> = (0..1 << 18).map(|i| i as f32).collect();
     to_shard.send(&Msg::Hello { learner: 0 }).await.unwrap();
-    to_shard.send(&Msg::Push { learner: 0, seq: 1, computed_on: 1, values: grad.clone() }).await.unwrap();
+    to_shard
+        .send(&Msg::Push { learner: 0, seq: 1, computed_on: 1, values: grad.clone().into() })
+        .await
+        .unwrap();
     for i in 0..20 {
         to_shard.send(&Msg::Pull { learner: i, seq: 1, last: false }).await.unwrap();
     }

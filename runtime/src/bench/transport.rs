@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use bytes::Bytes;
 use rkyv::util::AlignedVec;
 use rudra_transport::frame::HEADER_LEN;
 use rudra_transport::quic::{Peer, QuicEndpoint, QuicSettings};
@@ -83,8 +84,8 @@ async fn tcp(frame: &[u8], frames: usize) -> Result<(f64, f64), RuntimeError> {
 /// QUIC between a learner and a shard: pushes one way, then pull round trips.
 async fn quic(
     certs: &CertDir,
-    push: &[u8],
-    weights: &[u8],
+    push: &Bytes,
+    weights: &Bytes,
     frames: usize,
 ) -> Result<(f64, f64), RuntimeError> {
     let bind = "127.0.0.1:0".parse().map_err(io)?;
@@ -92,7 +93,7 @@ async fn quic(
     let learner = QuicEndpoint::bind(bind, certs.identity("learner-0")?, QuicSettings::default())?;
     let addr = shard.local_addr()?;
     let server = tokio::spawn({
-        let weights = weights.to_vec();
+        let weights = weights.clone();
         async move {
             let peer: Peer = shard.accept().await.ok_or_else(|| io("endpoint closed"))??;
             let mut rx = peer.incoming(64);
@@ -104,7 +105,7 @@ async fn quic(
                         pushes += 1;
                     }
                     Inbound::Control(Msg::Pull { .. }) => {
-                        peer.send_encoded(Kind::Weights, &weights).await?;
+                        peer.send_encoded(Kind::Weights, weights.clone()).await?;
                         pulls += 1;
                     }
                     _ => {}
@@ -118,7 +119,7 @@ async fn quic(
     let pull = Msg::Pull { learner: 0, seq: 1, last: false };
     let start = Instant::now();
     for _ in 0..frames {
-        peer.send_encoded(Kind::Push, push).await?;
+        peer.send_encoded(Kind::Push, push.clone()).await?;
     }
     // Control travels on its own stream, so this pull may overtake pushes still in flight;
     // its answer is awaited after all of them were written, and the last is checked below.
@@ -146,7 +147,8 @@ async fn quic(
 
 /// Nanoseconds to validate a `floats`-float push body and view its payload, and to copy it.
 fn view_and_copy(floats: usize) -> Result<(f64, f64), RuntimeError> {
-    let frame = Msg::Push { learner: 0, seq: 1, computed_on: 0, values: vec![1.5; floats] }.encode()?;
+    let frame =
+        Msg::Push { learner: 0, seq: 1, computed_on: 0, values: vec![1.5; floats].into() }.encode()?;
     let mut body = AlignedVec::new();
     body.extend_from_slice(&frame[HEADER_LEN..]);
     let body = Arc::new(body);
@@ -177,8 +179,9 @@ pub fn run(frames: usize, repeats: usize) -> Result<Vec<BenchRow>, RuntimeError>
     certs.init()?;
     certs.issue("shard-0")?;
     certs.issue("learner-0")?;
-    let push = Msg::Push { learner: 0, seq: 1, computed_on: 0, values: vec![0.25; FLOATS] }.encode()?;
-    let weights = Msg::Weights { shard: 0, seq: 1, clock: 0, values: vec![0.5; FLOATS] }.encode()?;
+    let push =
+        Msg::Push { learner: 0, seq: 1, computed_on: 0, values: vec![0.25; FLOATS].into() }.encode()?;
+    let weights = Msg::Weights { shard: 0, seq: 1, clock: 0, values: vec![0.5; FLOATS].into() }.encode()?;
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(io)?;
     let mut m: [Vec<f64>; 8] = Default::default();

@@ -120,10 +120,12 @@ impl Network {
         let transit = ranges
             .iter()
             .map(|&len| {
-                let up =
-                    Msg::Push { learner: 0, seq: 1, computed_on: 0, values: vec![0.0; len] }.encode()?.len();
-                let down =
-                    Msg::Weights { shard: 0, seq: 1, clock: 0, values: vec![0.0; len] }.encode()?.len();
+                let up = Msg::Push { learner: 0, seq: 1, computed_on: 0, values: vec![0.0; len].into() }
+                    .encode()?
+                    .len();
+                let down = Msg::Weights { shard: 0, seq: 1, clock: 0, values: vec![0.0; len].into() }
+                    .encode()?
+                    .len();
                 Ok((pull, time(up), time(down)))
             })
             .collect::<Result<_, RuntimeError>>()?;
