@@ -172,3 +172,33 @@ async fn bad_frames_close_their_stream_only() {
         "no bad frame was delivered"
     );
 }
+
+/// Endpoints run on the process's network threads: they can be bound outside any runtime,
+/// and a runtime that used them can stop without taking their connections down.
+#[test]
+fn endpoints_outlive_the_runtimes_that_use_them() {
+    let (_d, certs) = cluster(&["shard-0", "learner-0"]);
+    let shard = endpoint(&certs, "shard-0", QuicSettings::default());
+    let learner = endpoint(&certs, "learner-0", QuicSettings::default());
+    let addr = shard.local_addr().unwrap();
+    let runtime = || tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let (to_shard, from_learner) = runtime().block_on(async {
+        let accept = tokio::spawn(async move { shard.accept().await.unwrap().unwrap() });
+        let to_shard = learner.connect(addr, "shard-0").await.unwrap();
+        to_shard.send(&Msg::Hello { learner: 0 }).await.unwrap();
+        (to_shard, accept.await.unwrap())
+    });
+    // The runtime that connected is gone; a new one sends and receives on the same connection.
+    runtime().block_on(async {
+        let mut rx = from_learner.incoming(4);
+        assert!(matches!(next(&mut rx).await, Inbound::Control(Msg::Hello { learner: 0 })));
+        to_shard
+            .send(&Msg::Push { learner: 0, seq: 1, computed_on: 2, values: vec![0.5; 4096].into() })
+            .await
+            .unwrap();
+        match next(&mut rx).await {
+            Inbound::Push { values, .. } => assert_eq!(&values[..], &[0.5; 4096][..]),
+            other => panic!("expected the push, got {other:?}"),
+        }
+    });
+}
