@@ -1,9 +1,11 @@
 //! QUIC endpoints (quinn) with mutual TLS, carrying framed messages.
 //!
-//! The endpoints of a process run on threads of their own, one per core: sealing, opening and
+//! Endpoints run on network threads of their own, one per core, shared by the process: sealing, opening and
 //! copying packets never waits for an actor's work, and a node with many peers spreads its
 //! connections over every core. Callers await sends and receives from any runtime (an actix
-//! System is one thread).
+//! System is one thread). An endpoint's work there stops once the endpoint, every peer of it
+//! and every receiver of their frames are dropped: without [`QuicEndpoint::close`] first, that
+//! is a crash to the peers (nothing is said).
 //!
 //! Between two nodes there is one connection. Control messages travel in order on one
 //! long-lived stream per direction; every weights, gradient or snapshot payload gets a stream
@@ -23,6 +25,7 @@ use quinn::{IdleTimeout, TokioRuntime, TransportConfig, VarInt};
 use rkyv::util::AlignedVec;
 use rustls::pki_types::CertificateDer;
 use tokio::sync::{Mutex, mpsc};
+use tokio_util::sync::CancellationToken;
 
 use crate::TransportError;
 use crate::frame::{HEADER_LEN, Header};
@@ -45,23 +48,38 @@ fn network() -> Result<&'static tokio::runtime::Runtime, TransportError> {
         .map_err(|e| TransportError::Io(format!("cannot start the network threads: {e}")))
 }
 
-/// quinn on the network threads: its drivers, timers and socket live there whichever runtime
-/// the endpoint is used from.
-#[derive(Debug)]
-struct NetworkRuntime(tokio::runtime::Handle);
+/// One endpoint's tasks on the network threads: quinn's drivers and the frame readers. They
+/// all end, without a word to the peers, when `stop` is cancelled.
+#[derive(Clone, Debug)]
+struct NetworkRuntime {
+    handle: tokio::runtime::Handle,
+    stop: CancellationToken,
+}
+
+impl NetworkRuntime {
+    fn spawn_until_stopped(&self, future: impl Future<Output = ()> + Send + 'static) {
+        let stop = self.stop.clone();
+        self.handle.spawn(async move {
+            tokio::select! {
+                () = future => {}
+                () = stop.cancelled() => {}
+            }
+        });
+    }
+}
 
 impl quinn::Runtime for NetworkRuntime {
     fn new_timer(&self, at: std::time::Instant) -> Pin<Box<dyn quinn::AsyncTimer>> {
-        let _in = self.0.enter();
+        let _in = self.handle.enter();
         TokioRuntime.new_timer(at)
     }
 
     fn spawn(&self, future: Pin<Box<dyn Future<Output = ()> + Send>>) {
-        self.0.spawn(future);
+        self.spawn_until_stopped(future);
     }
 
     fn wrap_udp_socket(&self, socket: UdpSocket) -> std::io::Result<Arc<dyn quinn::AsyncUdpSocket>> {
-        let _in = self.0.enter();
+        let _in = self.handle.enter();
         TokioRuntime.wrap_udp_socket(socket)
     }
 
@@ -70,7 +88,18 @@ impl quinn::Runtime for NetworkRuntime {
     }
 }
 
-/// Ack-eliciting packets a receiver may take in before it must acknowledge them.
+/// Held by an endpoint, its peers and their readers: when the last one goes, the endpoint's
+/// tasks stop (a node that was not closed first falls silent, as if it had crashed).
+#[derive(Debug)]
+struct Alive(CancellationToken);
+
+impl Drop for Alive {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
+/// A receiver acknowledges every this many packets (QUIC's default is every second one).
 const ACK_EVERY: u32 = 8;
 
 /// Transport settings (the `[transport]` configuration section).
@@ -119,10 +148,11 @@ impl QuicSettings {
         mtu.upper_bound(self.max_udp_payload);
         t.mtu_discovery_config(Some(mtu));
         // Ask the peer to acknowledge every few packets rather than every other one: each
-        // acknowledgement is a datagram to send, receive, decrypt and process. Packets out of
-        // order are still acknowledged at once, so loss is detected as quickly as before.
+        // acknowledgement is a datagram to send, receive, decrypt and process. A packet out of
+        // order is still acknowledged at once, so loss is detected as quickly as before.
         let mut ack = quinn::AckFrequencyConfig::default();
-        ack.ack_eliciting_threshold(VarInt::from_u32(ACK_EVERY));
+        ack.ack_eliciting_threshold(VarInt::from_u32(ACK_EVERY - 1))
+            .reordering_threshold(VarInt::from_u32(1));
         t.ack_frequency_config(Some(ack));
         t.stream_receive_window(VarInt::from_u32(self.stream_window))
             .receive_window(VarInt::from_u32(self.connection_window))
@@ -170,7 +200,8 @@ pub struct QuicEndpoint {
     identity: Arc<Identity>,
     settings: QuicSettings,
     traffic: Arc<Traffic>,
-    network: tokio::runtime::Handle,
+    network: NetworkRuntime,
+    alive: Arc<Alive>,
 }
 
 impl QuicEndpoint {
@@ -208,11 +239,12 @@ impl QuicEndpoint {
         config
             .max_udp_payload_size(settings.max_udp_payload)
             .map_err(|e| TransportError::Io(format!("max UDP payload {}: {e}", settings.max_udp_payload)))?;
-        let network = network()?.handle().clone();
-        let runtime = Arc::new(NetworkRuntime(network.clone()));
-        let mut endpoint = quinn::Endpoint::new(config, Some(server), socket, runtime).map_err(io)?;
+        let network = NetworkRuntime { handle: network()?.handle().clone(), stop: CancellationToken::new() };
+        let alive = Arc::new(Alive(network.stop.clone()));
+        let mut endpoint =
+            quinn::Endpoint::new(config, Some(server), socket, Arc::new(network.clone())).map_err(io)?;
         endpoint.set_default_client_config(client);
-        Ok(Self { endpoint, identity: Arc::new(identity), settings, traffic: Arc::default(), network })
+        Ok(Self { endpoint, identity: Arc::new(identity), settings, traffic: Arc::default(), network, alive })
     }
 
     /// The bound address.
@@ -264,14 +296,17 @@ impl QuicEndpoint {
         let role = Role::of_name(&name)
             .ok_or_else(|| TransportError::Tls(format!("peer name {name:?} has no role")))?;
         Ok(Peer {
-            conn,
-            name,
-            role,
-            local_role: self.identity.role(),
+            link: Link {
+                conn,
+                name,
+                role,
+                local_role: self.identity.role(),
+                max_frame: self.settings.max_frame_bytes,
+                traffic: Arc::clone(&self.traffic),
+            },
             control: Arc::new(Mutex::new(None)),
-            max_frame: self.settings.max_frame_bytes,
-            traffic: Arc::clone(&self.traffic),
             network: self.network.clone(),
+            alive: Arc::clone(&self.alive),
         })
     }
 
@@ -289,19 +324,27 @@ impl QuicEndpoint {
 /// An authenticated connection to another node.
 #[derive(Clone)]
 pub struct Peer {
+    link: Link,
+    control: Arc<Mutex<Option<quinn::SendStream>>>,
+    network: NetworkRuntime,
+    alive: Arc<Alive>,
+}
+
+/// A connection and what checking its incoming frames takes: what the readers on the network
+/// threads hold (not the threads themselves).
+#[derive(Clone)]
+struct Link {
     conn: quinn::Connection,
     name: String,
     role: Role,
     local_role: Role,
-    control: Arc<Mutex<Option<quinn::SendStream>>>,
     max_frame: u32,
     traffic: Arc<Traffic>,
-    network: tokio::runtime::Handle,
 }
 
 impl std::fmt::Debug for Peer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Peer({} at {})", self.name, self.conn.remote_address())
+        write!(f, "Peer({} at {})", self.link.name, self.link.conn.remote_address())
     }
 }
 
@@ -309,13 +352,13 @@ impl Peer {
     /// The peer's node name, from its certificate.
     #[must_use]
     pub fn name(&self) -> &str {
-        &self.name
+        &self.link.name
     }
 
     /// The peer's role, from its certificate.
     #[must_use]
     pub fn role(&self) -> Role {
-        self.role
+        self.link.role
     }
 
     /// Send a message: payloads on a stream of their own, control messages in order on the
@@ -327,50 +370,78 @@ impl Peer {
     /// Send an already encoded frame of `kind` (see [`Msg::encode`]). The connection takes the
     /// frame as it is: a payload is not copied again before it is packetized.
     pub async fn send_encoded(&self, kind: Kind, frame: Bytes) -> Result<(), TransportError> {
-        let err = |e: &dyn std::fmt::Display| TransportError::Connection(format!("to {}: {e}", self.name));
+        let conn = &self.link.conn;
+        let err = |e: &dyn std::fmt::Display| TransportError::Connection(format!("to {}: {e}", self.name()));
+        let len = frame.len() as u64;
         if kind.is_payload() {
-            let len = frame.len();
-            let mut s = self.conn.open_uni().await.map_err(|e| err(&e))?;
+            let mut s = conn.open_uni().await.map_err(|e| err(&e))?;
             s.write_chunk(frame).await.map_err(|e| err(&e))?;
             s.finish().map_err(|e| err(&e))?;
-            self.count_sent(len);
-            return Ok(());
+        } else {
+            let mut control = self.control.lock().await;
+            if control.is_none() {
+                *control = Some(conn.open_uni().await.map_err(|e| err(&e))?);
+            }
+            let stream = control.as_mut().expect("opened above");
+            if let Err(e) = stream.write_chunk(frame).await {
+                *control = None;
+                return Err(err(&e));
+            }
         }
-        let mut control = self.control.lock().await;
-        if control.is_none() {
-            *control = Some(self.conn.open_uni().await.map_err(|e| err(&e))?);
-        }
-        let stream = control.as_mut().expect("opened above");
-        let len = frame.len();
-        if let Err(e) = stream.write_chunk(frame).await {
-            *control = None;
-            return Err(err(&e));
-        }
-        self.count_sent(len);
+        self.link.traffic.sent.fetch_add(len, Ordering::Relaxed);
         Ok(())
-    }
-
-    fn count_sent(&self, len: usize) {
-        self.traffic.sent.fetch_add(len as u64, Ordering::Relaxed);
     }
 
     /// Start receiving: every valid frame arrives on the returned channel in per-stream
     /// order. A bad frame closes its stream with a logged reason; the connection and the
-    /// other streams carry on. The channel ends when the connection does. Frames are read
-    /// and validated on the network threads.
+    /// other streams carry on. The channel ends when the connection does; dropping it stops
+    /// the reading. Frames are read and validated on the network threads.
     #[must_use]
     pub fn incoming(&self, capacity: usize) -> mpsc::Receiver<Inbound> {
         let (tx, rx) = mpsc::channel(capacity.max(1));
-        let peer = self.clone();
-        self.network.spawn(async move {
-            while let Ok(stream) = peer.conn.accept_uni().await {
-                let (peer, tx) = (peer.clone(), tx.clone());
-                tokio::spawn(async move { peer.read_stream(stream, tx).await });
+        let (link, network, alive) = (self.link.clone(), self.network.clone(), Arc::clone(&self.alive));
+        self.network.spawn_until_stopped(async move {
+            let _alive = alive;
+            loop {
+                let stream = tokio::select! {
+                    stream = link.conn.accept_uni() => stream,
+                    () = tx.closed() => return,
+                };
+                let Ok(stream) = stream else { return };
+                let (link, tx) = (link.clone(), tx.clone());
+                network.spawn_until_stopped(async move { link.read_stream(stream, tx).await });
             }
         });
         rx
     }
 
+    /// The largest UDP payload the path to this peer has been found to carry.
+    #[must_use]
+    pub fn path_mtu(&self) -> u16 {
+        self.link.conn.stats().path.current_mtu
+    }
+
+    /// Close the connection with `reason`.
+    pub fn close(&self, reason: &str) {
+        self.link.conn.close(VarInt::from_u32(0), reason.as_bytes());
+    }
+
+    /// Wait until the connection is closed (by either side or by timeout); returns why.
+    pub async fn closed(&self) -> String {
+        self.link.conn.closed().await.to_string()
+    }
+
+    /// Wait until the connection is closed: `Ok(why)` when the peer closed it on purpose (it
+    /// is stopping), `Err(why)` when it was lost (reset by a restarted peer, timed out).
+    pub async fn ended(&self) -> Result<String, String> {
+        match self.link.conn.closed().await {
+            e @ quinn::ConnectionError::ApplicationClosed(_) => Ok(e.to_string()),
+            e => Err(e.to_string()),
+        }
+    }
+}
+
+impl Link {
     async fn read_stream(&self, mut stream: quinn::RecvStream, tx: mpsc::Sender<Inbound>) {
         loop {
             match self.read_frame(&mut stream).await {
@@ -427,30 +498,5 @@ impl Peer {
         }
         self.traffic.received.fetch_add(u64::from(h.body_len), Ordering::Relaxed);
         Inbound::decode(h.kind, body).map(Some)
-    }
-
-    /// The largest UDP payload the path to this peer has been found to carry.
-    #[must_use]
-    pub fn path_mtu(&self) -> u16 {
-        self.conn.stats().path.current_mtu
-    }
-
-    /// Close the connection with `reason`.
-    pub fn close(&self, reason: &str) {
-        self.conn.close(VarInt::from_u32(0), reason.as_bytes());
-    }
-
-    /// Wait until the connection is closed (by either side or by timeout); returns why.
-    pub async fn closed(&self) -> String {
-        self.conn.closed().await.to_string()
-    }
-
-    /// Wait until the connection is closed: `Ok(why)` when the peer closed it on purpose (it
-    /// is stopping), `Err(why)` when it was lost (reset by a restarted peer, timed out).
-    pub async fn ended(&self) -> Result<String, String> {
-        match self.conn.closed().await {
-            e @ quinn::ConnectionError::ApplicationClosed(_) => Ok(e.to_string()),
-            e => Err(e.to_string()),
-        }
     }
 }
