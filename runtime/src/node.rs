@@ -876,6 +876,7 @@ fn learner_node(opts: &NodeOptions, data: Option<TrainingData>) -> Result<(), Ru
                 () = &mut crashed => {
                     // As a crash: everything stops at once, no connection is closed.
                     tracing::error!("crashed (fault injection)");
+                    ep.abort();
                     arbiter.stop();
                     return Ok(());
                 }

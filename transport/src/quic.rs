@@ -3,9 +3,8 @@
 //! Endpoints run on network threads of their own, one per core, shared by the process: sealing, opening and
 //! copying packets never waits for an actor's work, and a node with many peers spreads its
 //! connections over every core. Callers await sends and receives from any runtime (an actix
-//! System is one thread). An endpoint's work there stops once the endpoint, every peer of it
-//! and every receiver of their frames are dropped: without [`QuicEndpoint::close`] first, that
-//! is a crash to the peers (nothing is said).
+//! System is one thread). [`QuicEndpoint::abort`] stops an endpoint's work there at once,
+//! without a word to its peers, as a crash would.
 //!
 //! Between two nodes there is one connection. Control messages travel in order on one
 //! long-lived stream per direction; every weights, gradient or snapshot payload gets a stream
@@ -49,7 +48,7 @@ fn network() -> Result<&'static tokio::runtime::Runtime, TransportError> {
 }
 
 /// One endpoint's tasks on the network threads: quinn's drivers and the frame readers. They
-/// all end, without a word to the peers, when `stop` is cancelled.
+/// all end, without a word to the peers, when `stop` is cancelled ([`QuicEndpoint::abort`]).
 #[derive(Clone, Debug)]
 struct NetworkRuntime {
     handle: tokio::runtime::Handle,
@@ -85,17 +84,6 @@ impl quinn::Runtime for NetworkRuntime {
 
     fn now(&self) -> std::time::Instant {
         TokioRuntime.now()
-    }
-}
-
-/// Held by an endpoint, its peers and their readers: when the last one goes, the endpoint's
-/// tasks stop (a node that was not closed first falls silent, as if it had crashed).
-#[derive(Debug)]
-struct Alive(CancellationToken);
-
-impl Drop for Alive {
-    fn drop(&mut self) {
-        self.0.cancel();
     }
 }
 
@@ -151,8 +139,7 @@ impl QuicSettings {
         // acknowledgement is a datagram to send, receive, decrypt and process. A packet out of
         // order is still acknowledged at once, so loss is detected as quickly as before.
         let mut ack = quinn::AckFrequencyConfig::default();
-        ack.ack_eliciting_threshold(VarInt::from_u32(ACK_EVERY - 1))
-            .reordering_threshold(VarInt::from_u32(1));
+        ack.ack_eliciting_threshold(VarInt::from_u32(ACK_EVERY));
         t.ack_frequency_config(Some(ack));
         t.stream_receive_window(VarInt::from_u32(self.stream_window))
             .receive_window(VarInt::from_u32(self.connection_window))
@@ -201,7 +188,6 @@ pub struct QuicEndpoint {
     settings: QuicSettings,
     traffic: Arc<Traffic>,
     network: NetworkRuntime,
-    alive: Arc<Alive>,
 }
 
 impl QuicEndpoint {
@@ -240,11 +226,10 @@ impl QuicEndpoint {
             .max_udp_payload_size(settings.max_udp_payload)
             .map_err(|e| TransportError::Io(format!("max UDP payload {}: {e}", settings.max_udp_payload)))?;
         let network = NetworkRuntime { handle: network()?.handle().clone(), stop: CancellationToken::new() };
-        let alive = Arc::new(Alive(network.stop.clone()));
         let mut endpoint =
             quinn::Endpoint::new(config, Some(server), socket, Arc::new(network.clone())).map_err(io)?;
         endpoint.set_default_client_config(client);
-        Ok(Self { endpoint, identity: Arc::new(identity), settings, traffic: Arc::default(), network, alive })
+        Ok(Self { endpoint, identity: Arc::new(identity), settings, traffic: Arc::default(), network })
     }
 
     /// The bound address.
@@ -306,13 +291,20 @@ impl QuicEndpoint {
             },
             control: Arc::new(Mutex::new(None)),
             network: self.network.clone(),
-            alive: Arc::clone(&self.alive),
         })
     }
 
     /// Close every connection and stop accepting.
     pub fn close(&self) {
         self.endpoint.close(VarInt::from_u32(0), b"node stopping");
+    }
+
+    /// Stop at once, as a crashed process would: every connection of this endpoint and every
+    /// reader of its frames ends, and nothing is said to the peers. They find the connections
+    /// lost when those time out, or at once when a process restarted on the same address
+    /// resets them.
+    pub fn abort(&self) {
+        self.network.stop.cancel();
     }
 
     /// Wait until every connection has finished closing.
@@ -327,7 +319,6 @@ pub struct Peer {
     link: Link,
     control: Arc<Mutex<Option<quinn::SendStream>>>,
     network: NetworkRuntime,
-    alive: Arc<Alive>,
 }
 
 /// A connection and what checking its incoming frames takes: what the readers on the network
@@ -399,9 +390,8 @@ impl Peer {
     #[must_use]
     pub fn incoming(&self, capacity: usize) -> mpsc::Receiver<Inbound> {
         let (tx, rx) = mpsc::channel(capacity.max(1));
-        let (link, network, alive) = (self.link.clone(), self.network.clone(), Arc::clone(&self.alive));
+        let (link, network) = (self.link.clone(), self.network.clone());
         self.network.spawn_until_stopped(async move {
-            let _alive = alive;
             loop {
                 let stream = tokio::select! {
                     stream = link.conn.accept_uni() => stream,
