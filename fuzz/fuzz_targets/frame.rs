@@ -11,7 +11,7 @@ fuzz_target!(|data: &[u8]| {
         if let rudra_transport::Inbound::Push { values, .. } | rudra_transport::Inbound::Weights { values, .. } =
             &inbound
         {
-            std::hint::black_box(values.as_slice().iter().sum::<f32>());
+            std::hint::black_box(values.iter().sum::<f32>());
         }
     }
 });
