@@ -87,8 +87,9 @@ impl quinn::Runtime for NetworkRuntime {
     }
 }
 
-/// A receiver acknowledges every this many packets (QUIC's default is every second one).
-const ACK_EVERY: u32 = 8;
+/// Ack-eliciting packets a receiver may take in before it must acknowledge them (QUIC's
+/// default is 1: an acknowledgement every second packet).
+const ACK_AFTER: u32 = 8;
 
 /// Transport settings (the `[transport]` configuration section).
 #[derive(Clone, Debug, PartialEq)]
@@ -136,10 +137,11 @@ impl QuicSettings {
         mtu.upper_bound(self.max_udp_payload);
         t.mtu_discovery_config(Some(mtu));
         // Ask the peer to acknowledge every few packets rather than every other one: each
-        // acknowledgement is a datagram to send, receive, decrypt and process. A packet out of
-        // order is still acknowledged at once, so loss is detected as quickly as before.
+        // acknowledgement is a datagram to send, receive, decrypt and process. Packets more
+        // than one out of order are still acknowledged at once (the extension's default), so
+        // loss is detected about as quickly as before.
         let mut ack = quinn::AckFrequencyConfig::default();
-        ack.ack_eliciting_threshold(VarInt::from_u32(ACK_EVERY));
+        ack.ack_eliciting_threshold(VarInt::from_u32(ACK_AFTER));
         t.ack_frequency_config(Some(ack));
         t.stream_receive_window(VarInt::from_u32(self.stream_window))
             .receive_window(VarInt::from_u32(self.connection_window))
@@ -322,7 +324,7 @@ pub struct Peer {
 }
 
 /// A connection and what checking its incoming frames takes: what the readers on the network
-/// threads hold (not the threads themselves).
+/// threads hold.
 #[derive(Clone)]
 struct Link {
     conn: quinn::Connection,
