@@ -3,6 +3,11 @@
 // sixteen vec4 registers, stepping through k in slices of 16 that the workgroup stages in
 // shared memory as vec4s of four consecutive rows of op(a) and four consecutive columns of
 // op(b). Few invocations with much work each suit software rasterizers as well as GPUs.
+//
+// Split-K: when c has too few tiles to keep the device busy and k is long, workgroup z of
+// the dispatch covers only k_len values of k from z · k_len and writes its partial product
+// to slab z of a scratch buffer bound as c (α = 1, β = 0); `gemm_sum_slices` then folds the
+// slabs into c. k_len is then a multiple of 16, so every staged slice lies in one k range.
 
 struct Params {
     m: u32,
@@ -18,7 +23,8 @@ struct Params {
     m_base: u32,
     alpha: f32,
     beta: f32,
-    _pad: u32,
+    // The k values each workgroup covers: all of k, or one split-K slice.
+    k_len: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -54,23 +60,26 @@ fn load_b(kk: u32, col: u32) -> f32 {
     return b[p.b_off + kk * p.n + col];
 }
 
-fn store1(row: u32, col: u32, v: f32) {
-    if row < p.m && col < p.n {
-        let at = p.c_off + row * p.n + col;
-        // c is not read when β = 0: it may hold anything, NaN included.
-        if p.beta != 0.0 {
-            c[at] = p.alpha * v + p.beta * c[at];
-        } else {
-            c[at] = p.alpha * v;
-        }
+// c[at] = α · v + β · c[at]; c is not read when β = 0: it may hold anything, NaN included.
+fn scale_into(at: u32, v: f32) {
+    if p.beta != 0.0 {
+        c[at] = p.alpha * v + p.beta * c[at];
+    } else {
+        c[at] = p.alpha * v;
     }
 }
 
-fn store(row: u32, col: u32, v: vec4<f32>) {
-    store1(row, col, v.x);
-    store1(row, col + 1u, v.y);
-    store1(row, col + 2u, v.z);
-    store1(row, col + 3u, v.w);
+fn store1(base: u32, row: u32, col: u32, v: f32) {
+    if row < p.m && col < p.n {
+        scale_into(base + row * p.n + col, v);
+    }
+}
+
+fn store(base: u32, row: u32, col: u32, v: vec4<f32>) {
+    store1(base, row, col, v.x);
+    store1(base, row, col + 1u, v.y);
+    store1(base, row, col + 2u, v.z);
+    store1(base, row, col + 3u, v.w);
 }
 
 // Stage slice k0 of the tiles: each invocation loads four vec4s of each.
@@ -98,7 +107,9 @@ fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var c50 = vec4<f32>(); var c51 = vec4<f32>();
     var c60 = vec4<f32>(); var c61 = vec4<f32>();
     var c70 = vec4<f32>(); var c71 = vec4<f32>();
-    for (var k0 = 0u; k0 < p.k; k0 += SLICE) {
+    let k_begin = wid.z * p.k_len;
+    let k_end = min(p.k, k_begin + p.k_len);
+    for (var k0 = k_begin; k0 < k_end; k0 += SLICE) {
         stage(t, row0, col0, k0);
         workgroupBarrier();
         for (var s = 0u; s < SLICE; s++) {
@@ -117,14 +128,33 @@ fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         }
         workgroupBarrier();
     }
+    let base = p.c_off + wid.z * p.m * p.n;
     let row = row0 + 8u * lid.y;
     let col = col0 + 8u * lid.x;
-    store(row, col, c00); store(row, col + 4u, c01);
-    store(row + 1u, col, c10); store(row + 1u, col + 4u, c11);
-    store(row + 2u, col, c20); store(row + 2u, col + 4u, c21);
-    store(row + 3u, col, c30); store(row + 3u, col + 4u, c31);
-    store(row + 4u, col, c40); store(row + 4u, col + 4u, c41);
-    store(row + 5u, col, c50); store(row + 5u, col + 4u, c51);
-    store(row + 6u, col, c60); store(row + 6u, col + 4u, c61);
-    store(row + 7u, col, c70); store(row + 7u, col + 4u, c71);
+    store(base, row, col, c00); store(base, row, col + 4u, c01);
+    store(base, row + 1u, col, c10); store(base, row + 1u, col + 4u, c11);
+    store(base, row + 2u, col, c20); store(base, row + 2u, col + 4u, c21);
+    store(base, row + 3u, col, c30); store(base, row + 3u, col + 4u, c31);
+    store(base, row + 4u, col, c40); store(base, row + 4u, col + 4u, c41);
+    store(base, row + 5u, col, c50); store(base, row + 5u, col + 4u, c51);
+    store(base, row + 6u, col, c60); store(base, row + 6u, col + 4u, c61);
+    store(base, row + 7u, col, c70); store(base, row + 7u, col + 4u, c71);
+}
+
+// The split-K epilogue: c = α · Σ_z slab_z + β · c, one invocation per element of c, with
+// the slabs bound as a.
+@compute @workgroup_size(256)
+fn gemm_sum_slices(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
+                   @builtin(local_invocation_id) lid: vec3<u32>) {
+    let i = (wid.y * groups.x + wid.x) * 256u + lid.x;
+    let len = p.m * p.n;
+    if i >= len {
+        return;
+    }
+    let slices = (p.k + p.k_len - 1u) / p.k_len;
+    var sum = 0.0;
+    for (var z = 0u; z < slices; z++) {
+        sum += a[z * len + i];
+    }
+    scale_into(p.c_off + i, sum);
 }

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(super) enum Kernel {
     Gemm,
+    GemmSumSlices,
     AddBias,
     Relu,
     ReluBackward,
@@ -31,8 +32,9 @@ const IMAGE: &str = include_str!("image.wgsl");
 const POOL: &str = include_str!("pool.wgsl");
 
 impl Kernel {
-    const ALL: [Self; 15] = [
+    const ALL: [Self; 16] = [
         Self::Gemm,
+        Self::GemmSumSlices,
         Self::AddBias,
         Self::Relu,
         Self::ReluBackward,
@@ -53,6 +55,7 @@ impl Kernel {
     fn source(self) -> (&'static str, &'static str) {
         match self {
             Self::Gemm => (GEMM, "gemm"),
+            Self::GemmSumSlices => (GEMM, "gemm_sum_slices"),
             Self::AddBias => (ELEMENTWISE, "add_bias"),
             Self::Relu => (ELEMENTWISE, "relu"),
             Self::ReluBackward => (ELEMENTWISE, "relu_backward"),

@@ -19,6 +19,10 @@ const WORKGROUP: usize = 256;
 const GEMM_TILE: usize = 64;
 /// The most workgroups along one dimension of a dispatch.
 const MAX_GROUPS: usize = 65_535;
+/// A GEMM with fewer output tiles than this splits k across workgroups (split-K).
+const SPLIT_K_GROUPS: usize = 128;
+/// The fewest values of k one split-K workgroup covers: a multiple of the shader's 16.
+const SPLIT_K_MIN: usize = 256;
 
 /// A wgpu adapter, its queue and its compiled kernels. Clones share them.
 #[derive(Clone)]
@@ -60,9 +64,17 @@ fn word(n: usize, what: &str) -> Result<u32, ComputeError> {
 }
 
 /// A two-dimensional grid of workgroups with at least `groups` of them.
-fn grid(groups: usize) -> (u32, u32) {
+fn grid(groups: usize) -> (u32, u32, u32) {
     let x = groups.clamp(1, MAX_GROUPS);
-    (x as u32, groups.div_ceil(x).max(1) as u32)
+    (x as u32, groups.div_ceil(x).max(1) as u32, 1)
+}
+
+/// How many values of k each GEMM workgroup covers when c has `tiles` output tiles: all of
+/// them, unless too few tiles would keep the device busy and k is long enough to split into
+/// slices of at least [`SPLIT_K_MIN`].
+fn gemm_k_len(tiles: usize, k: usize) -> usize {
+    let slices = SPLIT_K_GROUPS.div_ceil(tiles.max(1)).min(k / SPLIT_K_MIN);
+    if slices < 2 { k } else { k.div_ceil(slices).next_multiple_of(16) }
 }
 
 impl WgpuBackend {
@@ -163,7 +175,13 @@ impl WgpuBackend {
 
     /// Run `kernel` once over `groups` workgroups with `params` (32-bit words) at binding 0
     /// and `buffers` at their bindings.
-    fn dispatch(&self, kernel: Kernel, params: &[u32], buffers: &[(u32, &wgpu::Buffer)], groups: (u32, u32)) {
+    fn dispatch(
+        &self,
+        kernel: Kernel,
+        params: &[u32],
+        buffers: &[(u32, &wgpu::Buffer)],
+        groups: (u32, u32, u32),
+    ) {
         let inner = &self.inner;
         let mut words = params.to_vec();
         words.resize(params.len().div_ceil(4) * 4, 0);
@@ -188,7 +206,7 @@ impl WgpuBackend {
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
             pass.set_pipeline(pipeline);
             pass.set_bind_group(0, &bind_group, &[]);
-            pass.dispatch_workgroups(groups.0, groups.1, 1);
+            pass.dispatch_workgroups(groups.0, groups.1, groups.2);
         }
         inner.queue.submit([encoder.finish()]);
     }
@@ -327,31 +345,49 @@ impl Backend for WgpuBackend {
         span(b.len, bo, g.k * g.n, "gemm b")?;
         span(c.len, co, g.m * g.n, "gemm c")?;
         let w = |n| word(n, "gemm");
+        let col_tiles = g.n.div_ceil(GEMM_TILE).max(1);
+        if col_tiles > MAX_GROUPS {
+            return Err(ComputeError::Shape(format!(
+                "gemm: {} output columns are too many for one dispatch",
+                g.n
+            )));
+        }
+        let k_len = gemm_k_len(col_tiles * g.m.div_ceil(GEMM_TILE), g.k);
+        let params =
+            |c_off: usize, m_base: usize, alpha: f32, beta: f32| -> Result<[u32; 12], ComputeError> {
+                Ok([
+                    w(g.m)?,
+                    w(g.n)?,
+                    w(g.k)?,
+                    u32::from(g.a_t),
+                    u32::from(g.b_t),
+                    w(ao)?,
+                    w(bo)?,
+                    w(c_off)?,
+                    w(m_base)?,
+                    alpha.to_bits(),
+                    beta.to_bits(),
+                    w(k_len)?,
+                ])
+            };
+        if k_len < g.k {
+            // Split-K: one slab of partial products per slice of k, then their sum into c.
+            let slices = g.k.div_ceil(k_len);
+            // The shader indexes the slabs with 32 bits.
+            let slabs = self.alloc(w(slices * g.m * g.n)? as usize)?;
+            let groups = (col_tiles as u32, w(g.m.div_ceil(GEMM_TILE))?, w(slices)?);
+            let inputs = [(1, &a.buffer), (2, &b.buffer), (3, &slabs.buffer)];
+            self.dispatch(Kernel::Gemm, &params(0, 0, 1.0, 0.0)?, &inputs, groups);
+            let sum = params(co, 0, g.alpha, g.beta)?;
+            self.dispatch_1d(Kernel::GemmSumSlices, &sum, &[(1, &slabs.buffer), (3, &c.buffer)], g.m * g.n);
+            return Ok(());
+        }
         let rows_per_dispatch = MAX_GROUPS * GEMM_TILE;
         for m_base in (0..g.m).step_by(rows_per_dispatch) {
             let rows = (g.m - m_base).min(rows_per_dispatch);
-            let params = [
-                w(g.m)?,
-                w(g.n)?,
-                w(g.k)?,
-                u32::from(g.a_t),
-                u32::from(g.b_t),
-                w(ao)?,
-                w(bo)?,
-                w(co)?,
-                w(m_base)?,
-                g.alpha.to_bits(),
-                g.beta.to_bits(),
-                0,
-            ];
-            let groups = (w(g.n.div_ceil(GEMM_TILE).max(1))?, w(rows.div_ceil(GEMM_TILE))?);
-            if groups.0 as usize > MAX_GROUPS {
-                return Err(ComputeError::Shape(format!(
-                    "gemm: {} output columns are too many for one dispatch",
-                    g.n
-                )));
-            }
-            self.dispatch(Kernel::Gemm, &params, &[(1, &a.buffer), (2, &b.buffer), (3, &c.buffer)], groups);
+            let groups = (col_tiles as u32, w(rows.div_ceil(GEMM_TILE))?, 1);
+            let inputs = [(1, &a.buffer), (2, &b.buffer), (3, &c.buffer)];
+            self.dispatch(Kernel::Gemm, &params(co, m_base, g.alpha, g.beta)?, &inputs, groups);
         }
         Ok(())
     }
@@ -525,5 +561,23 @@ impl Backend for WgpuBackend {
         len: usize,
     ) -> Result<(), ComputeError> {
         self.elementwise(Kernel::ElasticPull, len, (alpha, 0.0), Some(toward), x, None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_few_tiles_over_a_long_k_split_it() {
+        // The CNN's first weight gradient: one tile, k = 32 images × 28 × 28.
+        let k_len = gemm_k_len(1, 25_088);
+        assert_eq!(k_len % 16, 0);
+        assert!((SPLIT_K_MIN..25_088).contains(&k_len), "{k_len}");
+        assert_eq!(25_088usize.div_ceil(k_len), 98);
+        // Enough tiles, or too short a k: one slice.
+        assert_eq!(gemm_k_len(SPLIT_K_GROUPS, 25_088), 25_088);
+        assert_eq!(gemm_k_len(1, 2 * SPLIT_K_MIN - 1), 2 * SPLIT_K_MIN - 1);
+        assert_eq!(gemm_k_len(0, 0), 0);
     }
 }
