@@ -1,10 +1,10 @@
 //! QUIC endpoints (quinn) with mutual TLS, carrying framed messages.
 //!
-//! Endpoints run on network threads of their own, one per core, shared by the process: sealing, opening and
-//! copying packets never waits for an actor's work, and a node with many peers spreads its
-//! connections over every core. Callers await sends and receives from any runtime (an actix
-//! System is one thread). [`QuicEndpoint::abort`] stops an endpoint's work there at once,
-//! without a word to its peers, as a crash would.
+//! Endpoints run on network threads of their own, one per core, shared by the process:
+//! sealing, opening and copying packets never waits for an actor's work, and a node with many
+//! peers spreads its connections over every core. Callers await sends and receives from any
+//! runtime (an actix System is one thread). [`QuicEndpoint::abort`] stops an endpoint's work
+//! there at once, without a word to its peers, as a crash would.
 //!
 //! Between two nodes there is one connection. Control messages travel in order on one
 //! long-lived stream per direction; every weights, gradient or snapshot payload gets a stream
