@@ -1,26 +1,19 @@
-//! Train a model of your own with Rudra's shards and learners: implement `GradientModel` and
-//! hand it to the learner actors.
+//! Train a model of your own with Rudra: implement `GradientModel` and give the cluster a
+//! factory for it.
 //!
 //!     cargo run --release --example custom_model
 //!
 //! The model is softmax regression on 2×2-pooled MNIST images (196 features) with L2 weight
 //! decay, written in plain Rust. Two learners train it under 2-softsync (async) with
-//! per-gradient learning-rate modulation across two shards; the shards' final weights are then
-//! evaluated on the test set.
-
-mod common;
+//! per-gradient learning-rate modulation across two shards, and the scheduler evaluates the
+//! shards' weights on the test set with one more of the same model.
 
 use std::path::Path;
 use std::sync::Arc;
 
-use actix::prelude::*;
-use rudra::actors::learner::{LearnerActor, LearnerLoop, ShardLink, StartLearner, shard_ranges};
-use rudra::actors::protocol::shard::SgdShardConfig;
-use rudra::actors::protocol::{LearnerCore, LrModulation, LrSchedule, SgdShard, SyncRule};
-use rudra::actors::shard::{ShardActor, ShardCore, Snapshot};
-use rudra::actors::tracker::StalenessTracker;
-use rudra::compute::{BatchStream, ComputeError, GradientModel, Minibatches, Partition};
-use rudra::transport::{LearnerId, ShardId};
+use rudra::actors::protocol::{LrModulation, LrSchedule, SyncRule};
+use rudra::actors::{Cluster, ClusterSpec, Models, ProtocolSpec, TrainingData};
+use rudra::compute::{ComputeError, GradientModel};
 
 const SIDE: usize = 28;
 const FEATURES: usize = (SIDE / 2) * (SIDE / 2);
@@ -135,71 +128,45 @@ impl GradientModel for PooledSoftmax {
         std::mem::swap(out, &mut self.grad);
         Ok(())
     }
+
+    fn evaluate(&mut self, x: &[f32], labels: &[u8]) -> Result<(f64, usize), ComputeError> {
+        Self::rows(x, labels)?;
+        let (mut loss, mut correct) = (0.0, 0);
+        for (image, &label) in x.chunks_exact(SIDE * SIDE).zip(labels) {
+            let p = self.probabilities(&Self::pool(image));
+            let label = usize::from(label);
+            loss -= f64::from(p.get(label).copied().unwrap_or(0.0).max(f32::MIN_POSITIVE).ln());
+            let best = (0..CLASSES).max_by(|&a, &b| p[a].total_cmp(&p[b]));
+            correct += usize::from(best == Some(label));
+        }
+        Ok((loss, correct))
+    }
 }
 
 fn main() -> anyhow::Result<()> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/mnist");
     let (train, test) = rudra::compute::data::load_mnist(&dir)?;
-    let train = Arc::new(train.head(12_000));
-    let (learners, shards, batch, epochs, seed) = (2, 2, 32, 3, 1);
+    let data = TrainingData { train: Arc::new(train.head(12_000)), test: Arc::new(test) };
+    let spec = ClusterSpec {
+        learners: 2,
+        shards: 2,
+        protocol: ProtocolSpec {
+            rule: SyncRule::Softsync { n: 2 },
+            modulation: LrModulation::PerGradient,
+            max_staleness: None,
+            elastic: None,
+        },
+        batch_size: 32,
+        epochs: 3,
+        schedule: LrSchedule { base: 0.5, decay: 0.9 },
+        seed: 1,
+        evals_per_epoch: 1,
+    };
     let decay = 1e-4;
-    let params = PooledSoftmax::new(decay).param_count();
-    let steps = (train.len() / learners / batch * epochs) as u64;
-
-    let accuracy = actix::System::new().block_on(async move {
-        let tracker = StalenessTracker::default().start();
-        let mut threads = Vec::new();
-        let mut shard_addrs = Vec::new();
-        let mut links = Vec::new();
-        for (s, range) in shard_ranges(params, shards).into_iter().enumerate() {
-            let cfg = SgdShardConfig {
-                id: ShardId(s as u32),
-                rule: SyncRule::Softsync { n: learners as u32 },
-                modulation: LrModulation::PerGradient,
-                max_staleness: None,
-                schedule: LrSchedule { base: 0.5, decay: 0.9 },
-                gradients_per_epoch: steps / epochs as u64 * learners as u64,
-            };
-            let active = (0..learners as u32).map(LearnerId).collect();
-            let core = SgdShard::new(cfg, vec![0.0; range.len()], active);
-            let (arbiter, recipient) = (Arbiter::new(), tracker.clone().recipient());
-            let addr = ShardActor::start_in_arbiter(&arbiter.handle(), move |_| {
-                ShardActor::new(ShardCore::Sgd(core), recipient)
-            });
-            links.push(ShardLink::local(range, &addr));
-            shard_addrs.push(addr);
-            threads.push(arbiter);
-        }
-        let (link, done) = common::Coordinator::start(learners, None);
-        for (l, part) in Partition::split(train.len(), learners, seed).into_iter().enumerate() {
-            let batches = Minibatches::new(Arc::clone(&train), BatchStream::new(part, batch, seed, l as u64));
-            let core = LearnerLoop::Sgd(LearnerCore::new(LearnerId(l as u32), shards, steps));
-            let (arbiter, links, link) = (Arbiter::new(), links.clone(), link.clone());
-            let learner = LearnerActor::start_in_arbiter(&arbiter.handle(), move |_| {
-                LearnerActor::new(core, PooledSoftmax::new(decay), batches, links, link)
-            });
-            learner.do_send(StartLearner);
-            threads.push(arbiter);
-        }
-        let samples = done.await??;
-        let mut model = PooledSoftmax::new(decay);
-        for (addr, link) in shard_addrs.iter().zip(&links) {
-            model.write_params(link.range.start, &addr.send(Snapshot).await?.values)?;
-        }
-        for t in threads {
-            t.stop();
-        }
-        let correct = test
-            .chunks(1)
-            .filter(|(x, y)| {
-                let p = model.probabilities(&PooledSoftmax::pool(x));
-                let best = (0..CLASSES).max_by(|&a, &b| p[a].total_cmp(&p[b]));
-                best == Some(usize::from(y[0]))
-            })
-            .count();
-        println!("trained on {samples} examples");
-        anyhow::Ok(correct as f64 / test.len() as f64)
-    })?;
-    println!("test accuracy {accuracy:.4}");
+    let models = Models::custom(vec![0.0; WEIGHTS + CLASSES], move || Ok(PooledSoftmax::new(decay)));
+    let cluster = Cluster::new(spec, models, data)?;
+    let report = actix::System::new().block_on(async move { cluster.start()?.wait().await })?;
+    println!("trained on {} examples", report.samples);
+    println!("test accuracy {:.4}", report.final_test_accuracy);
     Ok(())
 }

@@ -8,8 +8,8 @@
 use std::sync::Arc;
 
 use rudra::actors::protocol::{LrModulation, LrSchedule, SyncRule};
-use rudra::actors::{Cluster, ClusterSpec, ProtocolSpec, RunEvent, TrainingData};
-use rudra::compute::ModelSpec;
+use rudra::actors::{Cluster, ClusterSpec, Models, ProtocolSpec, RunEvent, TrainingData};
+use rudra::compute::{CpuBackend, Device, ModelSpec};
 
 fn main() -> anyhow::Result<()> {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data/mnist");
@@ -24,17 +24,17 @@ fn main() -> anyhow::Result<()> {
             max_staleness: None,
             elastic: None,
         },
-        model: ModelSpec::dense(784, vec![], 10),
         batch_size: 16,
         epochs: 3,
         schedule: LrSchedule { base: 0.2, decay: 0.9 },
         seed: 1,
         evals_per_epoch: 1,
     };
-    let cluster = Cluster::new(spec, data)?;
+    let models = Models::builtin(&ModelSpec::dense(784, vec![], 10), spec.seed, Device::Cpu(CpuBackend));
+    let cluster = Cluster::new(spec, models, data)?;
     let report = actix::System::new().block_on(async move {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let handle = cluster.observe(tx).start();
+        let handle = cluster.observe(tx).start()?;
         actix::spawn(async move {
             while let Some(event) = rx.recv().await {
                 if let RunEvent::Evaluated(row) = event {

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use rudra::actors::faults::{Crash, FaultPlan, LinkRule, Liveness, Node, Nodes, Slow};
 use rudra::actors::protocol::{LrModulation, LrSchedule, SyncRule};
-use rudra::actors::{Cluster, ClusterSpec, ProtocolSpec, RunReport, TrainingData};
-use rudra::compute::ModelSpec;
+use rudra::actors::{Cluster, ClusterSpec, Models, ProtocolSpec, RunReport, TrainingData};
+use rudra::compute::{CpuBackend, Device, ModelSpec};
 use rudra::transport::{FaultWindow, LearnerId, LinkFaults};
 
 fn spec() -> ClusterSpec {
@@ -27,7 +27,6 @@ fn spec() -> ClusterSpec {
             max_staleness: Some(6),
             elastic: None,
         },
-        model: ModelSpec::dense(784, vec![128], 10),
         batch_size: 32,
         epochs: 3,
         schedule: LrSchedule { base: 0.2, decay: 0.8 },
@@ -69,8 +68,10 @@ fn run(data: &TrainingData, plan: FaultPlan) -> anyhow::Result<RunReport> {
         failure_timeout: Duration::from_secs(1),
         ..Liveness::default()
     };
-    let cluster = Cluster::new(spec(), data.clone())?.with_liveness(liveness).with_faults(plan);
-    Ok(actix::System::new().block_on(async move { cluster.start().wait().await })?)
+    let spec = spec();
+    let models = Models::builtin(&ModelSpec::dense(784, vec![128], 10), spec.seed, Device::Cpu(CpuBackend));
+    let cluster = Cluster::new(spec, models, data.clone())?.with_liveness(liveness).with_faults(plan);
+    Ok(actix::System::new().block_on(async move { cluster.start()?.wait().await })?)
 }
 
 fn main() -> anyhow::Result<()> {

@@ -1,105 +1,102 @@
-//! Embed a Rudra parameter shard and a learner in your own actix-web service, which also
-//! serves the shard's live metrics and weights:
+//! Run a Rudra cluster inside your own actix-web service, which serves the run's live metrics
+//! and its status:
 //!
 //!     cargo run --release --example web_service [-- ADDR]
 //!
-//! ADDR defaults to 127.0.0.1:8080. While the learner trains softmax regression on 6,000 MNIST
+//! ADDR defaults to 127.0.0.1:8080. While two learners train softmax regression on 6,000 MNIST
 //! images, and afterwards until Ctrl-C:
 //!
 //!     curl http://127.0.0.1:8080/metrics   # Prometheus text format
-//!     curl http://127.0.0.1:8080/weights   # the shard's clock and parameter count
-
-mod common;
+//!     curl http://127.0.0.1:8080/status    # progress, then the final test accuracy
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use actix::prelude::*;
 use actix_web::{App, HttpResponse, HttpServer, web};
-use rudra::actors::learner::{LearnerActor, ShardLink, StartLearner};
 use rudra::actors::metrics::Metrics;
 use rudra::actors::protocol::{LrModulation, LrSchedule, SyncRule};
-use rudra::actors::shard::{ShardActor, Snapshot};
-use rudra::actors::tracker::StalenessTracker;
-use rudra::actors::{ClusterSpec, ProtocolSpec};
-use rudra::compute::{CpuBackend, Model, ModelSpec};
-use rudra::transport::ShardId;
+use rudra::actors::{Cluster, ClusterSpec, Models, ProtocolSpec, RunEvent, TrainingData};
+use rudra::compute::{CpuBackend, Device, ModelSpec};
 
 /// What the HTTP handlers reach.
 struct Service {
     metrics: Arc<Metrics>,
-    shard: Addr<ShardActor>,
+    status: Mutex<String>,
 }
 
 async fn serve_metrics(service: web::Data<Service>) -> HttpResponse {
     HttpResponse::Ok().content_type("text/plain; version=0.0.4; charset=utf-8").body(service.metrics.render())
 }
 
-async fn serve_weights(service: web::Data<Service>) -> actix_web::Result<HttpResponse> {
-    let w = service.shard.send(Snapshot).await.map_err(actix_web::error::ErrorServiceUnavailable)?;
-    Ok(HttpResponse::Ok().body(format!("clock {} over {} parameters\n", w.clock.0, w.values.len())))
+async fn serve_status(service: web::Data<Service>) -> HttpResponse {
+    let status = service.status.lock().map(|s| s.clone()).unwrap_or_default();
+    HttpResponse::Ok().body(status + "\n")
 }
 
 #[actix_web::main]
 async fn main() -> anyhow::Result<()> {
     let addr: SocketAddr = std::env::args().nth(1).as_deref().unwrap_or("127.0.0.1:8080").parse()?;
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/mnist");
-    let (train, _) = rudra::compute::data::load_mnist(&dir)?;
-    let train = Arc::new(train.head(6000));
-    // One learner and one shard: 1-softsync applies every gradient as it arrives.
+    let (train, test) = rudra::compute::data::load_mnist(&dir)?;
+    let data = TrainingData { train: Arc::new(train.head(6000)), test: Arc::new(test.head(2000)) };
     let spec = ClusterSpec {
-        learners: 1,
+        learners: 2,
         shards: 1,
         protocol: ProtocolSpec {
-            rule: SyncRule::Softsync { n: 1 },
+            rule: SyncRule::Softsync { n: 2 },
             modulation: LrModulation::None,
             max_staleness: None,
             elastic: None,
         },
-        model: ModelSpec::dense(784, vec![], 10),
         batch_size: 32,
         epochs: 3,
         schedule: LrSchedule { base: 0.2, decay: 0.9 },
         seed: 1,
         evals_per_epoch: 1,
     };
-
-    // The shard counts every gradient and update in the service's metrics registry.
+    let models = Models::builtin(&ModelSpec::dense(784, vec![], 10), spec.seed, Device::Cpu(CpuBackend));
     let metrics = Arc::new(Metrics::new());
-    let tracker = StalenessTracker::default().start().recipient();
-    let (core, counters) = (spec.shard_actor_core(0, train.len()), metrics.shard(ShardId(0)));
-    let shard_thread = Arbiter::new();
-    let shard = ShardActor::start_in_arbiter(&shard_thread.handle(), move |_| {
-        ShardActor::new(core, tracker).with_metrics(Some(counters))
-    });
+    let service =
+        web::Data::new(Service { metrics: Arc::clone(&metrics), status: Mutex::new("starting".into()) });
 
-    // The learner computes on its own thread, so the web service stays responsive.
-    let (link, done) = common::Coordinator::start(1, Some(Arc::clone(&metrics)));
-    let (core, batches) = spec.learner_loop(0, train);
-    let range = spec.shard_ranges().swap_remove(0);
-    let shards = vec![ShardLink::local(range, &shard)];
-    let model = Model::new(CpuBackend, spec.model.clone())?;
-    let learner_thread = Arbiter::new();
-    let learner = LearnerActor::start_in_arbiter(&learner_thread.handle(), move |_| {
-        LearnerActor::new(core, model, batches, shards, link)
-    });
-    learner.do_send(StartLearner);
-    actix::spawn(async move {
-        match done.await {
-            Ok(Ok(samples)) => println!("trained on {samples} examples; still serving until Ctrl-C"),
-            Ok(Err(e)) => eprintln!("training failed: {e}"),
-            Err(_) => eprintln!("the coordinator stopped before the learner finished"),
+    // The cluster's actors run on threads of their own, so the web service stays responsive.
+    let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+    let cluster = Cluster::new(spec, models, data)?.with_metrics(metrics).observe(tx).start()?;
+    let status = service.clone();
+    let set = move |text: String| {
+        if let Ok(mut s) = status.status.lock() {
+            *s = text;
         }
+    };
+    actix_web::rt::spawn(async move {
+        while let Some(event) = events.recv().await {
+            match event {
+                RunEvent::Progress(p) => {
+                    set(format!("training: {} of {} examples", p.samples, p.total_samples))
+                }
+                RunEvent::Evaluated(row) => {
+                    set(format!("epoch {:.1}: test accuracy {:.4}", row.epoch, row.test_accuracy))
+                }
+            }
+        }
+        let done = match cluster.wait().await {
+            Ok(report) => format!(
+                "done: test accuracy {:.4} after {} updates",
+                report.final_test_accuracy, report.updates
+            ),
+            Err(e) => format!("failed: {e}"),
+        };
+        println!("{done}; still serving until Ctrl-C");
+        set(done);
     });
 
-    let service = web::Data::new(Service { metrics, shard });
-    println!("serving http://{addr}/metrics and http://{addr}/weights");
+    println!("serving http://{addr}/metrics and http://{addr}/status");
     HttpServer::new(move || {
         App::new()
             .app_data(service.clone())
             .route("/metrics", web::get().to(serve_metrics))
-            .route("/weights", web::get().to(serve_weights))
+            .route("/status", web::get().to(serve_status))
     })
     .workers(1)
     .bind(addr)?

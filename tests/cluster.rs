@@ -5,15 +5,29 @@ use std::sync::Arc;
 
 use std::collections::VecDeque;
 
-use rudra::actors::learner::LearnerLoop;
-use rudra::actors::protocol::{CenterEvent, LrModulation, LrSchedule, SyncRule, WorkerEvent};
-use rudra::actors::shard::ShardCore;
-use rudra::actors::{Cluster, ClusterSpec, ElasticMethod, ElasticSpec, ProtocolSpec, TrainingData};
-use rudra::compute::{BatchStream, CpuBackend, Dataset, Model, ModelSpec, Partition};
+use rudra::actors::protocol::{
+    LearnerLoop, LrModulation, LrSchedule, ShardCore, ShardEvent, SyncRule, WorkerEvent,
+};
+use rudra::actors::{
+    Cluster, ClusterSpec, ElasticMethod, ElasticSpec, Models, ProtocolSpec, RunReport, TrainingData,
+};
+use rudra::compute::{BatchStream, CpuBackend, Dataset, Device, Model, ModelSpec, Partition};
 use rudra::transport::{LearnerId, ShardId};
 
 fn mnist() -> (Dataset, Dataset) {
     rudra::compute::data::load_mnist(&Path::new(env!("CARGO_MANIFEST_DIR")).join("data/mnist")).unwrap()
+}
+
+/// The network every test here trains: one hidden layer of 32.
+fn model() -> ModelSpec {
+    ModelSpec::dense(784, vec![32], 10)
+}
+
+/// Train `model()` as `spec` says, on `data`, in one process.
+fn run(spec: &ClusterSpec, data: TrainingData) -> anyhow::Result<RunReport> {
+    let cluster =
+        Cluster::new(spec.clone(), Models::builtin(&model(), spec.seed, Device::Cpu(CpuBackend)), data)?;
+    Ok(actix::System::new().block_on(async move { cluster.start()?.wait().await })?)
 }
 
 fn spec(learners: u32, shards: u32, rule: SyncRule, batch_size: usize) -> ClusterSpec {
@@ -26,7 +40,6 @@ fn spec(learners: u32, shards: u32, rule: SyncRule, batch_size: usize) -> Cluste
             max_staleness: None,
             elastic: None,
         },
-        model: ModelSpec::dense(784, vec![32], 10),
         batch_size,
         epochs: 1,
         schedule: LrSchedule { base: 0.1, decay: 1.0 },
@@ -42,14 +55,13 @@ fn hardsync_over_actors_is_sequential_sgd_with_batch_mu_lambda() -> anyhow::Resu
     let train = train.head(learners * mu * steps);
     let spec = spec(learners as u32, 2, SyncRule::Hardsync, mu);
     let data = TrainingData { train: Arc::new(train.clone()), test: Arc::new(test.head(200)) };
-    let cluster = Cluster::new(spec.clone(), data)?;
-    let report = actix::System::new().block_on(async move { cluster.start().wait().await })?;
+    let report = run(&spec, data)?;
     assert_eq!(report.updates, steps as u64);
     assert_eq!(report.staleness.max, 0);
     assert_eq!(report.staleness.applied, (2 * steps * learners) as u64);
 
-    let mut seq = Model::new(CpuBackend, spec.model.clone())?;
-    let init = spec.model.init(spec.seed);
+    let mut seq = Model::new(CpuBackend, model())?;
+    let init = model().init(spec.seed);
     seq.write_params(0, &init)?;
     let mut streams: Vec<BatchStream> = Partition::split(train.len(), learners, spec.seed)
         .into_iter()
@@ -87,8 +99,7 @@ fn softsync_over_actors_applies_every_gradient_and_counts_updates() -> anyhow::R
             train: Arc::new(train.head(learners * mu * steps)),
             test: Arc::new(test.head(100)),
         };
-        let cluster = Cluster::new(spec, data)?;
-        let report = actix::System::new().block_on(async move { cluster.start().wait().await })?;
+        let report = run(&spec, data)?;
         let gradients = (learners * steps) as u64;
         assert_eq!(report.staleness.applied + report.staleness.dropped, 3 * gradients, "n = {n}");
         assert_eq!(report.updates, gradients / c as u64, "n = {n}: one update per c = {c} gradients");
@@ -112,24 +123,24 @@ fn sync_easgd_over_actors_equals_a_sequential_driver_of_the_cores() -> anyhow::R
     let (train, test) = mnist();
     let train = Arc::new(train.head(3 * 16 * 30));
     let data = TrainingData { train: Arc::clone(&train), test: Arc::new(test.head(200)) };
-    let cluster = Cluster::new(spec.clone(), data)?;
-    let report = actix::System::new().block_on(async move { cluster.start().wait().await })?;
+    let report = run(&spec, data)?;
     assert_eq!(report.updates, 30 / 4 + 1, "one round at t = 0, 4, …, 28");
 
+    let init = model().init(spec.seed);
     let mut learners: Vec<_> = (0..3)
-        .map(|l| match spec.learner_loop(l, Arc::clone(&train)) {
+        .map(|l| match spec.learner_loop(l, Arc::clone(&train), &init) {
             (LearnerLoop::Elastic(w), batches) => (w, batches),
             (other, _) => panic!("expected an elastic loop, got {other:?}"),
         })
         .collect();
     let mut centers: Vec<_> = (0..2)
-        .map(|s| match spec.shard_actor_core(s, train.len()) {
+        .map(|s| match spec.shard_core(s, train.len(), &init) {
             ShardCore::Center(c) => c,
             other => panic!("expected a center shard, got {other:?}"),
         })
         .collect();
-    let ranges = spec.shard_ranges();
-    let mut model = Model::new(CpuBackend, spec.model.clone())?;
+    let ranges = spec.shard_ranges(init.len());
+    let mut model = Model::new(CpuBackend, model())?;
     let mut queue: VecDeque<(usize, WorkerEvent)> = VecDeque::new();
     for (l, (w, _)) in learners.iter_mut().enumerate() {
         queue.extend(w.on_start().into_iter().map(|e| (l, e)));
@@ -148,10 +159,10 @@ fn sync_easgd_over_actors_equals_a_sequential_driver_of_the_cores() -> anyhow::R
             }
             WorkerEvent::Exchange(values) => {
                 for (s, (center, range)) in centers.iter_mut().zip(&ranges).enumerate() {
-                    center.on_exchange(LearnerId(l as u32), &values[range.clone()])?;
-                    while let Some(CenterEvent::Reply { learner, center }) = center.poll_event() {
+                    for event in center.on_exchange(LearnerId(l as u32), &values[range.clone()])? {
+                        let ShardEvent::Serve { learner, weights, .. } = event else { continue };
                         let (w, _) = &mut learners[learner.index()];
-                        let events = w.on_center(ShardId(s as u32), &center.values)?;
+                        let events = w.on_center(ShardId(s as u32), &weights.values)?;
                         queue.extend(events.into_iter().map(|e| (learner.index(), e)));
                     }
                 }
@@ -162,7 +173,6 @@ fn sync_easgd_over_actors_equals_a_sequential_driver_of_the_cores() -> anyhow::R
     assert_eq!(finished, 3);
     let want: Vec<f32> = centers.iter().flat_map(|c| c.snapshot().values.to_vec()).collect();
     let worst = want.iter().zip(&report.params).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
-    let init = spec.model.init(spec.seed);
     let moved = init.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
     assert!(moved > 1e-2, "training moved the center (by {moved})");
     assert!(worst < 1e-5, "sync EASGD over actors differs from the sequential driver by {worst}");
@@ -182,8 +192,7 @@ fn every_elastic_method_trains_over_actors() -> anyhow::Result<()> {
     ] {
         let mut spec = elastic(method, tau, lr, momentum);
         spec.epochs = 2;
-        let cluster = Cluster::new(spec, data.clone())?;
-        let report = actix::System::new().block_on(async move { cluster.start().wait().await })?;
+        let report = run(&spec, data.clone())?;
         assert!(report.final_test_accuracy > 0.8, "{method:?}: test accuracy {}", report.final_test_accuracy);
         assert!(report.updates > 0, "{method:?}");
     }

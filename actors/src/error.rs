@@ -1,26 +1,37 @@
-//! The error type of `rudra-actors`.
+//! The error types of `rudra-actors`: [`ActorError`], and [`InvalidSetting`], the one error for
+//! a bad setting that every crate of the workspace reports.
 
 use rudra_compute::ComputeError;
+use rudra_transport::{LearnerId, ShardId};
 
-/// Everything that can go wrong in the protocol cores, the actors and the cluster builder.
+use crate::protocol::CoreError;
+
+/// A setting out of range, named by its configuration key; the run does not start.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid setting `{key}`: {message}")]
+pub struct InvalidSetting {
+    /// The configuration key (e.g. `protocol.n`) or command-line flag (e.g. `--resume`).
+    pub key: &'static str,
+    /// What is wrong and what is allowed.
+    pub message: String,
+}
+
+impl InvalidSetting {
+    /// `key` is wrong: `message` says why and what is allowed.
+    pub fn new(key: &'static str, message: impl Into<String>) -> Self {
+        Self { key, message: message.into() }
+    }
+}
+
+/// Everything that can go wrong in the actors and the cluster builder.
 #[derive(Debug, thiserror::Error)]
 pub enum ActorError {
-    /// A message broke the protocol (wrong length, unknown learner, a push never asked for).
-    /// The message is rejected and the receiver's state is unchanged.
-    #[error("protocol violation: {0}")]
-    Protocol(String),
-    /// A late or repeated copy of a message already handled (a retried pull, a duplicated
-    /// push): ignored, and the receiver's state is unchanged.
-    #[error("duplicate: {0}")]
-    Duplicate(String),
-    /// A cluster setting is out of range; `key` is its name in the configuration file.
-    #[error("invalid setting `{key}`: {message}")]
-    Spec {
-        /// The configuration key, e.g. `protocol.n`.
-        key: &'static str,
-        /// What is wrong and what is allowed.
-        message: String,
-    },
+    /// A protocol core refused an input; the receiver's state is unchanged.
+    #[error(transparent)]
+    Core(#[from] CoreError),
+    /// A cluster setting is out of range.
+    #[error(transparent)]
+    Invalid(#[from] InvalidSetting),
     /// A shard's checkpoint could not be written or read.
     #[error("checkpoint {}: {message}", path.display())]
     Checkpoint {
@@ -37,8 +48,14 @@ pub enum ActorError {
     Mailbox(#[from] actix::MailboxError),
     /// A learner failed and the run was aborted.
     #[error("{0} failed: {1}; the run was stopped")]
-    LearnerFailed(rudra_transport::LearnerId, String),
+    LearnerFailed(LearnerId, String),
     /// A shard could not come back after a crash and the run was aborted.
     #[error("{0} failed: {1}; the run was stopped")]
-    ShardFailed(rudra_transport::ShardId, String),
+    ShardFailed(ShardId, String),
+    /// The evaluation of the model on the test set could not run to its end.
+    #[error("the evaluation failed: {0}")]
+    Evaluation(String),
+    /// The scheduler stopped without a report (the cluster was torn down).
+    #[error("the scheduler stopped without a report")]
+    NoReport,
 }

@@ -1,9 +1,7 @@
-//! The learner actor: a thin shell over its loop core ([`LearnerCore`] for Rudra's SGD
-//! protocols, [`ElasticWorker`] for the EASGD family) that computes gradients with a
-//! [`GradientModel`] (a [`rudra_compute::Model`], or a model of your own) on its own partition
-//! of the training set.
+//! The learner actor: a thin shell over its loop ([`LearnerLoop`]: the SGD loop of Rudra's
+//! protocols or the EASGD family's worker) that computes gradients with a [`GradientModel`] (a
+//! [`rudra_compute::Model`], or a model of your own) on its own partition of the training set.
 
-use std::ops::Range;
 use std::sync::Arc;
 
 use actix::prelude::*;
@@ -12,114 +10,11 @@ use rudra_transport::{Floats, LearnerId};
 
 use crate::ActorError;
 use crate::faults::Liveness;
-use crate::protocol::{ElasticWorker, LearnerCore, LearnerEvent, WorkerEvent};
-use crate::scheduler::{Heartbeat, LearnerDone, Progress};
-use crate::shard::{Exchange, Pull, Push, Served, ShardActor};
-
-/// Begin the loop.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct StartLearner;
-
-/// Stop the actor.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct StopLearner;
-
-/// How a learner reaches one shard.
-#[derive(Clone)]
-pub struct ShardLink {
-    /// The shard's parameter range in the flat vector.
-    pub range: Range<usize>,
-    /// Where pulls go.
-    pub pull: Recipient<Pull>,
-    /// Where pushes go.
-    pub push: Recipient<Push>,
-    /// Where elastic exchanges go.
-    pub exchange: Recipient<Exchange>,
-    /// Where the shard's answers go (the learner itself unless set).
-    pub reply_to: Option<Recipient<Served>>,
-}
-
-impl ShardLink {
-    /// The link to a shard actor in this process holding `range`.
-    #[must_use]
-    pub fn local(range: Range<usize>, shard: &Addr<ShardActor>) -> Self {
-        Self {
-            range,
-            pull: shard.clone().recipient(),
-            push: shard.clone().recipient(),
-            exchange: shard.clone().recipient(),
-            reply_to: None,
-        }
-    }
-
-    /// This link with its pulls, pushes and answers sent through these recipients instead
-    /// (links that inject faults).
-    #[must_use]
-    pub fn faulty(self, pull: Recipient<Pull>, push: Recipient<Push>, reply_to: Recipient<Served>) -> Self {
-        Self { pull, push, reply_to: Some(reply_to), ..self }
-    }
-}
-
-/// The loop a learner runs.
-#[derive(Debug)]
-pub enum LearnerLoop {
-    /// Pull, compute, push (hardsync, softsync, async).
-    Sgd(LearnerCore),
-    /// Local steps and periodic exchanges (the EASGD family).
-    Elastic(ElasticWorker),
-}
-
-impl LearnerLoop {
-    /// The loop of a learner's `incarnation`-th start: its step numbers follow every earlier
-    /// incarnation's (see [`LearnerCore::incarnation_base`]).
-    #[must_use]
-    pub fn incarnation(self, incarnation: u32) -> Self {
-        match self {
-            Self::Sgd(c) => Self::Sgd(c.with_seq_base(LearnerCore::incarnation_base(incarnation))),
-            elastic @ Self::Elastic(_) => elastic,
-        }
-    }
-
-    /// The learner running this loop.
-    #[must_use]
-    pub fn id(&self) -> LearnerId {
-        match self {
-            Self::Sgd(c) => c.id(),
-            Self::Elastic(w) => w.id(),
-        }
-    }
-}
-
-/// Where a learner reports.
-#[derive(Clone)]
-pub struct SchedulerLink {
-    /// Per-step progress.
-    pub progress: Recipient<Progress>,
-    /// Completion or failure.
-    pub done: Recipient<LearnerDone>,
-    /// I am alive.
-    pub heartbeat: Recipient<Heartbeat>,
-}
-
-impl SchedulerLink {
-    /// The link to anything that takes a scheduler's learner messages.
-    #[must_use]
-    pub fn of<A>(addr: &Addr<A>) -> Self
-    where
-        A: Actor + Handler<Progress> + Handler<LearnerDone> + Handler<Heartbeat>,
-        A::Context: actix::dev::ToEnvelope<A, Progress>
-            + actix::dev::ToEnvelope<A, LearnerDone>
-            + actix::dev::ToEnvelope<A, Heartbeat>,
-    {
-        Self {
-            progress: addr.clone().recipient(),
-            done: addr.clone().recipient(),
-            heartbeat: addr.clone().recipient(),
-        }
-    }
-}
+use crate::links::{SchedulerLink, ShardLink};
+use crate::messages::{
+    Exchange, Heartbeat, LearnerDone, Progress, Pull, Push, Served, StartLearner, StopLearner,
+};
+use crate::protocol::{LearnerEvent, LearnerLoop, WorkerEvent};
 
 /// The learner actor.
 pub struct LearnerActor {
@@ -127,6 +22,8 @@ pub struct LearnerActor {
     model: Box<dyn GradientModel>,
     batches: Minibatches,
     shards: Vec<ShardLink>,
+    /// Where each shard sends its answers: this learner, maybe through a faulty link.
+    answers: Vec<Recipient<Served>>,
     scheduler: SchedulerLink,
     grad: Arc<Vec<f32>>,
     /// With a single shard, its weights are computed on in place rather than copied.
@@ -143,46 +40,46 @@ pub struct LearnerActor {
 /// Progress is reported to the scheduler every this many steps (and at the end).
 const REPORT_EVERY: u64 = 8;
 
+/// What a learner needs besides its loop: its model and minibatches, its peers, and how it
+/// stays alive (built by [`crate::roles`]).
+pub struct LearnerParts {
+    /// The model gradients are computed on.
+    pub model: Box<dyn GradientModel>,
+    /// The learner's partition of the training set.
+    pub batches: Minibatches,
+    /// Every shard, in id order.
+    pub shards: Vec<ShardLink>,
+    /// Where each shard's answers go, in shard order.
+    pub answers: Vec<Recipient<Served>>,
+    /// Where progress, completion and heartbeats go.
+    pub scheduler: SchedulerLink,
+    /// Heartbeats and retries.
+    pub liveness: Liveness,
+    /// Each gradient takes this many times as long (fault injection; 1 for a normal learner).
+    pub slowdown: f64,
+}
+
 impl LearnerActor {
-    /// A learner that computes on `model` over `batches`.
+    /// A learner running `core` with `parts`.
     #[must_use]
-    pub fn new(
-        core: LearnerLoop,
-        model: impl GradientModel,
-        batches: Minibatches,
-        shards: Vec<ShardLink>,
-        scheduler: SchedulerLink,
-    ) -> Self {
+    pub fn new(core: LearnerLoop, parts: LearnerParts) -> Self {
+        let LearnerParts { model, batches, shards, answers, scheduler, liveness, slowdown } = parts;
         let grad = Arc::new(vec![0.0; model.param_count()]);
         let unreported = Progress::none(core.id());
-        let model = Box::new(model);
         Self {
             core,
             model,
             batches,
             shards,
+            answers,
             scheduler,
             grad,
             shared: None,
             unreported,
-            liveness: Liveness::default(),
-            slowdown: 1.0,
+            liveness,
+            slowdown: slowdown.max(1.0),
             last_activity: std::time::Instant::now(),
         }
-    }
-
-    /// Heartbeats and retries at these intervals instead of the defaults.
-    #[must_use]
-    pub fn with_liveness(mut self, liveness: Liveness) -> Self {
-        self.liveness = liveness;
-        self
-    }
-
-    /// Take `factor` times as long for every gradient (fault injection: a slow learner).
-    #[must_use]
-    pub fn with_slowdown(mut self, factor: f64) -> Self {
-        self.slowdown = factor.max(1.0);
-        self
     }
 
     /// Send heartbeats, and pull again where an answer is overdue (Rudra's SGD protocols; an
@@ -236,9 +133,8 @@ impl LearnerActor {
             match event {
                 LearnerEvent::Pull { shard, last, seq } => {
                     self.last_activity = std::time::Instant::now();
-                    let link = &self.shards[shard.index()];
-                    let reply_to = link.reply_to.clone().unwrap_or_else(|| ctx.address().recipient());
-                    link.pull.do_send(Pull { learner, seq, last, reply_to });
+                    let reply_to = self.answers[shard.index()].clone();
+                    self.shards[shard.index()].pull.do_send(Pull { learner, seq, last, reply_to });
                 }
                 LearnerEvent::Push { shard, computed_on, seq } => {
                     let link = &self.shards[shard.index()];
@@ -250,7 +146,7 @@ impl LearnerActor {
                 LearnerEvent::Compute => {
                     let at = self.shared.take();
                     let next = self.gradient(at.as_ref()).and_then(|()| match &mut self.core {
-                        LearnerLoop::Sgd(core) => core.on_computed(),
+                        LearnerLoop::Sgd(core) => Ok(core.on_computed()?),
                         LearnerLoop::Elastic(_) => Ok(Vec::new()),
                     });
                     match next {
@@ -268,12 +164,13 @@ impl LearnerActor {
             match event {
                 WorkerEvent::Exchange(values) => {
                     let values = Floats::from(values);
-                    for link in &self.shards {
+                    for (link, reply_to) in self.shards.iter().zip(&self.answers) {
                         if let Some(part) = values.slice(link.range.clone()) {
+                            let reply_to = reply_to.clone();
                             link.exchange.do_send(Exchange {
-                                learner: self.id(),
+                                learner: self.core.id(),
                                 values: part,
-                                reply_to: ctx.address().recipient(),
+                                reply_to,
                             });
                         }
                     }
@@ -282,7 +179,7 @@ impl LearnerActor {
                     let computed = self.gradient(Some(&point));
                     drop(point);
                     let next = computed.and_then(|()| match &mut self.core {
-                        LearnerLoop::Elastic(w) => w.on_gradient(&self.grad),
+                        LearnerLoop::Elastic(w) => Ok(w.on_gradient(&self.grad)?),
                         LearnerLoop::Sgd(_) => Ok(Vec::new()),
                     });
                     match next {
@@ -316,6 +213,16 @@ impl LearnerActor {
         (p.samples, p.steps, p.loss_sum) = (p.samples + samples, p.steps + 1, p.loss_sum + f64::from(loss));
         if p.steps >= REPORT_EVERY {
             self.report();
+        }
+        Ok(())
+    }
+
+    /// Weights from a shard the SGD loop accepted as the answer to this step's pull: computed on
+    /// in place (a single shard's whole vector) or written into the model.
+    fn take_weights(&mut self, w: &crate::protocol::Weights) -> Result<(), ActorError> {
+        match w.values.whole_vec().filter(|v| v.len() == self.model.param_count()) {
+            Some(whole) => self.shared = Some(Arc::clone(whole)),
+            None => self.model.write_params(self.shards[w.shard.index()].range.start, &w.values)?,
         }
         Ok(())
     }
@@ -372,31 +279,38 @@ impl Handler<Served> for LearnerActor {
         let Some(link) = self.shards.get(w.shard.index()) else {
             return tracing::warn!(%learner, "weights from unknown {}", w.shard);
         };
-        let core = match &mut self.core {
-            LearnerLoop::Sgd(core) => core,
-            LearnerLoop::Elastic(worker) => {
-                match worker.on_center(w.shard, &w.values) {
-                    Ok(events) => self.carry_out_elastic(events, ctx),
-                    Err(e) => tracing::warn!(%learner, "{e}"),
-                }
-                return;
-            }
-        };
-        if let Some(whole) = w.values.whole_vec().filter(|v| v.len() == self.model.param_count()) {
-            self.shared = Some(Arc::clone(whole));
-        } else if let Err(e) = self.model.write_params(link.range.start, &w.values) {
-            return tracing::warn!(%learner, "weights from {} rejected: {e}", w.shard);
+        if w.values.len() != link.range.len() {
+            let (got, want) = (w.values.len(), link.range.len());
+            return tracing::warn!(%learner, "weights from {} rejected: {got} values for a range of {want}", w.shard);
         }
         self.last_activity = std::time::Instant::now();
-        match core.on_weights(w.shard, w.clock, seq) {
-            Ok(Some(event)) => {
-                drop(w);
-                self.carry_out(vec![event], ctx);
-            }
-            Ok(None) => {}
-            Err(e @ ActorError::Duplicate(_)) => tracing::debug!(%learner, "ignored: {e}"),
-            Err(e) => tracing::warn!(%learner, "{e}"),
+        // The core decides first: a late or repeated answer must not overwrite weights the
+        // learner already holds for this step.
+        match &mut self.core {
+            LearnerLoop::Elastic(worker) => match worker.on_center(w.shard, &w.values) {
+                Ok(events) => self.carry_out_elastic(events, ctx),
+                Err(e) => refused(learner, &e),
+            },
+            LearnerLoop::Sgd(core) => match core.on_weights(w.shard, w.clock, seq) {
+                Ok(events) => {
+                    if let Err(e) = self.take_weights(&w) {
+                        return self.fail(&e, ctx);
+                    }
+                    drop(w);
+                    self.carry_out(events, ctx);
+                }
+                Err(e) => refused(learner, &e),
+            },
         }
+    }
+}
+
+/// Log an answer the loop refused: a duplicate at debug, anything else as a warning.
+fn refused(learner: LearnerId, e: &crate::protocol::CoreError) {
+    if e.is_duplicate() {
+        tracing::debug!(%learner, "ignored: {e}");
+    } else {
+        tracing::warn!(%learner, "{e}");
     }
 }
 
@@ -405,11 +319,4 @@ impl Handler<StopLearner> for LearnerActor {
     fn handle(&mut self, _: StopLearner, ctx: &mut Context<Self>) {
         ctx.stop();
     }
-}
-
-/// The ranges of `shards` contiguous, near-equal parts of a vector of `len` values.
-#[must_use]
-pub fn shard_ranges(len: usize, shards: usize) -> Vec<Range<usize>> {
-    let shards = shards.max(1);
-    (0..shards).map(|s| (s * len / shards)..((s + 1) * len / shards)).collect()
 }

@@ -1,34 +1,47 @@
 //! Rudra's actors and the protocols they run. The entry type is [`Cluster`]: give it a
-//! [`ClusterSpec`] and the data, call [`Cluster::start`] inside an actix `System`, and await
-//! the [`RunReport`].
+//! [`ClusterSpec`], the [`Models`] to train (a built-in network or one of your own) and the
+//! [`TrainingData`], call [`Cluster::start`] inside an actix `System`, and await the
+//! [`RunReport`].
 //!
 //! Protocol logic lives in [`protocol`] as pure state machines; the actors are thin shells
 //! that turn messages into core inputs and carry out the effects.
 //!
 //! # Layout
 //! - [`protocol`]: shard, learner, staleness and scheduler cores.
-//! - [`shard`], [`learner`], [`tracker`], [`scheduler`]: the actix actors and their messages.
-//! - [`remote`]: stand-ins for actors on other nodes, over QUIC.
+//! - [`spec`]: what defines a run, validated once; it builds each role's core.
+//! - [`roles`]: the one place each role (tracker, shard, learner, scheduler) is started, with
+//!   its links, fault wrappers, metrics and checkpoints.
+//! - [`messages`]: every actor message; [`links`]: how an actor reaches its peers.
+//! - [`shard`], [`learner`], [`tracker`], [`scheduler`]: the actix actors.
+//! - [`remote`]: stand-ins for actors on other nodes, and the codec between actor messages and
+//!   wire messages.
+//! - [`cluster`]: [`Cluster`], the roles started over local addresses.
+//! - [`report`]: what a run reports.
 //! - [`metrics`]: the live metrics a node serves in the Prometheus text format.
 //! - [`checkpoint`]: a shard's checkpoint file, written atomically and read back.
-//! - [`faults`]: heartbeats, retries and the failure timeout.
-//! - [`cluster`]: the spec, the builder that starts everything in one process, the report.
-//! - [`error`]: the crate's error type.
+//! - [`faults`]: heartbeats, retries and the failure timeout, and injected faults.
+//! - [`error`]: the crate's error types.
 
 pub mod checkpoint;
 pub mod cluster;
 pub mod error;
 pub mod faults;
 pub mod learner;
+pub mod links;
+pub mod messages;
 pub mod metrics;
+mod models;
 pub mod protocol;
 pub mod remote;
+pub mod report;
+pub mod roles;
 pub mod scheduler;
 pub mod shard;
+pub mod spec;
 pub mod tracker;
 
-pub use cluster::{
-    Cluster, ClusterHandle, ClusterSpec, ElasticMethod, ElasticSpec, MetricsRow, ProtocolSpec, RunEvent,
-    RunReport, TrainingData,
-};
-pub use error::ActorError;
+pub use cluster::{Cluster, ClusterHandle};
+pub use error::{ActorError, InvalidSetting};
+pub use models::Models;
+pub use report::{MetricsRow, ProgressSnapshot, RunEvent, RunReport, TimelineEntry};
+pub use spec::{ClusterSpec, ElasticMethod, ElasticSpec, ProtocolSpec, TrainingData};

@@ -6,155 +6,19 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use rudra_compute::{CpuBackend, Dataset, Model, ModelSpec};
-use rudra_transport::{Clock, LearnerId, ShardId};
+use rudra_compute::Dataset;
+use rudra_transport::ShardId;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::ActorError;
-use crate::cluster::TimelineEntry;
-use crate::cluster::{ClusterSpec, MetricsRow, ProgressSnapshot, RunEvent, RunReport};
-use crate::learner::{LearnerActor, StartLearner, StopLearner};
+use crate::links::Members;
+use crate::messages::{
+    Disconnected, GetStats, Heartbeat, Joined, LearnerDone, Membership, Note, Progress, ShardLost,
+    ShardRestarted, Snapshot, StartLearner, StopLearner, StopShard, TrackerReport,
+};
 use crate::metrics::Metrics;
 use crate::protocol::{SchedulerCore, SchedulerEvent};
-use crate::shard::{Membership, ShardActor, Snapshot, StopShard};
-use crate::tracker::{GetStats, StalenessTracker, TrackerReport};
-
-/// A node joined the run.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub enum Joined {
-    /// A shard.
-    Shard(ShardId),
-    /// A learner.
-    Learner(LearnerId),
-}
-
-/// A learner computed `steps` more gradients on `samples` examples in all.
-#[derive(Message, Clone, Debug)]
-#[rtype(result = "()")]
-pub struct Progress {
-    /// The learner.
-    pub learner: LearnerId,
-    /// Examples in those minibatches.
-    pub samples: u64,
-    /// Gradients computed.
-    pub steps: u64,
-    /// Sum of the minibatches' mean training losses.
-    pub loss_sum: f64,
-}
-
-impl Progress {
-    /// Nothing computed yet by `learner`.
-    #[must_use]
-    pub fn none(learner: LearnerId) -> Self {
-        Self { learner, samples: 0, steps: 0, loss_sum: 0.0 }
-    }
-}
-
-/// A learner is alive (sent every [`Liveness::heartbeat`](crate::faults::Liveness)).
-#[derive(Message, Clone, Copy, Debug)]
-#[rtype(result = "()")]
-pub struct Heartbeat(pub LearnerId);
-
-/// The transport lost its connection to a learner.
-#[derive(Message, Clone, Copy, Debug)]
-#[rtype(result = "()")]
-pub struct Disconnected(pub LearnerId);
-
-/// Add an entry to the run's timeline (a fault injected by a fault plan).
-#[derive(Message, Clone, Debug)]
-#[rtype(result = "()")]
-pub struct Note(pub String);
-
-/// The connection to a shard is gone: it crashed or is cut off. Unless it is back (a
-/// [`ShardRestarted`]) within the scheduler's shard timeout, the run is stopped.
-#[derive(Message, Clone, Copy, Debug)]
-#[rtype(result = "()")]
-pub struct ShardLost(pub ShardId);
-
-/// A crashed shard came back from its checkpoint at clock `resumed`, or could not.
-#[derive(Message, Clone, Debug)]
-#[rtype(result = "()")]
-pub struct ShardRestarted {
-    /// Which shard.
-    pub shard: ShardId,
-    /// Its clock when it crashed.
-    pub crashed_at: Clock,
-    /// The clock it resumed at, or why it could not.
-    pub resumed: Result<Clock, String>,
-}
-
-/// A learner finished its steps, or failed with `error`.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct LearnerDone {
-    /// Who.
-    pub learner: LearnerId,
-    /// Why it stopped early, if it did.
-    pub error: Option<String>,
-}
-
-/// How the scheduler reaches one shard, in this process or across the network.
-#[derive(Clone)]
-pub struct ShardHandle {
-    /// Weights for evaluation.
-    pub snapshot: Recipient<Snapshot>,
-    /// The end of the run.
-    pub stop: Recipient<StopShard>,
-    /// The active learners changed.
-    pub membership: Recipient<Membership>,
-}
-
-impl ShardHandle {
-    /// The handle of a shard actor in this process.
-    #[must_use]
-    pub fn local(addr: &Addr<ShardActor>) -> Self {
-        Self::of(addr)
-    }
-
-    /// The handle of anything that takes a shard's messages.
-    #[must_use]
-    pub fn of<A>(addr: &Addr<A>) -> Self
-    where
-        A: Actor + Handler<Snapshot> + Handler<StopShard> + Handler<Membership>,
-        A::Context: actix::dev::ToEnvelope<A, Snapshot>
-            + actix::dev::ToEnvelope<A, StopShard>
-            + actix::dev::ToEnvelope<A, Membership>,
-    {
-        Self {
-            snapshot: addr.clone().recipient(),
-            stop: addr.clone().recipient(),
-            membership: addr.clone().recipient(),
-        }
-    }
-}
-
-/// How the scheduler reaches one learner, in this process or across the network.
-#[derive(Clone)]
-pub struct LearnerHandle {
-    /// The start of the run.
-    pub start: Recipient<StartLearner>,
-    /// The end of the run.
-    pub stop: Recipient<StopLearner>,
-}
-
-impl LearnerHandle {
-    /// The handle of a learner actor in this process.
-    #[must_use]
-    pub fn local(addr: &Addr<LearnerActor>) -> Self {
-        Self { start: addr.clone().recipient(), stop: addr.clone().recipient() }
-    }
-}
-
-/// The nodes the scheduler drives.
-pub struct Members {
-    /// Shards, in id order.
-    pub shards: Vec<ShardHandle>,
-    /// Learners, in id order.
-    pub learners: Vec<LearnerHandle>,
-    /// The staleness tracker.
-    pub tracker: Addr<StalenessTracker>,
-}
+use crate::report::{MetricsRow, ProgressSnapshot, RunEvent, RunReport, TimelineEntry};
+use crate::{ActorError, Models};
 
 /// Where the run's report goes.
 pub type ReportSender = oneshot::Sender<Result<RunReport, ActorError>>;
@@ -168,7 +32,7 @@ const EVAL_CHUNK: usize = 1000;
 pub struct SchedulerActor {
     core: SchedulerCore,
     members: Members,
-    model: ModelSpec,
+    models: Models,
     test: Arc<Dataset>,
     total_samples: u64,
     learner_samples: Vec<u64>,
@@ -201,27 +65,54 @@ struct Evaluation {
     test_accuracy: f64,
 }
 
+/// What a scheduler needs besides its core (built by [`crate::roles`]).
+pub struct SchedulerParts {
+    /// The shards, learners and tracker it drives.
+    pub members: Members,
+    /// The models: the scheduler evaluates the assembled parameters on one of them.
+    pub models: Models,
+    /// The test set.
+    pub test: Arc<Dataset>,
+    /// Examples the learners will process over the run (for progress).
+    pub total_samples: u64,
+    /// λ.
+    pub learners: u32,
+    /// Who is told progress and evaluations, if anyone.
+    pub observer: Option<mpsc::UnboundedSender<RunEvent>>,
+    /// Where the run's report goes.
+    pub report: ReportSender,
+    /// Where learners alive and their samples are counted, if anywhere.
+    pub metrics: Option<Arc<Metrics>>,
+    /// How often the failure detector looks for silent learners (none: it does not run).
+    pub detector_tick: Option<Duration>,
+    /// How long a lost shard may take to come back before the run is stopped.
+    pub shard_timeout: Duration,
+}
+
 impl SchedulerActor {
-    /// A scheduler over `members` for the run `spec` on a training set of `train_len`,
-    /// evaluating on `test`, telling `observer`, reporting through `report`.
+    /// A scheduler running `core` with `parts`.
     #[must_use]
-    pub fn new(
-        core: SchedulerCore,
-        members: Members,
-        spec: &ClusterSpec,
-        train_len: usize,
-        (test, observer, report): (Arc<Dataset>, Option<mpsc::UnboundedSender<RunEvent>>, ReportSender),
-    ) -> Self {
-        let total_samples =
-            spec.steps_per_learner(train_len) * spec.batch_size as u64 * u64::from(spec.learners);
+    pub fn new(core: SchedulerCore, parts: SchedulerParts) -> Self {
+        let SchedulerParts {
+            members,
+            models,
+            test,
+            total_samples,
+            learners,
+            observer,
+            report,
+            metrics,
+            detector_tick,
+            shard_timeout,
+        } = parts;
         Self {
             core,
             members,
-            model: spec.model.clone(),
+            models,
             test,
             total_samples,
-            learner_samples: vec![0; spec.learners as usize],
-            metrics: None,
+            learner_samples: vec![0; learners as usize],
+            metrics,
             started: None,
             loss_window: (0.0, 0),
             last_progress: Instant::now(),
@@ -229,39 +120,18 @@ impl SchedulerActor {
             observer,
             report: Some(report),
             born: Instant::now(),
-            tick: None,
+            tick: detector_tick,
             timeline: Vec::new(),
             updates_lost: 0,
-            shard_timeout: Duration::from_secs(60),
+            shard_timeout,
             shards_down: BTreeMap::new(),
             shard_losses: 0,
         }
     }
 
-    /// Stop the run when a lost shard is not back within `timeout` (60 s unless this is called).
-    #[must_use]
-    pub fn with_shard_timeout(mut self, timeout: Duration) -> Self {
-        self.shard_timeout = timeout;
-        self
-    }
-
-    /// Look for silent learners every `tick` (the core's failure timeout decides who is lost).
-    #[must_use]
-    pub fn with_failure_detector(mut self, tick: Duration) -> Self {
-        self.tick = Some(tick);
-        self
-    }
-
     fn note(&mut self, kind: &'static str, what: String) {
         let seconds = self.born.elapsed().as_secs_f64();
         self.timeline.push(TimelineEntry { seconds, kind, what });
-    }
-
-    /// Also report learners alive and each learner's samples in `metrics`, if given.
-    #[must_use]
-    pub fn with_metrics(mut self, metrics: Option<Arc<Metrics>>) -> Self {
-        self.metrics = metrics;
-        self
     }
 
     fn count_alive(&self) {
@@ -321,8 +191,8 @@ impl SchedulerActor {
 
     fn evaluate(&mut self, final_: bool, ctx: &mut Context<Self>) {
         let shards = self.members.shards.clone();
-        let tracker = self.members.tracker.clone();
-        let (spec, test) = (self.model.clone(), Arc::clone(&self.test));
+        let stats = self.members.stats.clone();
+        let (models, test) = (self.models.clone(), Arc::clone(&self.test));
         let window = std::mem::take(&mut self.loss_window);
         let at = (self.elapsed(), self.core.samples(), self.core.epochs(), self.learner_samples.clone());
         let timeout = self.shard_timeout;
@@ -337,11 +207,11 @@ impl SchedulerActor {
                     })??;
                 params.extend_from_slice(&weights.values);
             }
-            let tracker = tracker.send(GetStats).await?;
+            let tracker = stats.send(GetStats).await?;
             let (params, test_loss, test_accuracy) =
-                tokio::task::spawn_blocking(move || evaluate_on(spec, &test, params))
+                tokio::task::spawn_blocking(move || evaluate_on(&models, &test, params))
                     .await
-                    .map_err(|e| ActorError::Protocol(format!("evaluation task failed: {e}")))??;
+                    .map_err(|e| ActorError::Evaluation(e.to_string()))??;
             Ok::<_, ActorError>(Evaluation { params, tracker, test_loss, test_accuracy })
         };
         // `wait` keeps evaluations in order: the next message is handled after this one ends.
@@ -417,11 +287,11 @@ impl SchedulerActor {
 
 /// Test loss and accuracy of `params`; gives the parameters back for the report.
 fn evaluate_on(
-    spec: ModelSpec,
+    models: &Models,
     test: &Dataset,
     params: Vec<f32>,
 ) -> Result<(Vec<f32>, f64, f64), ActorError> {
-    let mut model = Model::new(CpuBackend, spec)?;
+    let mut model = models.evaluator()?;
     model.write_params(0, &params)?;
     let (loss, accuracy) = model.evaluate_set(test, EVAL_CHUNK)?;
     Ok((params, loss, accuracy))
@@ -544,7 +414,7 @@ impl Handler<Progress> for SchedulerActor {
                 mean_staleness: 0.0,
             };
             // Updates and ⟨σ⟩ come from the tracker; the snapshot goes out once it answers.
-            let stats = self.members.tracker.send(GetStats);
+            let stats = self.members.stats.send(GetStats);
             ctx.spawn(stats.into_actor(self).map(move |stats, act, _| {
                 if let Ok(stats) = stats {
                     (snapshot.updates, snapshot.mean_staleness) = (stats.updates, stats.staleness.mean);

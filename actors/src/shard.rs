@@ -1,167 +1,25 @@
-//! The shard actor: a thin shell over its protocol core, an [`SgdShard`] (hardsync, softsync,
-//! async) or a [`CenterShard`] (the EASGD family).
+//! The shard actor: a thin shell over its protocol core ([`ShardCore`]: an SGD shard for
+//! hardsync, softsync and async, a center shard for the EASGD family). It answers learners,
+//! reports every gradient and update to the staleness tracker, writes checkpoints, and can
+//! crash and restart from them (fault injection).
 
 use std::collections::BTreeMap;
 
 use actix::prelude::*;
-use rudra_transport::{Clock, Floats, LearnerId};
+use rudra_transport::{Clock, LearnerId};
 
 use crate::ActorError;
 use crate::checkpoint::Checkpoints;
+use crate::messages::{
+    Crash, Exchange, Membership, Pull, Push, Records, Restart, Served, Snapshot, StopShard,
+};
 use crate::metrics::ShardMetrics;
-use crate::protocol::{CenterEvent, CenterShard, SgdShard, ShardEvent, ShardState, UpdateRecord, Weights};
-use crate::tracker::Records;
-
-/// A learner asks for the shard's weights; they are sent to `reply_to`, maybe later.
-#[derive(Message)]
-#[rtype(result = "()")]
-#[derive(Clone)]
-pub struct Pull {
-    /// Who asks.
-    pub learner: LearnerId,
-    /// The learner's step it is for (see [`SgdShard::on_pull`]).
-    pub seq: u64,
-    /// Whether the learner has pushed its last gradient (see [`SgdShard::on_last_pull`]).
-    pub last: bool,
-    /// Where the weights go.
-    pub reply_to: Recipient<Served>,
-}
-
-/// Weights served to a learner, answering its pull `seq` (0 for a center's answer).
-#[derive(Message, Clone, Debug)]
-#[rtype(result = "()")]
-pub struct Served {
-    /// The weights.
-    pub weights: Weights,
-    /// The sequence number of the pull answered.
-    pub seq: u64,
-}
-
-/// A learner's gradient for this shard's range, viewed in the learner's gradient buffer (or in
-/// the frame it arrived in), never copied.
-#[derive(Message, Clone)]
-#[rtype(result = "()")]
-pub struct Push {
-    /// Who computed it.
-    pub learner: LearnerId,
-    /// The learner's step, so the gradient is applied once however often it arrives.
-    pub seq: u64,
-    /// The clock of this shard's weights it was computed on.
-    pub computed_on: Clock,
-    /// This shard's part of the gradient.
-    pub values: Floats,
-}
-
-/// A learner's exchange with a center shard: its values for the shard's range (x^i, DOWNPOUR's
-/// `v`, or MDOWNPOUR's gradient); the center is sent to `reply_to`.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Exchange {
-    /// Who sends.
-    pub learner: LearnerId,
-    /// The values for this shard's range.
-    pub values: Floats,
-    /// Where the center goes.
-    pub reply_to: Recipient<Served>,
-}
-
-/// The current weights, without gating, for evaluation and checkpoints.
-#[derive(Message)]
-#[rtype(result = "Weights")]
-pub struct Snapshot;
-
-/// The active learners changed; a hardsync round or an EASGD sync round waits only for them.
-#[derive(Message, Clone, Debug)]
-#[rtype(result = "()")]
-pub struct Membership {
-    /// The learners now active.
-    pub active: std::collections::BTreeSet<LearnerId>,
-}
-
-/// The shard crashes, as a process would: it loses everything in memory and ignores every
-/// message until [`Restart`]. Answers the clock it had.
-#[derive(Message)]
-#[rtype(result = "Clock")]
-pub struct Crash;
-
-/// The crashed shard comes back from its last checkpoint. Answers the clock it resumes at.
-#[derive(Message)]
-#[rtype(result = "Result<Clock, ActorError>")]
-pub struct Restart;
-
-/// Crash `shard` (telling `crashed` the clock it had), leave it down for `down`, then bring it
-/// back from its checkpoint: the clock it resumed at, or why it could not. `None` when the
-/// shard had already stopped.
-pub async fn crash_and_restart(
-    shard: &Addr<ShardActor>,
-    down: std::time::Duration,
-    crashed: impl FnOnce(Clock),
-) -> Option<Result<Clock, ActorError>> {
-    crashed(shard.send(Crash).await.ok()?);
-    tokio::time::sleep(down).await;
-    Some(shard.send(Restart).await.map_err(ActorError::from).and_then(|r| r))
-}
-
-/// Flush reports and stop.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct StopShard;
+use crate::protocol::{CoreError, ShardCore, ShardEvent};
 
 /// Records are sent to the tracker in batches of this many (and on every snapshot and stop) …
 const REPORT_BATCH: usize = 256;
 /// … and at least this often, so that what the tracker knows is never older than this.
 const REPORT_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
-
-/// The protocol core a shard runs.
-#[derive(Debug)]
-// One per shard actor, built once and never moved on a hot path.
-#[allow(clippy::large_enum_variant)]
-pub enum ShardCore {
-    /// Rudra's SGD shard.
-    Sgd(SgdShard),
-    /// The EASGD family's center variable.
-    Center(CenterShard),
-}
-
-impl ShardCore {
-    fn snapshot(&self) -> Weights {
-        match self {
-            Self::Sgd(c) => c.snapshot(),
-            Self::Center(c) => c.snapshot(),
-        }
-    }
-
-    fn id(&self) -> rudra_transport::ShardId {
-        match self {
-            Self::Sgd(c) => c.id(),
-            Self::Center(c) => c.id(),
-        }
-    }
-
-    fn clock(&self) -> Clock {
-        match self {
-            Self::Sgd(c) => c.clock(),
-            Self::Center(c) => c.clock(),
-        }
-    }
-
-    /// What a checkpoint keeps.
-    #[must_use]
-    pub fn state(&self) -> ShardState {
-        match self {
-            Self::Sgd(c) => c.state(),
-            Self::Center(c) => c.state(),
-        }
-    }
-
-    /// Continue from a checkpoint's `state` (see [`SgdShard::restore`]).
-    pub fn restore(&mut self, state: ShardState) -> Result<(), ActorError> {
-        match self {
-            Self::Sgd(c) => c.restore(state),
-            Self::Center(c) => c.restore(state),
-        }
-    }
-}
 
 /// The shard actor.
 pub struct ShardActor {
@@ -178,26 +36,25 @@ pub struct ShardActor {
 }
 
 impl ShardActor {
-    /// A shard actor around `core`, reporting to `tracker`.
+    /// A shard actor around `core`, reporting to `tracker`, counting into `metrics` and
+    /// writing `checkpoints` (when the shard starts and after every `every_updates` updates).
     #[must_use]
-    pub fn new(core: ShardCore, tracker: Recipient<Records>) -> Self {
+    pub fn new(
+        core: ShardCore,
+        tracker: Recipient<Records>,
+        metrics: Option<ShardMetrics>,
+        checkpoints: Option<Checkpoints>,
+    ) -> Self {
         Self {
+            saved: core.clock(),
             core,
             tracker,
             replies: BTreeMap::new(),
             pending: Records::default(),
-            metrics: None,
-            checkpoints: None,
-            saved: Clock(0),
+            metrics,
+            checkpoints,
             down: false,
         }
-    }
-
-    /// Write a checkpoint when the shard starts and after every `every_updates` updates.
-    #[must_use]
-    pub fn with_checkpoints(mut self, checkpoints: Option<Checkpoints>) -> Self {
-        self.checkpoints = checkpoints;
-        self
     }
 
     /// Write a checkpoint if one is due (or `now`). A checkpoint that cannot be written is
@@ -215,47 +72,33 @@ impl ShardActor {
         }
     }
 
-    /// Also count every gradient and update in `metrics`, if given, as it happens.
-    #[must_use]
-    pub fn with_metrics(mut self, metrics: Option<ShardMetrics>) -> Self {
-        self.metrics = metrics;
-        self
-    }
-
-    /// Carry out the core's effects; `updated` says whether a center moved.
-    fn drain(&mut self, updated: bool) {
-        match &mut self.core {
-            ShardCore::Sgd(core) => {
-                while let Some(event) = core.poll_event() {
-                    match event {
-                        ShardEvent::Serve { learner, seq, weights } => {
-                            serve(&self.replies, learner, weights, seq)
-                        }
-                        ShardEvent::Gradient(g) => {
-                            if let Some(m) = &self.metrics {
-                                m.record_gradient(&g);
-                            }
-                            self.pending.gradients.push(g);
-                        }
-                        ShardEvent::Update(u) => {
-                            if let Some(m) = &self.metrics {
-                                m.record_update(&u);
-                            }
-                            self.pending.updates.push(u);
-                        }
+    /// Carry out the effects of an input the core took, or log why it refused it.
+    fn carry_out(&mut self, events: Result<Vec<ShardEvent>, CoreError>, what: &str) {
+        let events = match events {
+            Ok(events) => events,
+            Err(e) if e.is_duplicate() => {
+                return tracing::debug!(shard = %self.core.id(), "ignored {what}: {e}");
+            }
+            Err(e) => return tracing::warn!(shard = %self.core.id(), "rejected {what}: {e}"),
+        };
+        for event in events {
+            match event {
+                ShardEvent::Serve { learner, seq, weights } => {
+                    if let Some(to) = self.replies.get(&learner) {
+                        to.do_send(Served { weights, seq });
                     }
                 }
-            }
-            ShardCore::Center(core) => {
-                if updated {
-                    let u = UpdateRecord { shard: core.id(), clock: core.clock(), gradients: 1 };
+                ShardEvent::Gradient(g) => {
+                    if let Some(m) = &self.metrics {
+                        m.record_gradient(&g);
+                    }
+                    self.pending.gradients.push(g);
+                }
+                ShardEvent::Update(u) => {
                     if let Some(m) = &self.metrics {
                         m.record_update(&u);
                     }
                     self.pending.updates.push(u);
-                }
-                while let Some(CenterEvent::Reply { learner, center }) = core.poll_event() {
-                    serve(&self.replies, learner, center, 0);
                 }
             }
         }
@@ -265,27 +108,10 @@ impl ShardActor {
         self.checkpoint(false);
     }
 
-    /// Carry out the effects of a pull or push the core took, or log why it did not.
-    fn after(&mut self, result: Result<(), ActorError>, what: &str) {
-        match result {
-            Ok(()) => self.drain(false),
-            Err(e @ ActorError::Duplicate(_)) => {
-                tracing::debug!(shard = %self.core.id(), "ignored {what}: {e}")
-            }
-            Err(e) => tracing::warn!(shard = %self.core.id(), "rejected {what}: {e}"),
-        }
-    }
-
     fn flush(&mut self) {
-        if !self.pending.gradients.is_empty() || !self.pending.updates.is_empty() {
+        if !self.pending.is_empty() {
             self.tracker.do_send(std::mem::take(&mut self.pending));
         }
-    }
-}
-
-fn serve(replies: &BTreeMap<LearnerId, Recipient<Served>>, learner: LearnerId, weights: Weights, seq: u64) {
-    if let Some(to) = replies.get(&learner) {
-        to.do_send(Served { weights, seq });
     }
 }
 
@@ -304,13 +130,9 @@ impl Handler<Pull> for ShardActor {
         if self.down {
             return;
         }
-        let ShardCore::Sgd(core) = &mut self.core else {
-            return tracing::warn!(shard = %self.core.id(), "rejected a pull: this shard holds a center");
-        };
         self.replies.insert(msg.learner, msg.reply_to);
-        let (learner, seq) = (msg.learner, msg.seq);
-        let result = if msg.last { core.on_last_pull(learner, seq) } else { core.on_pull(learner, seq) };
-        self.after(result, "pull");
+        let events = self.core.on_pull(msg.learner, msg.seq, msg.last);
+        self.carry_out(events, "pull");
     }
 }
 
@@ -320,11 +142,8 @@ impl Handler<Push> for ShardActor {
         if self.down {
             return;
         }
-        let ShardCore::Sgd(core) = &mut self.core else {
-            return tracing::warn!(shard = %self.core.id(), "rejected a push: this shard holds a center");
-        };
-        let result = core.on_push(msg.learner, msg.seq, msg.computed_on, &msg.values);
-        self.after(result, "push");
+        let events = self.core.on_push(msg.learner, msg.seq, msg.computed_on, &msg.values);
+        self.carry_out(events, "push");
     }
 }
 
@@ -334,18 +153,9 @@ impl Handler<Exchange> for ShardActor {
         if self.down {
             return;
         }
-        let ShardCore::Center(core) = &mut self.core else {
-            return tracing::warn!(shard = %self.core.id(), "rejected an exchange: this shard runs SGD");
-        };
         self.replies.insert(msg.learner, msg.reply_to);
-        let before = core.clock();
-        match core.on_exchange(msg.learner, &msg.values) {
-            Ok(()) => {
-                let updated = core.clock() != before;
-                self.drain(updated);
-            }
-            Err(e) => tracing::warn!(shard = %self.core.id(), "rejected exchange: {e}"),
-        }
+        let events = self.core.on_exchange(msg.learner, &msg.values);
+        self.carry_out(events, "exchange");
     }
 }
 
@@ -353,18 +163,8 @@ impl Handler<Membership> for ShardActor {
     type Result = ();
     fn handle(&mut self, msg: Membership, _: &mut Context<Self>) {
         tracing::info!(shard = %self.core.id(), "λ = {}", msg.active.len());
-        let updated = match &mut self.core {
-            ShardCore::Sgd(core) => {
-                core.on_membership(msg.active);
-                false
-            }
-            ShardCore::Center(core) => {
-                let before = core.clock();
-                core.on_membership(msg.active);
-                core.clock() != before
-            }
-        };
-        self.drain(updated);
+        let events = self.core.on_membership(msg.active);
+        self.carry_out(Ok(events), "membership");
     }
 }
 
@@ -393,10 +193,8 @@ impl Handler<Restart> for ShardActor {
     type Result = Result<Clock, ActorError>;
     fn handle(&mut self, _: Restart, _: &mut Context<Self>) -> Self::Result {
         let id = self.core.id();
-        let c = self
-            .checkpoints
-            .as_ref()
-            .ok_or_else(|| ActorError::Protocol(format!("{id} cannot restart: it writes no checkpoints")))?;
+        let c = (self.checkpoints.as_ref())
+            .ok_or_else(|| ActorError::ShardFailed(id, "it writes no checkpoints to restart from".into()))?;
         let state = c.read(id)?.ok_or_else(|| ActorError::Checkpoint {
             path: c.path(id),
             message: "missing: the shard cannot restart".into(),

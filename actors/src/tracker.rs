@@ -5,32 +5,9 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 
+use crate::messages::{GetStats, Records, TrackerReport};
 use crate::metrics::Metrics;
-use crate::protocol::{GradientRecord, Outcome, StalenessStats, StalenessSummary, UpdateRecord};
-
-/// A batch of records from one shard.
-#[derive(Message, Default, Debug)]
-#[rtype(result = "()")]
-pub struct Records {
-    /// Gradients applied or dropped.
-    pub gradients: Vec<GradientRecord>,
-    /// Updates applied.
-    pub updates: Vec<UpdateRecord>,
-}
-
-/// Ask for the statistics so far.
-#[derive(Message)]
-#[rtype(result = "TrackerReport")]
-pub struct GetStats;
-
-/// What the tracker knows.
-#[derive(Clone, Debug, Default)]
-pub struct TrackerReport {
-    /// Staleness over all shards' gradients.
-    pub staleness: StalenessSummary,
-    /// Updates applied by the shard that applied the most (shards advance together).
-    pub updates: u64,
-}
+use crate::protocol::{Outcome, StalenessStats};
 
 /// The tracker actor.
 #[derive(Default)]

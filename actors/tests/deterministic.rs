@@ -7,12 +7,11 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
-use rudra_actors::learner::shard_ranges;
-use rudra_actors::protocol::shard::SgdShardConfig;
 use rudra_actors::protocol::{
-    GradientRecord, LearnerCore, LearnerEvent, LrModulation, LrSchedule, Outcome, SgdShard, ShardEvent,
-    SyncRule,
+    GradientRecord, LearnerCore, LearnerEvent, LrModulation, LrSchedule, Outcome, SgdShard, SgdShardConfig,
+    ShardEvent, SyncRule,
 };
+use rudra_actors::spec::shard_ranges;
 use rudra_compute::{BatchStream, CpuBackend, Dataset, Model, ModelSpec, Partition};
 use rudra_transport::{Clock, LearnerId, ShardId};
 
@@ -100,25 +99,20 @@ impl<'a> Driver<'a> {
 
     fn deliver(&mut self) {
         while let Some(m) = self.queue.pop_front() {
-            let s = match m {
+            let (s, events) = match m {
                 Msg::Pull(s, l, last, seq) => {
                     let shard = &mut self.shards[s.index()];
-                    if last { shard.on_last_pull(l, seq) } else { shard.on_pull(l, seq) }.unwrap();
-                    s
+                    (s, if last { shard.on_last_pull(l, seq) } else { shard.on_pull(l, seq) }.unwrap())
                 }
-                Msg::Push(s, l, c, seq, g) => {
-                    self.shards[s.index()].on_push(l, seq, c, &g).unwrap();
-                    s
-                }
+                Msg::Push(s, l, c, seq, g) => (s, self.shards[s.index()].on_push(l, seq, c, &g).unwrap()),
                 Msg::Weights(l, s, c, seq, v) => {
+                    let events = self.learners[l.index()].on_weights(s, c, seq).unwrap();
                     self.params[l.index()][self.ranges[s.index()].clone()].copy_from_slice(&v);
-                    if let Some(e) = self.learners[l.index()].on_weights(s, c, seq).unwrap() {
-                        self.learner_events(l.index(), vec![e], None);
-                    }
+                    self.learner_events(l.index(), events, None);
                     continue;
                 }
             };
-            while let Some(e) = self.shards[s.index()].poll_event() {
+            for e in events {
                 match e {
                     ShardEvent::Serve { learner, seq, weights } => {
                         self.queue.push_back(Msg::Weights(learner, s, weights.clock, seq, weights.values));

@@ -3,14 +3,14 @@
 
 use std::sync::Arc;
 
-use crate::{Backend, ComputeError, Model};
+use crate::{Backend, ComputeError, Dataset, Model};
 
 /// A model a learner can train: parameters in one flat vector, written by the shards, and the
 /// loss and gradient of a minibatch of labelled examples.
 ///
-/// [`Model`] implements it on every [`Backend`]. A model of your own implements the three
-/// required methods; its parameter vector is split among the shards by plain ranges, so any
-/// layout works as long as [`GradientModel::param_count`] is fixed.
+/// [`Model`] implements it on every [`Backend`]. A model of your own implements the required
+/// methods; its parameter vector is split among the shards by plain ranges, so any layout works
+/// as long as [`GradientModel::param_count`] is fixed.
 pub trait GradientModel: Send + 'static {
     /// Length of the flat parameter vector (and of every gradient).
     fn param_count(&self) -> usize;
@@ -25,6 +25,25 @@ pub trait GradientModel: Send + 'static {
 
     /// Move the last gradient into `out`, a vector of [`GradientModel::param_count`] values.
     fn take_gradient(&mut self, out: &mut Vec<f32>) -> Result<(), ComputeError>;
+
+    /// Summed loss and the number of examples classified correctly over the batch `x` at the
+    /// current parameters (no gradient): how a run's test accuracy is measured.
+    fn evaluate(&mut self, x: &[f32], labels: &[u8]) -> Result<(f64, usize), ComputeError>;
+
+    /// [`GradientModel::evaluate`] summed over all of `data`, `chunk` examples at a time.
+    fn evaluate_dataset(&mut self, data: &Dataset, chunk: usize) -> Result<(f64, usize), ComputeError> {
+        data.chunks(chunk.max(1)).try_fold((0.0, 0), |(loss, correct), (x, y)| {
+            let (l, c) = self.evaluate(x, y)?;
+            Ok((loss + l, correct + c))
+        })
+    }
+
+    /// Mean loss and accuracy over all of `data`, evaluated `chunk` examples at a time.
+    fn evaluate_set(&mut self, data: &Dataset, chunk: usize) -> Result<(f64, f64), ComputeError> {
+        let (loss, correct) = self.evaluate_dataset(data, chunk)?;
+        let n = data.len().max(1) as f64;
+        Ok((loss / n, correct as f64 / n))
+    }
 
     /// [`GradientModel::loss_and_gradient`] at `params`, a whole parameter vector shared with
     /// a shard. The default copies it in; a model over host memory can read it in place.
@@ -63,6 +82,10 @@ impl<B: Backend> GradientModel for Model<B> {
         Model::take_gradient(self, out)
     }
 
+    fn evaluate(&mut self, x: &[f32], labels: &[u8]) -> Result<(f64, usize), ComputeError> {
+        Model::evaluate(self, x, labels)
+    }
+
     fn loss_and_gradient_at(
         &mut self,
         params: &Arc<Vec<f32>>,
@@ -96,6 +119,9 @@ mod tests {
         fn take_gradient(&mut self, out: &mut Vec<f32>) -> Result<(), ComputeError> {
             out.copy_from_slice(&self.0);
             Ok(())
+        }
+        fn evaluate(&mut self, x: &[f32], _: &[u8]) -> Result<(f64, usize), ComputeError> {
+            Ok((x.len() as f64, 0))
         }
     }
 

@@ -10,11 +10,12 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use rudra_compute::{ConvSpec, CpuBackend, Dataset, Model, ModelSpec};
+use rudra_compute::{ConvSpec, CpuBackend, Dataset, GradientModel, Model, ModelSpec};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 
 use crate::RuntimeError;
+use rudra_actors::InvalidSetting;
 
 /// Test examples per forward pass, as the scheduler evaluates.
 const EVAL_CHUNK: usize = 1000;
@@ -242,9 +243,9 @@ impl Checkpoint {
     /// Test loss and accuracy of the checkpoint's model on `test`.
     pub fn evaluate(&self, test: &Dataset) -> Result<Evaluation, RuntimeError> {
         if test.is_empty() || test.features() != self.spec.inputs || test.classes() != self.spec.classes {
-            return Err(RuntimeError::Invalid {
-                key: "training.dataset",
-                message: format!(
+            return Err(RuntimeError::Invalid(InvalidSetting::new(
+                "training.dataset",
+                format!(
                     "the test set has {} examples of {} features in {} classes; the checkpoint's model {} needs \
                      examples of {} features in {} classes",
                     test.len(),
@@ -254,7 +255,7 @@ impl Checkpoint {
                     self.spec.inputs,
                     self.spec.classes
                 ),
-            });
+            )));
         }
         let mut model = Model::new(CpuBackend, self.spec.clone())?;
         model.write_params(0, &self.params)?;
@@ -371,7 +372,7 @@ mod tests {
         let (path, _) = written(dir.path());
         let c = Checkpoint::read(&path).unwrap();
         let four_features = Dataset::new(4, 2, vec![0.5; 8], vec![0, 1]).unwrap();
-        assert!(matches!(c.evaluate(&four_features), Err(RuntimeError::Invalid { .. })));
+        assert!(matches!(c.evaluate(&four_features), Err(RuntimeError::Invalid(InvalidSetting { .. }))));
         let x = vec![1.0, 0.0, 0.0, 0.0, 1.0, 0.0];
         let e = c.evaluate(&Dataset::new(3, 2, x, vec![0, 1]).unwrap()).unwrap();
         assert_eq!(e.examples, 2);

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use rudra_actors::ActorError;
+use rudra_actors::{ActorError, InvalidSetting};
 use rudra_compute::ComputeError;
 
 /// Everything that can stop a node.
@@ -11,17 +11,12 @@ pub enum RuntimeError {
     /// The configuration could not be read (syntax, types, unknown keys, a bad `--set`).
     #[error("configuration error: {0}")]
     Config(String),
-    /// A configuration value is out of range; `key` names it.
-    #[error("invalid setting `{key}`: {message}")]
-    Invalid {
-        /// The configuration key.
-        key: &'static str,
-        /// What is wrong and what is allowed.
-        message: String,
-    },
+    /// A configuration value or flag is out of range.
+    #[error(transparent)]
+    Invalid(#[from] InvalidSetting),
     /// The cluster failed.
     #[error(transparent)]
-    Actor(#[from] ActorError),
+    Actor(ActorError),
     /// The network failed.
     #[error(transparent)]
     Transport(#[from] rudra_transport::TransportError),
@@ -66,8 +61,7 @@ impl RuntimeError {
     pub fn exit_code(&self) -> i32 {
         match self {
             Self::Config(_)
-            | Self::Invalid { .. }
-            | Self::Actor(ActorError::Spec { .. })
+            | Self::Invalid(_)
             | Self::Compute(
                 ComputeError::Io { .. }
                 | ComputeError::Format { .. }
@@ -82,5 +76,22 @@ impl RuntimeError {
             | Self::Io { .. }
             | Self::Plot { .. } => 1,
         }
+    }
+}
+
+impl From<ActorError> for RuntimeError {
+    /// A bad setting found by the actors is a bad setting of the run, like any other.
+    fn from(e: ActorError) -> Self {
+        match e {
+            ActorError::Invalid(setting) => Self::Invalid(setting),
+            other => Self::Actor(other),
+        }
+    }
+}
+
+impl From<rudra_actors::protocol::CoreError> for RuntimeError {
+    /// A protocol core refused an input: a failure of the cluster that drove it.
+    fn from(e: rudra_actors::protocol::CoreError) -> Self {
+        Self::Actor(ActorError::Core(e))
     }
 }

@@ -12,14 +12,14 @@ use std::path::Path;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use rudra_actors::cluster::TimelineEntry;
 use rudra_actors::faults::FaultPlan;
-use rudra_actors::{RunReport, TrainingData};
+use rudra_actors::{RunReport, TimelineEntry, TrainingData};
 use serde::Serialize;
 
 use crate::local::{ProgressMode, run_local};
-use crate::rundir::{RunDir, Summary};
 use crate::{Config, RuntimeError, report};
+use crate::{RunDir, Summary};
+use rudra_actors::InvalidSetting;
 
 /// What `experiment.json` holds.
 #[derive(Debug, Serialize)]
@@ -54,18 +54,16 @@ pub fn run(
 ) -> Result<Experiment, RuntimeError> {
     let out = dir.path();
     if config.faults.is_empty() {
-        return Err(RuntimeError::Invalid {
-            key: "faults",
-            message: "the configuration injects no faults: add a [faults] section (see configs/faults/)"
-                .into(),
-        });
+        return Err(InvalidSetting::new(
+            "faults",
+            "the configuration injects no faults: add a [faults] section (see configs/faults/)",
+        )
+        .into());
     }
-    let mut clean_config = config.clone();
-    clean_config.faults = FaultPlan::default();
-    let clean = run_one(&clean_config, data, &out.join("clean"), limit, "the clean run")?;
+    let clean = run_one(&config.without_faults()?, data, &out.join("clean"), limit, "the clean run")?;
     let faulty = run_one(config, data, &out.join("faulty"), limit, "the run with faults")?;
     let dirs = [out.join("clean"), out.join("faulty")];
-    let (table, _) = report::report(&dirs, out, config.raw.training.target_accuracy)?;
+    let (table, _) = report::report(&dirs, out, config.target_accuracy)?;
     let experiment = Experiment {
         faults: config.faults.clone(),
         timeline: faulty.0.timeline.clone(),
@@ -100,13 +98,13 @@ fn run_one(
         // The receiver is gone only if the limit has passed.
         let _ = tx.send(run_local(&config_, data_, Some(&path), ProgressMode::detect(), None));
     });
-    let report = rx.recv_timeout(limit).map_err(|_| RuntimeError::Invalid {
-        key: "--time-limit",
-        message: format!(
-            "{what} did not finish within {limit:?}; the scenario hangs or needs a longer limit"
-        ),
+    let report = rx.recv_timeout(limit).map_err(|_| {
+        RuntimeError::Invalid(InvalidSetting::new(
+            "--time-limit",
+            format!("{what} did not finish within {limit:?}; the scenario hangs or needs a longer limit"),
+        ))
     })??;
-    let summary = dir.record(config, &report)?;
+    let summary = dir.record(config, &report)?.summary;
     Ok((report, summary))
 }
 

@@ -10,6 +10,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::RuntimeError;
+use rudra_actors::InvalidSetting;
 
 /// The largest request head read; longer requests are answered 431.
 const MAX_HEAD: usize = 8 << 10;
@@ -28,9 +29,11 @@ pub struct MetricsEndpoint {
 impl MetricsEndpoint {
     /// Listen on `addr`. Done before a node starts, so a taken port fails at once.
     pub fn bind(addr: SocketAddr) -> Result<Self, RuntimeError> {
-        let invalid = |e: std::io::Error| RuntimeError::Invalid {
-            key: "--metrics-addr",
-            message: format!("cannot listen on {addr}: {e}; choose a free address"),
+        let invalid = |e: std::io::Error| {
+            RuntimeError::Invalid(InvalidSetting::new(
+                "--metrics-addr",
+                format!("cannot listen on {addr}: {e}; choose a free address"),
+            ))
         };
         let listener = std::net::TcpListener::bind(addr).map_err(invalid)?;
         listener.set_nonblocking(true).map_err(invalid)?;
@@ -52,9 +55,11 @@ impl MetricsEndpoint {
     /// Serve a fresh registry until the runtime stops; returns it for the node's actors to
     /// record into. Must be called inside a tokio runtime (an actix `System` is one).
     pub fn start(self) -> Result<Arc<Metrics>, RuntimeError> {
-        let listener = TcpListener::from_std(self.listener).map_err(|e| RuntimeError::Invalid {
-            key: "--metrics-addr",
-            message: format!("cannot serve on {}: {e}", self.addr),
+        let listener = TcpListener::from_std(self.listener).map_err(|e| {
+            RuntimeError::Invalid(InvalidSetting::new(
+                "--metrics-addr",
+                format!("cannot serve on {}: {e}", self.addr),
+            ))
         })?;
         let metrics = Arc::new(Metrics::new());
         tracing::info!("serving metrics at http://{}/metrics", self.addr);

@@ -1,6 +1,6 @@
 //! Rudra's node runtime. The entry points are [`Config::load`] (defaults < file < environment
-//! < `--set`, validated once) and [`local::run_local`], which runs a whole cluster in this
-//! process; [`RunDir`] writes what a run produced, [`plot::draw_run`] draws it,
+//! < `--set`, validated once), [`local::run_local`], which runs a whole cluster in this
+//! process, and the roles of [`node`], one per process; [`RunDir`] writes what a run produced,
 //! [`report::report`] compares finished runs and [`Checkpoint`] reads a run's model back. The
 //! `rudra-node` binary is a thin front over these.
 //!
@@ -10,7 +10,8 @@
 //! - [`node`]: one role per process over QUIC.
 //! - [`experiment`]: a fault-injection scenario next to a clean run, and its report.
 //! - [`exporter`]: `--metrics-addr`, the Prometheus endpoint of a node.
-//! - [`rundir`]: `config.toml`, `metrics.csv`, `summary.json`, and reading them back.
+//! - [`rundir`]: the run directory, written from the run as recorded.
+//! - [`summary`]: `summary.json` and `metrics.csv`, both ways, and a recorded run.
 //! - [`checkpoint`]: `checkpoint.safetensors`, written and read, and its test accuracy.
 //! - [`plot`]: the PNG plots of a run and of a comparison.
 //! - [`report`]: the comparison table of several runs.
@@ -30,8 +31,10 @@ pub mod plot;
 pub mod report;
 pub mod rundir;
 pub mod simulate;
+pub mod summary;
 
 pub use checkpoint::Checkpoint;
 pub use config::{Config, RawConfig};
 pub use error::RuntimeError;
-pub use rundir::{RecordedRun, RunDir, Summary};
+pub use rundir::RunDir;
+pub use summary::{RecordedRun, Summary};

@@ -41,8 +41,8 @@ pub fn run_local(
     progress: ProgressMode,
     metrics_addr: Option<SocketAddr>,
 ) -> Result<RunReport, RuntimeError> {
-    let mut cluster = Cluster::new(config.cluster.clone(), data)?
-        .on_device(&Device::open(config.device)?)?
+    let models = config.models(Device::open(config.device)?);
+    let mut cluster = Cluster::new(config.cluster.clone(), models, data)?
         .with_liveness(config.liveness)
         .with_faults(config.faults.clone())
         .with_checkpoints(config.checkpoints(run_dir));
@@ -52,7 +52,7 @@ pub fn run_local(
             cluster = cluster.with_metrics(endpoint.start()?);
         }
         let (tx, rx) = mpsc::unbounded_channel();
-        let handle = cluster.observe(tx).start();
+        let handle = cluster.observe(tx).start()?;
         let shown = actix::spawn(show_progress(rx, progress));
         let report = handle.wait().await;
         // The observer channel closes with the scheduler; the display task then ends.

@@ -14,7 +14,7 @@ use plotters::prelude::*;
 use rudra_actors::MetricsRow;
 
 use crate::RuntimeError;
-use crate::rundir::RecordedRun;
+use crate::summary::RecordedRun;
 
 /// The plots of one run, written into its directory.
 pub const RUN_PLOTS: [&str; 4] =
@@ -59,15 +59,15 @@ impl Axis {
     }
 }
 
-/// Draw [`RUN_PLOTS`] into the run directory `dir`; returns the files written.
-pub fn draw_run(dir: &Path) -> Result<Vec<PathBuf>, RuntimeError> {
-    let run = RecordedRun::read(dir)?;
-    let runs = std::slice::from_ref(&run);
+/// Draw [`RUN_PLOTS`] of `run` into its directory; returns the files written.
+pub fn draw_run(run: &RecordedRun) -> Result<Vec<PathBuf>, RuntimeError> {
+    let dir = &run.dir;
+    let runs = std::slice::from_ref(run);
     let [time, updates, staleness, throughput] = RUN_PLOTS.map(|name| dir.join(name));
     draw(&time, |a| curves(a, runs, Axis::WallTime))?;
     draw(&updates, |a| curves(a, runs, Axis::Updates))?;
-    draw(&staleness, |a| staleness_histogram(a, &run))?;
-    draw(&throughput, |a| samples_per_second(a, &run))?;
+    draw(&staleness, |a| staleness_histogram(a, run))?;
+    draw(&throughput, |a| samples_per_second(a, run))?;
     Ok(vec![time, updates, staleness, throughput])
 }
 

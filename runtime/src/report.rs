@@ -3,9 +3,10 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use crate::RecordedRun;
 use crate::RuntimeError;
 use crate::plot::draw_comparison;
-use crate::rundir::RecordedRun;
+use rudra_actors::InvalidSetting;
 
 /// One run's line of the comparison.
 #[derive(Clone, Debug, PartialEq)]
@@ -156,10 +157,10 @@ impl Comparison {
 /// into `out` (created if needed), and return the table with the plots' paths.
 pub fn report(dirs: &[PathBuf], out: &Path, target: f64) -> Result<(Comparison, Vec<PathBuf>), RuntimeError> {
     if !(target > 0.0 && target <= 1.0) {
-        return Err(RuntimeError::Invalid {
-            key: "--target",
-            message: format!("is {target}; give an accuracy in (0, 1]"),
-        });
+        return Err(RuntimeError::Invalid(InvalidSetting::new(
+            "--target",
+            format!("is {target}; give an accuracy in (0, 1]"),
+        )));
     }
     if dirs.is_empty() {
         return Err(RuntimeError::Config("give one or more run directories".into()));
@@ -187,11 +188,11 @@ pub fn report(dirs: &[PathBuf], out: &Path, target: f64) -> Result<(Comparison, 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rundir::{RecordedStaleness, RecordedSummary};
-    use rudra_actors::MetricsRow;
+    use rudra_actors::protocol::StalenessSummary;
+    use rudra_actors::{MetricsRow, RunReport};
 
     fn run(label: &str, protocol: &str, n: u32, accuracies: &[f64]) -> RecordedRun {
-        let metrics = accuracies
+        let metrics: Vec<MetricsRow> = accuracies
             .iter()
             .zip(1u32..)
             .map(|(&test_accuracy, i)| MetricsRow {
@@ -207,22 +208,28 @@ mod tests {
                 learner_samples: vec![u64::from(i) * 800; 4],
             })
             .collect();
-        RecordedRun {
-            dir: PathBuf::from("runs").join(label),
-            label: label.to_owned(),
-            summary: RecordedSummary {
-                protocol: protocol.to_owned(),
-                n,
-                learners: 4,
-                batch_size: 32,
-                global_batch: 128,
-                wall_seconds: 1.5 * accuracies.len() as f64,
-                samples_per_second: 2133.3,
-                final_test_accuracy: *accuracies.last().unwrap(),
-                staleness: RecordedStaleness { mean: 3.25, histogram: vec![1, 2, 3] },
+        let config = crate::Config::load(None, &[]).expect("the default configuration");
+        let report = RunReport {
+            metrics: metrics.clone(),
+            params: Vec::new(),
+            staleness: StalenessSummary {
+                mean: 3.25,
+                histogram: vec![1, 2, 3],
+                ..StalenessSummary::default()
             },
-            metrics,
-        }
+            updates: 100,
+            samples: 3200,
+            learner_samples: vec![800; 4],
+            wall_seconds: 1.5 * accuracies.len() as f64,
+            final_test_accuracy: *accuracies.last().unwrap(),
+            final_train_loss: 0.5,
+            timeline: Vec::new(),
+            updates_lost: 0,
+        };
+        let mut run = RecordedRun::of(&PathBuf::from("runs").join(label), &config, &report);
+        (run.summary.protocol, run.summary.n) = (protocol.to_owned(), n);
+        (run.summary.samples_per_second, run.metrics) = (2133.3, metrics);
+        run
     }
 
     #[test]
@@ -262,7 +269,7 @@ mod tests {
         for target in [0.0, 1.5, f64::NAN] {
             assert!(matches!(
                 report(&[PathBuf::from("x")], out.path(), target),
-                Err(RuntimeError::Invalid { key: "--target", .. })
+                Err(RuntimeError::Invalid(InvalidSetting { key: "--target", .. }))
             ));
         }
         let e = report(&[out.path().join("gone")], out.path(), 0.9).unwrap_err();

@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use rudra_actors::protocol::elastic::sync_easgd_is_stable;
+use rudra_actors::InvalidSetting;
+use rudra_actors::protocol::sync_easgd_is_stable;
 use rudra_runtime::local::{ProgressMode, run_local};
 use rudra_runtime::simulate::{SimReport, Trend, run_command, simulate};
 use rudra_runtime::{Config, RuntimeError};
@@ -270,7 +271,7 @@ fn sync_easgd_in_the_simulator_equals_the_local_runtime() {
     assert_eq!((sim.updates, local.updates), (8, 8));
     let worst = sim.params.iter().zip(&local.params).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
     assert_eq!(sim.params.len(), local.params.len());
-    let init = cfg.cluster.model.init(cfg.cluster.seed);
+    let init = cfg.model.init(cfg.cluster.seed);
     let moved = init.iter().zip(&sim.params).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
     assert!(moved > 1e-2, "training moved the center (by {moved})");
     assert!(worst < 1e-5, "the simulated center differs from the local runtime's by {worst}");
@@ -359,10 +360,10 @@ fn every_shipped_simulation_config_runs() {
 #[test]
 fn bad_simulation_settings_name_their_key() {
     let key_of = |extra: &[&str]| match Config::load(None, &sets(extra)) {
-        Err(RuntimeError::Invalid { key, .. }) => key.to_owned(),
+        Err(RuntimeError::Invalid(InvalidSetting { key, .. })) => key.to_owned(),
         Err(e) => e.to_string(),
         Ok(c) => match simulate(&c, ProgressMode::Quiet) {
-            Err(RuntimeError::Actor(rudra_actors::ActorError::Spec { key, .. })) => key.to_owned(),
+            Err(RuntimeError::Invalid(InvalidSetting { key, .. })) => key.to_owned(),
             other => panic!("{extra:?}: expected an error, got {:?}", other.map(|r| r.trace_hash)),
         },
     };

@@ -32,4 +32,4 @@ pub use faults::{Fate, FaultDice, FaultWindow, LinkFaults};
 pub use floats::Floats;
 pub use ids::{Clock, LearnerId, ShardId, Staleness};
 pub use relay::{Relay, RelayControl, RelayHandle, RelayLimits, RelayRules};
-pub use wire::{Inbound, Kind, Msg, Role};
+pub use wire::{DropReason, Inbound, Kind, Msg, Outcome, Role};

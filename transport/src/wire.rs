@@ -13,7 +13,7 @@ use rkyv::{Archive, Deserialize, Serialize};
 
 use crate::floats::AsFloatVec;
 use crate::frame::{HEADER_LEN, Header};
-use crate::{Clock, Floats, LearnerId, ShardId, TransportError};
+use crate::{Clock, Floats, LearnerId, ShardId, Staleness, TransportError};
 
 /// The role a node plays; also the prefix of its certificate name (`shard-0`).
 #[derive(Archive, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -46,22 +46,83 @@ impl Role {
     }
 }
 
+/// Why a gradient (or an exchange) was not applied.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    serde::Serialize,
+    serde::Deserialize,
+    Archive,
+    Serialize,
+    Deserialize,
+)]
+#[rkyv(derive(Debug, PartialEq))]
+#[serde(rename_all = "kebab-case")]
+pub enum DropReason {
+    /// Its staleness exceeded `max_staleness`.
+    TooStale,
+    /// Hardsync: it was computed on weights of an earlier round.
+    StaleRound,
+    /// It was computed on weights the shard lost in a crash (newer than its checkpoint).
+    RolledBack,
+    /// Its learner was declared lost after computing it: it rejoined, and starts afresh from
+    /// the current weights.
+    Lapsed,
+}
+
+impl DropReason {
+    /// Every reason, in the order reports list them.
+    pub const ALL: [Self; 4] = [Self::TooStale, Self::StaleRound, Self::RolledBack, Self::Lapsed];
+
+    /// The reason as reports and metrics name it, e.g. `too-stale`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::TooStale => "too-stale",
+            Self::StaleRound => "stale-round",
+            Self::RolledBack => "rolled-back",
+            Self::Lapsed => "lapsed",
+        }
+    }
+}
+
+impl std::fmt::Display for DropReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What happened to one gradient at a shard.
+#[derive(
+    Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize, Archive, Serialize, Deserialize,
+)]
+#[rkyv(derive(Debug, PartialEq))]
+pub enum Outcome {
+    /// Applied with this learning rate.
+    Applied {
+        /// The rate `α` it was applied with.
+        alpha: f32,
+    },
+    /// Dropped, counted, and reported.
+    Dropped(DropReason),
+}
+
 /// One gradient's fate, as a shard reports it to the scheduler's tracker.
 #[derive(Archive, Serialize, Deserialize, Clone, Copy, Debug, PartialEq)]
 #[rkyv(derive(Debug))]
 pub struct GradientReport {
     /// The learner.
-    pub learner: u32,
+    pub learner: LearnerId,
     /// The clock of the weights it was computed on.
-    pub computed_on: u64,
+    pub computed_on: Clock,
     /// σ.
-    pub staleness: u64,
-    /// The rate it was applied with (0 when dropped).
-    pub alpha: f32,
-    /// 0: applied; 1: dropped as too stale; 2: dropped as of an earlier hardsync round;
-    /// 3: dropped as computed on weights the shard lost in a crash; 4: dropped as computed
-    /// before its learner was declared lost.
-    pub dropped: u8,
+    pub staleness: Staleness,
+    /// Applied (with its rate) or dropped (with the reason).
+    pub outcome: Outcome,
 }
 
 /// One update a shard applied.
@@ -69,7 +130,7 @@ pub struct GradientReport {
 #[rkyv(derive(Debug))]
 pub struct UpdateReport {
     /// The clock after the update.
-    pub clock: u64,
+    pub clock: Clock,
     /// Gradients combined into it.
     pub gradients: u32,
 }
@@ -116,7 +177,7 @@ pub enum Msg {
     /// Learner → scheduler: more gradients computed.
     Progress {
         /// The learner that computed them.
-        learner: u32,
+        learner: LearnerId,
         /// Examples.
         samples: u64,
         /// Gradients.
@@ -146,7 +207,7 @@ pub enum Msg {
         /// The request answered.
         request: u64,
         /// Shard clock.
-        clock: u64,
+        clock: Clock,
         /// The shard's parameter range.
         #[rkyv(with = AsFloatVec)]
         values: Floats,
@@ -155,23 +216,23 @@ pub enum Msg {
     Heartbeat,
     /// Scheduler → shard: the active learners changed (a learner was lost or rejoined).
     Membership {
-        /// The ids of the learners now active.
-        active: Vec<u32>,
+        /// The learners now active.
+        active: Vec<LearnerId>,
     },
     /// Shard → scheduler: restarted, I resumed from my checkpoint at `clock`.
     Resumed {
         /// The clock of the checkpoint.
-        clock: u64,
+        clock: Clock,
     },
     /// Learner → shard, first on a connection: I am learner `learner`.
     Hello {
         /// The learner id the scheduler assigned.
-        learner: u32,
+        learner: LearnerId,
     },
     /// Learner → shard: send me your weights.
     Pull {
         /// Who.
-        learner: u32,
+        learner: LearnerId,
         /// The learner's step it is for; the answer carries it back.
         seq: u64,
         /// After the learner's last push: answer once, expect no gradient.
@@ -180,11 +241,11 @@ pub enum Msg {
     /// Shard → learner: weights.
     Weights {
         /// From which shard.
-        shard: u32,
+        shard: ShardId,
         /// The pull answered (0 for a center).
         seq: u64,
         /// Their clock.
-        clock: u64,
+        clock: Clock,
         /// The values.
         #[rkyv(with = AsFloatVec)]
         values: Floats,
@@ -192,11 +253,11 @@ pub enum Msg {
     /// Learner → shard: a gradient slice.
     Push {
         /// Who.
-        learner: u32,
+        learner: LearnerId,
         /// The learner's step: a copy of a push already applied is ignored.
         seq: u64,
         /// The clock of the weights it was computed on.
-        computed_on: u64,
+        computed_on: Clock,
         /// The values.
         #[rkyv(with = AsFloatVec)]
         values: Floats,
@@ -205,7 +266,7 @@ pub enum Msg {
     /// MDOWNPOUR's gradient for the shard's range; answered with `Weights` (the center).
     Exchange {
         /// Who.
-        learner: u32,
+        learner: LearnerId,
         /// The values.
         #[rkyv(with = AsFloatVec)]
         values: Floats,
@@ -432,24 +493,24 @@ impl Inbound {
             .map_err(|e| TransportError::BadFrame(format!("{kind:?} body failed validation: {e}")))?;
         let inbound = match archived {
             ArchivedMsg::Weights { shard, seq, clock, values } => Self::Weights {
-                shard: ShardId(shard.to_native()),
+                shard: ShardId(shard.0.to_native()),
                 seq: seq.to_native(),
-                clock: Clock(clock.to_native()),
+                clock: Clock(clock.0.to_native()),
                 values: Floats::in_frame(buf, values),
             },
             ArchivedMsg::Push { learner, seq, computed_on, values } => Self::Push {
-                learner: LearnerId(learner.to_native()),
+                learner: LearnerId(learner.0.to_native()),
                 seq: seq.to_native(),
-                computed_on: Clock(computed_on.to_native()),
+                computed_on: Clock(computed_on.0.to_native()),
                 values: Floats::in_frame(buf, values),
             },
             ArchivedMsg::Exchange { learner, values } => Self::Exchange {
-                learner: LearnerId(learner.to_native()),
+                learner: LearnerId(learner.0.to_native()),
                 values: Floats::in_frame(buf, values),
             },
             ArchivedMsg::Snapshot { request, clock, values } => Self::Snapshot {
                 request: request.to_native(),
-                clock: Clock(clock.to_native()),
+                clock: Clock(clock.0.to_native()),
                 values: Floats::in_frame(buf, values),
             },
             other => Self::Control(
@@ -522,33 +583,40 @@ mod tests {
             Msg::Ready,
             Msg::Start,
             Msg::Stop,
-            Msg::Progress { learner: 1, samples: 256, steps: 8, loss_sum: 3.5 },
+            Msg::Progress { learner: LearnerId(1), samples: 256, steps: 8, loss_sum: 3.5 },
             Msg::LearnerDone { error: Some("out of memory".into()) },
             Msg::Records {
-                gradients: vec![GradientReport {
-                    learner: 1,
-                    computed_on: 3,
-                    staleness: 2,
-                    alpha: 0.5,
-                    dropped: 0,
-                }],
-                updates: vec![UpdateReport { clock: 7, gradients: 2 }],
+                gradients: vec![
+                    GradientReport {
+                        learner: LearnerId(1),
+                        computed_on: Clock(3),
+                        staleness: Staleness(2),
+                        outcome: Outcome::Applied { alpha: 0.5 },
+                    },
+                    GradientReport {
+                        learner: LearnerId(0),
+                        computed_on: Clock(1),
+                        staleness: Staleness(6),
+                        outcome: Outcome::Dropped(DropReason::TooStale),
+                    },
+                ],
+                updates: vec![UpdateReport { clock: Clock(7), gradients: 2 }],
             },
             Msg::SnapshotRequest { request: 9 },
-            Msg::Snapshot { request: 9, clock: 4, values: vec![1.0, 2.0].into() },
+            Msg::Snapshot { request: 9, clock: Clock(4), values: vec![1.0, 2.0].into() },
             Msg::Heartbeat,
-            Msg::Membership { active: vec![0, 2, 3] },
-            Msg::Resumed { clock: 800 },
-            Msg::Hello { learner: 2 },
-            Msg::Pull { learner: 2, seq: 1, last: false },
-            Msg::Weights { shard: 1, seq: 1, clock: 5, values: vec![0.5; 1000].into() },
+            Msg::Membership { active: vec![LearnerId(0), LearnerId(2), LearnerId(3)] },
+            Msg::Resumed { clock: Clock(800) },
+            Msg::Hello { learner: LearnerId(2) },
+            Msg::Pull { learner: LearnerId(2), seq: 1, last: false },
+            Msg::Weights { shard: ShardId(1), seq: 1, clock: Clock(5), values: vec![0.5; 1000].into() },
             Msg::Push {
-                learner: 2,
+                learner: LearnerId(2),
                 seq: 9,
-                computed_on: 5,
+                computed_on: Clock(5),
                 values: (0..777).map(|i| i as f32).collect::<Vec<f32>>().into(),
             },
-            Msg::Exchange { learner: 3, values: vec![0.25; 333].into() },
+            Msg::Exchange { learner: LearnerId(3), values: vec![0.25; 333].into() },
         ]
     }
 
@@ -573,22 +641,22 @@ mod tests {
                     Inbound::Weights { shard, seq, clock, values },
                     Msg::Weights { shard: s, seq: q, clock: c, values: v },
                 ) => {
-                    assert_eq!((shard.0, seq, clock.0, &values[..]), (*s, q, *c, &v[..]));
+                    assert_eq!((shard, seq, clock, &values[..]), (s, q, c, &v[..]));
                 }
                 (
                     Inbound::Push { learner, seq, computed_on, values },
                     Msg::Push { learner: l, seq: q, computed_on: c, values: v },
                 ) => {
-                    assert_eq!((learner.0, seq, computed_on.0, &values[..]), (*l, q, *c, &v[..]));
+                    assert_eq!((learner, seq, computed_on, &values[..]), (l, q, c, &v[..]));
                 }
                 (Inbound::Exchange { learner, values }, Msg::Exchange { learner: l, values: v }) => {
-                    assert_eq!((learner.0, &values[..]), (*l, &v[..]));
+                    assert_eq!((learner, &values[..]), (l, &v[..]));
                 }
                 (
                     Inbound::Snapshot { request, clock, values },
                     Msg::Snapshot { request: r, clock: c, values: v },
                 ) => {
-                    assert_eq!((*request, clock.0, &values[..]), (*r, *c, &v[..]));
+                    assert_eq!((request, clock, &values[..]), (r, c, &v[..]));
                 }
                 other => panic!("decoded to the wrong shape: {other:?}"),
             }
@@ -597,9 +665,14 @@ mod tests {
 
     #[test]
     fn payloads_are_viewed_in_the_receive_buffer() {
-        let bytes = Msg::Push { learner: 0, seq: 1, computed_on: 0, values: vec![3.0; 4096].into() }
-            .encode()
-            .unwrap();
+        let bytes = Msg::Push {
+            learner: LearnerId(0),
+            seq: 1,
+            computed_on: Clock(0),
+            values: vec![3.0; 4096].into(),
+        }
+        .encode()
+        .unwrap();
         let mut body = AlignedVec::new();
         body.extend_from_slice(&bytes[HEADER_LEN..]);
         let range = body.as_ptr_range();
@@ -617,10 +690,11 @@ mod tests {
 
     #[test]
     fn bad_frames_are_rejected_with_a_reason() {
-        let good = Msg::Push { learner: 1, seq: 1, computed_on: 2, values: vec![1.0; 64].into() }
-            .encode()
-            .unwrap()
-            .to_vec();
+        let good =
+            Msg::Push { learner: LearnerId(1), seq: 1, computed_on: Clock(2), values: vec![1.0; 64].into() }
+                .encode()
+                .unwrap()
+                .to_vec();
         assert!(rejected(&good[..10], MAX).contains("truncated header"));
         assert!(rejected(&good[..good.len() - 3], MAX).contains("truncated"));
         assert!(rejected(&good, 100).contains("exceeds"));
@@ -645,7 +719,7 @@ mod tests {
     fn random_bytes_never_panic() {
         use rand::{Rng, SeedableRng};
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
-        let good = Msg::Weights { shard: 0, seq: 1, clock: 1, values: vec![1.0; 16].into() }
+        let good = Msg::Weights { shard: ShardId(0), seq: 1, clock: Clock(1), values: vec![1.0; 16].into() }
             .encode()
             .unwrap()
             .to_vec();

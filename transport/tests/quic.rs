@@ -6,7 +6,7 @@ use std::time::Duration;
 use rudra_transport::frame::Header;
 use rudra_transport::quic::{QuicEndpoint, QuicSettings};
 use rudra_transport::tls::CertDir;
-use rudra_transport::{Inbound, Kind, Msg};
+use rudra_transport::{Clock, Inbound, Kind, LearnerId, Msg, ShardId};
 
 fn cluster(names: &[&str]) -> (tempfile::TempDir, CertDir) {
     let dir = tempfile::tempdir().unwrap();
@@ -39,14 +39,19 @@ async fn messages_arrive_intact_and_control_stays_in_order() {
     let accept = tokio::spawn(async move { shard.accept().await.unwrap().unwrap() });
     let to_shard = learner.connect(addr, "shard-0").await.unwrap();
     assert_eq!(to_shard.name(), "shard-0");
-    to_shard.send(&Msg::Hello { learner: 0 }).await.unwrap();
+    to_shard.send(&Msg::Hello { learner: LearnerId(0) }).await.unwrap();
     let from_learner = accept.await.unwrap();
     assert_eq!(from_learner.name(), "learner-0", "the name comes from the certificate");
     let mut rx = from_learner.incoming(16);
-    assert!(matches!(next(&mut rx).await, Inbound::Control(Msg::Hello { learner: 0 })));
+    assert!(matches!(next(&mut rx).await, Inbound::Control(Msg::Hello { learner: LearnerId(0) })));
     let grad: Vec<f32> = (0..1 << 20).map(|i| i as f32).collect();
     to_shard
-        .send(&Msg::Push { learner: 0, seq: 1, computed_on: 7, values: grad.clone().into() })
+        .send(&Msg::Push {
+            learner: LearnerId(0),
+            seq: 1,
+            computed_on: Clock(7),
+            values: grad.clone().into(),
+        })
         .await
         .unwrap();
     match next(&mut rx).await {
@@ -57,16 +62,20 @@ async fn messages_arrive_intact_and_control_stays_in_order() {
         other => panic!("expected the push, got {other:?}"),
     }
     for i in 0..50u32 {
-        to_shard.send(&Msg::Pull { learner: i, seq: 1, last: false }).await.unwrap();
+        to_shard.send(&Msg::Pull { learner: LearnerId(i), seq: 1, last: false }).await.unwrap();
     }
     for i in 0..50u32 {
-        assert!(matches!(next(&mut rx).await, Inbound::Control(Msg::Pull { learner, .. }) if learner == i));
+        assert!(
+            matches!(next(&mut rx).await, Inbound::Control(Msg::Pull { learner, .. }) if learner == LearnerId(i))
+        );
     }
     // Every frame is counted once on each side, header and body.
-    let pulls = 50 * Msg::Pull { learner: 0, seq: 1, last: false }.encode().unwrap().len() as u64;
-    let hello = Msg::Hello { learner: 0 }.encode().unwrap().len() as u64;
-    let push =
-        Msg::Push { learner: 0, seq: 1, computed_on: 7, values: grad.into() }.encode().unwrap().len() as u64;
+    let pulls = 50 * Msg::Pull { learner: LearnerId(0), seq: 1, last: false }.encode().unwrap().len() as u64;
+    let hello = Msg::Hello { learner: LearnerId(0) }.encode().unwrap().len() as u64;
+    let push = Msg::Push { learner: LearnerId(0), seq: 1, computed_on: Clock(7), values: grad.into() }
+        .encode()
+        .unwrap()
+        .len() as u64;
     assert_eq!(learner.traffic().sent(), hello + push + pulls);
     assert_eq!(received.received(), learner.traffic().sent());
     assert_eq!(learner.traffic().received(), 0);
@@ -85,7 +94,7 @@ async fn a_peer_from_another_ca_is_refused_and_the_node_keeps_serving() {
     let attempt = tokio::spawn(async move {
         let peer = intruder.connect(addr, "shard-0").await?;
         // TLS 1.3 checks the client's certificate after the client's side of the handshake.
-        peer.send(&Msg::Hello { learner: 0 }).await?;
+        peer.send(&Msg::Hello { learner: LearnerId(0) }).await?;
         Ok::<_, rudra_transport::TransportError>(peer.closed().await)
     });
     let outcome = tokio::time::timeout(Duration::from_secs(10), shard.accept()).await.unwrap().unwrap();
@@ -107,7 +116,7 @@ async fn a_peer_from_another_ca_is_refused_and_the_node_keeps_serving() {
         }
     });
     let peer = learner.connect(addr, "shard-0").await.unwrap();
-    peer.send(&Msg::Hello { learner: 0 }).await.unwrap();
+    peer.send(&Msg::Hello { learner: LearnerId(0) }).await.unwrap();
     let mut rx = accept.await.unwrap().incoming(4);
     assert!(matches!(next(&mut rx).await, Inbound::Control(Msg::Hello { .. })));
     assert!(probe.await.unwrap().is_err(), "a client that does not trust our CA fails");
@@ -126,10 +135,11 @@ async fn bad_frames_close_their_stream_only() {
     let mut rx = accept.await.unwrap().incoming(16);
     assert!(matches!(next(&mut rx).await, Inbound::Control(Msg::Heartbeat)));
 
-    let good = Msg::Push { learner: 0, seq: 1, computed_on: 1, values: vec![1.0; 8].into() }
-        .encode()
-        .unwrap()
-        .to_vec();
+    let good =
+        Msg::Push { learner: LearnerId(0), seq: 1, computed_on: Clock(1), values: vec![1.0; 8].into() }
+            .encode()
+            .unwrap()
+            .to_vec();
     let header = |kind: Kind, body_len: u32| Header { kind, body_len }.encode().to_vec();
     let mut truncated = good.clone();
     truncated.truncate(good.len() - 5);
@@ -145,7 +155,7 @@ async fn bad_frames_close_their_stream_only() {
         // A learner may not send weights, and a shard does not accept them.
         (
             "wrong kind for the role",
-            Msg::Weights { shard: 0, seq: 1, clock: 0, values: vec![0.0; 4].into() }
+            Msg::Weights { shard: ShardId(0), seq: 1, clock: Clock(0), values: vec![0.0; 4].into() }
                 .encode()
                 .unwrap()
                 .to_vec(),
@@ -156,9 +166,14 @@ async fn bad_frames_close_their_stream_only() {
         to_shard.send_encoded(Kind::Push, bytes.into()).await.unwrap_or_else(|e| panic!("{what}: {e}"));
     }
     // The connection and its control stream still work; nothing bad got through.
-    to_shard.send(&Msg::Pull { learner: 0, seq: 1, last: false }).await.unwrap();
+    to_shard.send(&Msg::Pull { learner: LearnerId(0), seq: 1, last: false }).await.unwrap();
     to_shard
-        .send(&Msg::Push { learner: 0, seq: 1, computed_on: 3, values: vec![2.0; 8].into() })
+        .send(&Msg::Push {
+            learner: LearnerId(0),
+            seq: 1,
+            computed_on: Clock(3),
+            values: vec![2.0; 8].into(),
+        })
         .await
         .unwrap();
     let mut got = Vec::new();
@@ -185,15 +200,20 @@ fn endpoints_outlive_the_runtimes_that_use_them() {
     let (to_shard, from_learner) = runtime().block_on(async {
         let accept = tokio::spawn(async move { shard.accept().await.unwrap().unwrap() });
         let to_shard = learner.connect(addr, "shard-0").await.unwrap();
-        to_shard.send(&Msg::Hello { learner: 0 }).await.unwrap();
+        to_shard.send(&Msg::Hello { learner: LearnerId(0) }).await.unwrap();
         (to_shard, accept.await.unwrap())
     });
     // The runtime that connected is gone; a new one sends and receives on the same connection.
     runtime().block_on(async {
         let mut rx = from_learner.incoming(4);
-        assert!(matches!(next(&mut rx).await, Inbound::Control(Msg::Hello { learner: 0 })));
+        assert!(matches!(next(&mut rx).await, Inbound::Control(Msg::Hello { learner: LearnerId(0) })));
         to_shard
-            .send(&Msg::Push { learner: 0, seq: 1, computed_on: 2, values: vec![0.5; 4096].into() })
+            .send(&Msg::Push {
+                learner: LearnerId(0),
+                seq: 1,
+                computed_on: Clock(2),
+                values: vec![0.5; 4096].into(),
+            })
             .await
             .unwrap();
         match next(&mut rx).await {
@@ -214,7 +234,7 @@ async fn an_aborted_endpoint_goes_silent_like_a_crashed_node() {
     let addr = shard.local_addr().unwrap();
     let accept = tokio::spawn(async move { (shard.accept().await.unwrap().unwrap(), shard) });
     let to_shard = learner.connect(addr, "shard-0").await.unwrap();
-    to_shard.send(&Msg::Hello { learner: 0 }).await.unwrap();
+    to_shard.send(&Msg::Hello { learner: LearnerId(0) }).await.unwrap();
     let (from_learner, _shard) = accept.await.unwrap();
     let _rx = to_shard.incoming(4);
     learner.abort();

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use rudra_transport::quic::{QuicEndpoint, QuicSettings};
 use rudra_transport::tls::CertDir;
-use rudra_transport::{FaultWindow, Inbound, LinkFaults, Msg, Relay, RelayHandle, RelayLimits, RelayRules};
+use rudra_transport::{
+    Clock, FaultWindow, Inbound, LearnerId, LinkFaults, Msg, Relay, RelayHandle, RelayLimits, RelayRules,
+};
 use tokio::net::UdpSocket;
 use tokio::time::{Instant, timeout};
 
@@ -217,13 +219,18 @@ async fn quic_works_through_a_lossy_relay() {
     let accept = tokio::spawn(async move { shard.accept().await.unwrap().unwrap() });
     let to_shard = timeout(Duration::from_secs(20), learner.connect(via, "shard-0")).await.unwrap().unwrap();
     let grad: Vec<f32> = (0..1 << 18).map(|i| i as f32).collect();
-    to_shard.send(&Msg::Hello { learner: 0 }).await.unwrap();
+    to_shard.send(&Msg::Hello { learner: LearnerId(0) }).await.unwrap();
     to_shard
-        .send(&Msg::Push { learner: 0, seq: 1, computed_on: 1, values: grad.clone().into() })
+        .send(&Msg::Push {
+            learner: LearnerId(0),
+            seq: 1,
+            computed_on: Clock(1),
+            values: grad.clone().into(),
+        })
         .await
         .unwrap();
     for i in 0..20 {
-        to_shard.send(&Msg::Pull { learner: i, seq: 1, last: false }).await.unwrap();
+        to_shard.send(&Msg::Pull { learner: LearnerId(i), seq: 1, last: false }).await.unwrap();
     }
     let from_learner = accept.await.unwrap();
     assert_eq!(from_learner.name(), "learner-0");
@@ -231,12 +238,12 @@ async fn quic_works_through_a_lossy_relay() {
     let (mut pulls, mut pushed) = (Vec::new(), None);
     for _ in 0..22 {
         match timeout(Duration::from_secs(20), rx.recv()).await.unwrap().unwrap() {
-            Inbound::Control(Msg::Hello { learner: 0 }) => {}
+            Inbound::Control(Msg::Hello { learner: LearnerId(0) }) => {}
             Inbound::Control(Msg::Pull { learner, .. }) => pulls.push(learner),
             Inbound::Push { values, .. } => pushed = Some(values),
             other => panic!("unexpected {other:?}"),
         }
     }
-    assert_eq!(pulls, (0..20).collect::<Vec<_>>(), "control stays in order");
+    assert_eq!(pulls, (0..20).map(LearnerId).collect::<Vec<_>>(), "control stays in order");
     assert_eq!(&pushed.expect("the push")[..], &grad[..]);
 }

@@ -9,14 +9,13 @@
 //! - DOWNPOUR: the shard adds the learner's accumulated `v` to x̃ and answers with the new x̃.
 //! - MDOWNPOUR: the shard keeps Nesterov momentum `u ← δu − η g; x̃ ← x̃ + δu − η g`.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use rudra_compute::cpu;
 use rudra_transport::{Clock, LearnerId, ShardId};
 
-use super::{ShardState, Weights};
-use crate::ActorError;
+use super::{CoreError, ShardEvent, ShardState, UpdateRecord, Weights};
 
 /// How a center shard combines what learners send.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -42,18 +41,6 @@ pub enum CenterRule {
     },
 }
 
-/// An effect of a center shard.
-#[derive(Clone, Debug)]
-pub enum CenterEvent {
-    /// Send this learner the center it must use for its side of the exchange.
-    Reply {
-        /// The learner.
-        learner: LearnerId,
-        /// The center: before the exchange for EASGD, after it for DOWNPOUR.
-        center: Weights,
-    },
-}
-
 /// A shard holding the center variable x̃ of its range.
 #[derive(Debug)]
 pub struct CenterShard {
@@ -67,7 +54,8 @@ pub struct CenterShard {
     round: BTreeSet<LearnerId>,
     /// MDOWNPOUR's velocity.
     velocity: Vec<f32>,
-    events: VecDeque<CenterEvent>,
+    /// Effects of the input being handled, returned when it is done.
+    events: Vec<ShardEvent>,
 }
 
 impl CenterShard {
@@ -87,7 +75,7 @@ impl CenterShard {
             round_sum,
             round: BTreeSet::new(),
             velocity,
-            events: VecDeque::new(),
+            events: Vec::new(),
         }
     }
 
@@ -117,7 +105,7 @@ impl CenterShard {
 
     /// Continue from `state`; an open sync round is forgotten. A state of the wrong size is
     /// refused and changes nothing.
-    pub fn restore(&mut self, state: ShardState) -> Result<(), ActorError> {
+    pub fn restore(&mut self, state: ShardState) -> Result<(), CoreError> {
         state.check(self.center.len(), !self.velocity.is_empty())?;
         (self.clock, self.center, self.velocity) = (state.clock, Arc::new(state.values), state.velocity);
         self.round_sum.fill(0.0);
@@ -132,19 +120,14 @@ impl CenterShard {
         self.clock
     }
 
-    /// The next effect to carry out.
-    pub fn poll_event(&mut self) -> Option<CenterEvent> {
-        self.events.pop_front()
-    }
-
     /// A learner sends its values for this shard's range: x^i for EASGD, the accumulated `v`
     /// for DOWNPOUR, a gradient for MDOWNPOUR. Rejected without any change when malformed.
-    pub fn on_exchange(&mut self, learner: LearnerId, values: &[f32]) -> Result<(), ActorError> {
+    pub fn on_exchange(&mut self, learner: LearnerId, values: &[f32]) -> Result<Vec<ShardEvent>, CoreError> {
         if !self.active.contains(&learner) {
-            return Err(ActorError::Protocol(format!("{learner} is not an active learner of {}", self.id)));
+            return Err(CoreError::Protocol(format!("{learner} is not an active learner of {}", self.id)));
         }
         if values.len() != self.center.len() {
-            return Err(ActorError::Protocol(format!(
+            return Err(CoreError::Protocol(format!(
                 "{learner} sent {} values to {}, which holds {}",
                 values.len(),
                 self.id,
@@ -158,21 +141,18 @@ impl CenterShard {
                 // x̃ ← x̃ + α (x − x̃) = (1 − α) x̃ + α x
                 cpu::scale(1.0 - alpha, center);
                 cpu::axpy(alpha, values, center);
-                self.clock = self.clock.next();
+                self.advance(1);
             }
             CenterRule::ElasticSync { .. } => {
                 if !self.round.insert(learner) {
-                    return Err(ActorError::Protocol(format!(
-                        "{learner} sent twice in round {}",
-                        self.clock
-                    )));
+                    return Err(CoreError::Protocol(format!("{learner} sent twice in round {}", self.clock)));
                 }
                 cpu::axpy(1.0, values, &mut self.round_sum);
                 self.close_round_if_complete();
             }
             CenterRule::Downpour => {
                 cpu::axpy(1.0, values, Arc::make_mut(&mut self.center).as_mut_slice());
-                self.clock = self.clock.next();
+                self.advance(1);
                 self.reply(learner);
             }
             CenterRule::MDownpour { momentum, lr } => {
@@ -181,24 +161,31 @@ impl CenterShard {
                     *u = momentum * *u - lr * g;
                     *x += momentum * *u - lr * g;
                 }
-                self.clock = self.clock.next();
+                self.advance(1);
                 self.reply(learner);
             }
         }
-        Ok(())
+        Ok(std::mem::take(&mut self.events))
     }
 
     /// The active learners changed; a sync round waits only for those still active.
-    pub fn on_membership(&mut self, active: BTreeSet<LearnerId>) {
+    pub fn on_membership(&mut self, active: BTreeSet<LearnerId>) -> Vec<ShardEvent> {
         self.active = active;
         if !self.round.is_empty() {
             self.close_round_if_complete();
         }
+        std::mem::take(&mut self.events)
     }
 
     fn reply(&mut self, learner: LearnerId) {
-        let center = self.snapshot();
-        self.events.push_back(CenterEvent::Reply { learner, center });
+        let weights = self.snapshot();
+        self.events.push(ShardEvent::Serve { learner, seq: 0, weights });
+    }
+
+    /// The center moved by an update combining `gradients` contributions.
+    fn advance(&mut self, gradients: usize) {
+        self.clock = self.clock.next();
+        self.events.push(ShardEvent::Update(UpdateRecord { shard: self.id, clock: self.clock, gradients }));
     }
 
     fn close_round_if_complete(&mut self) {
@@ -208,15 +195,16 @@ impl CenterShard {
         }
         let before = self.snapshot();
         for &learner in &self.round {
-            self.events.push_back(CenterEvent::Reply { learner, center: before.clone() });
+            self.events.push(ShardEvent::Serve { learner, seq: 0, weights: before.clone() });
         }
         let p = self.round.len() as f32;
         let center = Arc::make_mut(&mut self.center);
         // x̃ ← (1 − β) x̃ + β · mean_i x^i
         cpu::scale(1.0 - beta, center);
         cpu::axpy_drain(beta / p, &mut self.round_sum, center);
+        let gradients = self.round.len();
         self.round.clear();
-        self.clock = self.clock.next();
+        self.advance(gradients);
     }
 }
 
@@ -344,8 +332,7 @@ pub fn sync_easgd_is_stable(eta_h: f64, alpha: f64, beta: f64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::shard::SgdShardConfig;
-    use crate::protocol::{LrModulation, SgdShard, SyncRule};
+    use crate::protocol::{LrModulation, SgdShard, SgdShardConfig, SyncRule};
 
     const L0: LearnerId = LearnerId(0);
     const L1: LearnerId = LearnerId(1);
@@ -354,9 +341,13 @@ mod tests {
         [L0, L1].into_iter().collect()
     }
 
-    fn replies(s: &mut CenterShard) -> Vec<(LearnerId, Vec<f32>)> {
-        std::iter::from_fn(|| s.poll_event())
-            .map(|CenterEvent::Reply { learner, center }| (learner, center.values.to_vec()))
+    /// The centers served among `events`.
+    fn replies(events: Vec<ShardEvent>) -> Vec<(LearnerId, Vec<f32>)> {
+        (events.into_iter())
+            .filter_map(|e| match e {
+                ShardEvent::Serve { learner, weights, .. } => Some((learner, weights.values.to_vec())),
+                ShardEvent::Gradient(_) | ShardEvent::Update(_) => None,
+            })
             .collect()
     }
 
@@ -381,8 +372,7 @@ mod tests {
         let mut at = Vec::new();
         learner.gradient_point(&x, &mut at);
         assert_eq!(at, x, "EASGD: the gradient point is x before the elastic pull");
-        shard.on_exchange(L0, &x).unwrap();
-        let (_, center) = replies(&mut shard).remove(0);
+        let (_, center) = replies(shard.on_exchange(L0, &x).unwrap()).remove(0);
         assert_eq!(center, vec![1.0, 2.0], "the learner gets x̃ from before the exchange");
         close(&shard.snapshot().values, &[2.0, 4.0]); // x̃ + α (x − x̃)
         let g: Vec<f32> = at.iter().map(|v| v * 10.0).collect(); // g(x) = 10 x
@@ -439,24 +429,28 @@ mod tests {
     fn sync_round_uses_every_learners_x_before_the_pull() {
         let mut s =
             CenterShard::new(ShardId(0), CenterRule::ElasticSync { beta: 0.5 }, vec![0.0, 4.0], both());
-        s.on_exchange(L0, &[1.0, 0.0]).unwrap();
-        assert!(replies(&mut s).is_empty(), "the round waits for every learner");
+        assert!(
+            replies(s.on_exchange(L0, &[1.0, 0.0]).unwrap()).is_empty(),
+            "the round waits for every learner"
+        );
         assert!(s.on_exchange(L0, &[1.0, 0.0]).is_err(), "twice in one round");
-        s.on_exchange(L1, &[3.0, 8.0]).unwrap();
-        let r = replies(&mut s);
+        let r = replies(s.on_exchange(L1, &[3.0, 8.0]).unwrap());
         assert_eq!(r, vec![(L0, vec![0.0, 4.0]), (L1, vec![0.0, 4.0])], "both get x̃ from before the round");
         close(&s.snapshot().values, &[0.5 * 0.0 + 0.5 * 2.0, 0.5 * 4.0 + 0.5 * 4.0]);
         assert_eq!(s.clock(), Clock(1));
         s.on_exchange(L0, &[0.0, 0.0]).unwrap();
-        s.on_membership([L0].into_iter().collect());
-        assert_eq!(replies(&mut s).len(), 1, "a round stops waiting for a learner that left");
+        let events = s.on_membership([L0].into_iter().collect());
+        assert!(events.iter().any(|e| matches!(e, ShardEvent::Update(u) if u.clock == Clock(2))));
+        assert_eq!(replies(events).len(), 1, "a round stops waiting for a learner that left");
     }
 
     #[test]
     fn downpour_adds_v_and_mdownpour_keeps_nesterov_momentum() {
         let mut d = CenterShard::new(ShardId(0), CenterRule::Downpour, vec![1.0], both());
-        d.on_exchange(L1, &[-0.25]).unwrap();
-        assert_eq!(replies(&mut d), vec![(L1, vec![0.75])], "DOWNPOUR answers with the new center");
+        let events = d.on_exchange(L1, &[-0.25]).unwrap();
+        let update = UpdateRecord { shard: ShardId(0), clock: Clock(1), gradients: 1 };
+        assert!(matches!(events[0], ShardEvent::Update(u) if u == update), "every exchange is an update");
+        assert_eq!(replies(events), vec![(L1, vec![0.75])], "DOWNPOUR answers with the new center");
         let mut m =
             CenterShard::new(ShardId(0), CenterRule::MDownpour { momentum: 0.5, lr: 0.1 }, vec![1.0], both());
         m.on_exchange(L0, &[2.0]).unwrap(); // u = −0.2; x̃ = 1 + 0.5·(−0.2) − 0.2
@@ -485,10 +479,10 @@ mod tests {
             (0..p).map(|_| ElasticLearner::new(easgd(1, alpha, eta_h, 0.0), 1)).collect();
         let mut xs: Vec<Vec<f32>> = (0..p).map(|i| vec![1.0 + i as f32 * 0.1]).collect();
         for _ in 0..rounds {
+            let mut centers = Vec::new();
             for (i, x) in xs.iter().enumerate() {
-                shard.on_exchange(LearnerId(i as u32), x).unwrap();
+                centers.extend(replies(shard.on_exchange(LearnerId(i as u32), x).unwrap()));
             }
-            let centers = replies(&mut shard);
             for ((l, x), (_, c)) in learners.iter_mut().zip(&mut xs).zip(centers) {
                 let g = vec![x[0]]; // h = 1: g(x) = x, so η is ηh
                 l.step(x, &g, Some(&c));
@@ -558,12 +552,13 @@ mod tests {
             let centers: Vec<Option<Vec<f32>>> = if exchange {
                 let mean: Vec<f32> =
                     (0..2).map(|k| xs.iter().map(|x| x[k]).sum::<f32>() / p as f32).collect();
+                let mut served = Vec::new();
                 for (i, x) in xs.iter().enumerate() {
-                    shard.on_exchange(LearnerId(i as u32), x).unwrap();
+                    served.extend(replies(shard.on_exchange(LearnerId(i as u32), x).unwrap()));
                 }
                 let before = std::mem::replace(&mut average, mean);
                 close(&shard.snapshot().values, &average);
-                replies(&mut shard)
+                served
                     .into_iter()
                     .map(|(_, c)| {
                         assert_eq!(c, before, "each learner is pulled toward the previous average");
@@ -611,7 +606,6 @@ mod tests {
         for l in [L0, L1] {
             sgd.on_pull(l, 1).unwrap();
         }
-        while sgd.poll_event().is_some() {}
         // Both DOWNPOUR learners take their first step (the exchange of v = 0 returns x̃₀).
         for (dl, x) in learners.iter_mut().zip(&mut xs) {
             let g = grad(x);
@@ -622,17 +616,16 @@ mod tests {
             // Async SGD: push the gradient at the pulled weights, pull again.
             let (j, w) = &pulled[who];
             let seq = sgd.last_pushed(id) + 1;
-            sgd.on_push(id, seq, *j, &grad(w)).unwrap();
-            sgd.on_pull(id, seq + 1).unwrap();
-            while let Some(e) = sgd.poll_event() {
-                if let crate::protocol::ShardEvent::Serve { weights, .. } = e {
+            let mut events = sgd.on_push(id, seq, *j, &grad(w)).unwrap();
+            events.extend(sgd.on_pull(id, seq + 1).unwrap());
+            for e in events {
+                if let ShardEvent::Serve { weights, .. } = e {
                     pulled[who] = (weights.clock, weights.values.to_vec());
                 }
             }
             // DOWNPOUR τ = 1: send v, adopt the new center, take a local step.
             let v = learners[who].take_accumulated();
-            center.on_exchange(id, &v).unwrap();
-            let (_, c) = replies(&mut center).remove(0);
+            let (_, c) = replies(center.on_exchange(id, &v).unwrap()).remove(0);
             xs[who] = c;
             let g = grad(&xs[who]);
             learners[who].step(&mut xs[who], &g);

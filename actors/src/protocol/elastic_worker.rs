@@ -15,8 +15,8 @@ use std::sync::Arc;
 
 use rudra_transport::{LearnerId, ShardId};
 
+use super::CoreError;
 use super::elastic::{DownpourLearner, ElasticLearner};
-use crate::ActorError;
 
 /// What the learner does between exchanges.
 #[derive(Clone, Debug)]
@@ -118,14 +118,14 @@ impl ElasticWorker {
     }
 
     /// Shard `shard` answered the exchange with `values`, its center for this learner.
-    pub fn on_center(&mut self, shard: ShardId, values: &[f32]) -> Result<Vec<WorkerEvent>, ActorError> {
+    pub fn on_center(&mut self, shard: ShardId, values: &[f32]) -> Result<Vec<WorkerEvent>, CoreError> {
         let s = shard.index();
         if !self.awaiting.get(s).copied().unwrap_or(false) {
-            return Err(ActorError::Protocol(format!("{} got an unexpected center from {shard}", self.id)));
+            return Err(CoreError::Protocol(format!("{} got an unexpected center from {shard}", self.id)));
         }
         let range = self.ranges[s].clone();
         if values.len() != range.len() {
-            return Err(ActorError::Protocol(format!(
+            return Err(CoreError::Protocol(format!(
                 "{shard} answered {} with {} values for a range of {}",
                 self.id,
                 values.len(),
@@ -153,9 +153,9 @@ impl ElasticWorker {
 
     /// The gradient asked for by the last [`WorkerEvent::Compute`]. Drop the point of that
     /// event first, so its buffer is reused rather than reallocated.
-    pub fn on_gradient(&mut self, g: &[f32]) -> Result<Vec<WorkerEvent>, ActorError> {
+    pub fn on_gradient(&mut self, g: &[f32]) -> Result<Vec<WorkerEvent>, CoreError> {
         if g.len() != self.x.len() {
-            return Err(ActorError::Protocol(format!(
+            return Err(CoreError::Protocol(format!(
                 "a gradient of {} values for {} parameters",
                 g.len(),
                 self.x.len()

@@ -6,7 +6,7 @@
 
 use rudra_transport::{Clock, LearnerId, ShardId};
 
-use crate::ActorError;
+use super::CoreError;
 
 /// An effect of the learner core.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -131,39 +131,40 @@ impl LearnerCore {
 
     /// Weights from `shard` at `clock` arrived, answering the pull of step `seq`. Once every
     /// shard answered: `Compute`, or `Finished` after the last step. A late or repeated answer
-    /// is [`ActorError::Duplicate`] and changes nothing.
+    /// is [`CoreError::Duplicate`] and changes nothing: a driver writes the weights it got into
+    /// its model only once this accepted them.
     pub fn on_weights(
         &mut self,
         shard: ShardId,
         clock: Clock,
         seq: u64,
-    ) -> Result<Option<LearnerEvent>, ActorError> {
+    ) -> Result<Vec<LearnerEvent>, CoreError> {
         let (id, current) = (self.id, self.seq());
         let slot = self
             .received
             .get_mut(shard.index())
-            .ok_or_else(|| ActorError::Protocol(format!("{id} got weights from unknown {shard}")))?;
+            .ok_or_else(|| CoreError::Protocol(format!("{id} got weights from unknown {shard}")))?;
         if self.computing || slot.is_some() || seq != current {
-            return Err(ActorError::Duplicate(format!(
+            return Err(CoreError::Duplicate(format!(
                 "{id} got weights #{seq} from {shard} on step #{current}"
             )));
         }
         *slot = Some(clock);
         if !self.received.iter().all(Option::is_some) {
-            return Ok(None);
+            return Ok(Vec::new());
         }
         if self.steps_done >= self.steps_total {
             // Every slot stays filled: nothing is retried and later answers are duplicates.
-            return Ok(Some(LearnerEvent::Finished));
+            return Ok(vec![LearnerEvent::Finished]);
         }
         self.computing = true;
-        Ok(Some(LearnerEvent::Compute))
+        Ok(vec![LearnerEvent::Compute])
     }
 
     /// The gradient is computed: push it to every shard, then pull again or finish.
-    pub fn on_computed(&mut self) -> Result<Vec<LearnerEvent>, ActorError> {
+    pub fn on_computed(&mut self) -> Result<Vec<LearnerEvent>, CoreError> {
         if !self.computing {
-            return Err(ActorError::Protocol(format!("{} finished a computation it never started", self.id)));
+            return Err(CoreError::Protocol(format!("{} finished a computation it never started", self.id)));
         }
         self.computing = false;
         let seq = self.seq();
@@ -191,10 +192,10 @@ mod tests {
         let mut l = LearnerCore::new(LearnerId(3), 2, 2);
         let pull = |s, last, seq| LearnerEvent::Pull { shard: ShardId(s), last, seq };
         assert_eq!(l.on_start(), vec![pull(0, false, 1), pull(1, false, 1)]);
-        assert_eq!(l.on_weights(ShardId(1), Clock(5), 1).unwrap(), None);
-        assert!(matches!(l.on_weights(ShardId(1), Clock(5), 1), Err(ActorError::Duplicate(_))), "twice");
+        assert_eq!(l.on_weights(ShardId(1), Clock(5), 1).unwrap(), vec![]);
+        assert!(matches!(l.on_weights(ShardId(1), Clock(5), 1), Err(CoreError::Duplicate(_))), "twice");
         assert_eq!(l.on_retry(), vec![pull(0, false, 1)], "only the shard that has not answered");
-        assert_eq!(l.on_weights(ShardId(0), Clock(4), 1).unwrap(), Some(LearnerEvent::Compute));
+        assert_eq!(l.on_weights(ShardId(0), Clock(4), 1).unwrap(), vec![LearnerEvent::Compute]);
         assert_eq!(l.on_retry(), vec![], "nothing to retry while computing");
         let ev = l.on_computed().unwrap();
         assert_eq!(ev[0], LearnerEvent::Push { shard: ShardId(0), computed_on: Clock(4), seq: 1 });
@@ -216,8 +217,8 @@ mod tests {
             l.on_retry()[..2],
             [LearnerEvent::Push { shard: ShardId(0), computed_on: Clock(6), seq: 2 }, pull(0, true, 3)]
         );
-        assert_eq!(l.on_weights(ShardId(0), Clock(7), 3).unwrap(), None);
-        assert_eq!(l.on_weights(ShardId(1), Clock(7), 3).unwrap(), Some(LearnerEvent::Finished));
+        assert_eq!(l.on_weights(ShardId(0), Clock(7), 3).unwrap(), vec![]);
+        assert_eq!(l.on_weights(ShardId(1), Clock(7), 3).unwrap(), vec![LearnerEvent::Finished]);
         assert!(l.on_computed().is_err());
         assert_eq!(l.on_retry(), vec![], "nothing to retry once finished");
         assert!(l.on_weights(ShardId(9), Clock(0), 3).is_err());

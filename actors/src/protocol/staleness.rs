@@ -1,7 +1,7 @@
 //! Staleness statistics: the tracker's core, also kept by every shard for `mean` modulation.
 
 use rudra_transport::Staleness;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Running counts of gradient staleness.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -14,7 +14,7 @@ pub struct StalenessStats {
 }
 
 /// A snapshot of [`StalenessStats`] for reports (`summary.json` key `staleness`).
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct StalenessSummary {
     /// Mean staleness ⟨σ⟩ of applied gradients (0 when none).
     pub mean: f64,

@@ -10,7 +10,7 @@ mod spec;
 pub use spec::{ConvLayer, ConvSpec, ModelSpec, ParamLayout, TensorInfo};
 use spec::{Op, Stage};
 
-use crate::{Backend, ComputeError, Dataset, Gemm};
+use crate::{Backend, ComputeError, Gemm};
 
 /// The most examples one forward pass of [`Model::evaluate`] holds, to bound the memory of
 /// convolutional activations; larger batches are evaluated in parts.
@@ -279,22 +279,6 @@ impl<B: Backend> Model<B> {
         self.work = Some(w);
         result
     }
-
-    /// Summed loss and number of correct predictions over all of `data`, `chunk` examples
-    /// per forward pass.
-    pub fn evaluate_dataset(&mut self, data: &Dataset, chunk: usize) -> Result<(f64, usize), ComputeError> {
-        data.chunks(chunk.max(1)).try_fold((0.0, 0), |(loss, correct), (x, y)| {
-            let (l, c) = self.evaluate(x, y)?;
-            Ok((loss + l, correct + c))
-        })
-    }
-
-    /// Mean loss and accuracy over all of `data`, evaluated in chunks of `chunk` rows.
-    pub fn evaluate_set(&mut self, data: &Dataset, chunk: usize) -> Result<(f64, f64), ComputeError> {
-        let (loss, correct) = self.evaluate_dataset(data, chunk)?;
-        let n = data.len().max(1) as f64;
-        Ok((loss / n, correct as f64 / n))
-    }
 }
 
 #[cfg(test)]
@@ -303,8 +287,8 @@ mod tests {
     use rand_chacha::ChaCha8Rng;
 
     use super::*;
-    use crate::CpuBackend;
     use crate::backend::{PoolKind, Window};
+    use crate::{CpuBackend, GradientModel};
 
     /// Compare the analytic gradient `g` with central differences along it, tensor by
     /// tensor: moving a tensor by `±h · g_t / |g_t|` must change the loss at the rate `|g_t|`.

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use rudra_actors::TrainingData;
 use rudra_actors::protocol::{LrModulation, SyncRule};
-use rudra_actors::{ClusterSpec, TrainingData};
 use rudra_compute::{BatchStream, CpuBackend, Dataset, Device, Minibatches, Model, ModelSpec, Partition};
 
 use super::{BenchRow, median};
@@ -53,12 +53,13 @@ pub(crate) fn sgd_loop(
 }
 
 /// The bare loop of the training suite: the CPU, one thread, `steps` SGD steps of
-/// `spec.batch_size`.
-fn bare_sgd(spec: &ClusterSpec, data: &TrainingData, steps: usize) -> Result<f64, RuntimeError> {
+/// `training.batch_size`.
+fn bare_sgd(config: &Config, data: &TrainingData, steps: usize) -> Result<f64, RuntimeError> {
+    let spec = &config.cluster;
     let settings = (spec.batch_size, spec.schedule.base, spec.seed);
     sgd_loop(
         &Device::Cpu(CpuBackend),
-        &spec.model,
+        &config.model,
         &data.train,
         settings,
         Span { steps, time: Duration::ZERO },
@@ -113,7 +114,7 @@ pub fn run(
     for round in 0..repeats {
         for (i, (name, setting)) in settings.iter().enumerate() {
             let sps = match setting {
-                None => bare_sgd(c, data, steps)?,
+                None => bare_sgd(&config, data, steps)?,
                 Some(s) => cluster(&config, data, *s, steps)?,
             };
             tracing::info!(round, "{name}: {sps:.0} samples/s");

@@ -11,7 +11,7 @@ use rkyv::util::AlignedVec;
 use rudra_transport::frame::HEADER_LEN;
 use rudra_transport::quic::{Peer, QuicEndpoint, QuicSettings};
 use rudra_transport::tls::CertDir;
-use rudra_transport::{Inbound, Kind, Msg};
+use rudra_transport::{Clock, Inbound, Kind, LearnerId, Msg, ShardId};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -147,7 +147,7 @@ async fn quic(
     });
     let peer = learner.connect(addr, "shard-0").await?;
     let mut rx = peer.incoming(4);
-    let pull = Msg::Pull { learner: 0, seq: 1, last: false };
+    let pull = Msg::Pull { learner: LearnerId(0), seq: 1, last: false };
     let start = Instant::now();
     for _ in 0..frames {
         peer.send_encoded(Kind::Push, push.clone()).await?;
@@ -179,7 +179,8 @@ async fn quic(
 /// Nanoseconds to validate a `floats`-float push body and view its payload, and to copy it.
 fn view_and_copy(floats: usize) -> Result<(f64, f64), RuntimeError> {
     let frame =
-        Msg::Push { learner: 0, seq: 1, computed_on: 0, values: vec![1.5; floats].into() }.encode()?;
+        Msg::Push { learner: LearnerId(0), seq: 1, computed_on: Clock(0), values: vec![1.5; floats].into() }
+            .encode()?;
     let mut body = AlignedVec::new();
     body.extend_from_slice(&frame[HEADER_LEN..]);
     let body = Arc::new(body);
@@ -211,8 +212,11 @@ pub fn run(frames: usize, repeats: usize) -> Result<Vec<BenchRow>, RuntimeError>
     certs.issue("shard-0")?;
     certs.issue("learner-0")?;
     let push =
-        Msg::Push { learner: 0, seq: 1, computed_on: 0, values: vec![0.25; FLOATS].into() }.encode()?;
-    let weights = Msg::Weights { shard: 0, seq: 1, clock: 0, values: vec![0.5; FLOATS].into() }.encode()?;
+        Msg::Push { learner: LearnerId(0), seq: 1, computed_on: Clock(0), values: vec![0.25; FLOATS].into() }
+            .encode()?;
+    let weights =
+        Msg::Weights { shard: ShardId(0), seq: 1, clock: Clock(0), values: vec![0.5; FLOATS].into() }
+            .encode()?;
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(io)?;
     let mut m: [Vec<f64>; 9] = Default::default();

@@ -7,7 +7,7 @@ use rudra_transport::Floats;
 use std::ops::Range;
 use std::sync::Arc;
 
-use rudra_actors::protocol::{CenterEvent, CenterShard, ElasticWorker, Weights, WorkerEvent};
+use rudra_actors::protocol::{CenterShard, ElasticWorker, ShardEvent, Weights, WorkerEvent};
 use rudra_transport::{LearnerId, ShardId};
 
 use super::driver::{Engine, Message, ShardReport, World};
@@ -123,10 +123,12 @@ impl World for ElasticWorld {
         match msg {
             ElasticMsg::Exchange { learner, shard, values } => {
                 let center = &mut self.centers[shard.index()];
-                center.on_exchange(learner, &values[self.ranges[shard.index()].clone()])?;
+                let events = center.on_exchange(learner, &values[self.ranges[shard.index()].clone()])?;
                 drop(values);
-                while let Some(CenterEvent::Reply { learner, center }) = center.poll_event() {
-                    eng.send(ElasticMsg::Center { learner, center });
+                for event in events {
+                    if let ShardEvent::Serve { learner, weights, .. } = event {
+                        eng.send(ElasticMsg::Center { learner, center: weights });
+                    }
                 }
             }
             ElasticMsg::Center { learner, center } => {

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use rand_chacha::ChaCha8Rng;
-use rudra_compute::{CpuBackend, Dataset, Minibatches, Model, ModelSpec};
+use rudra_compute::{CpuBackend, Dataset, GradientModel, Minibatches, Model, ModelSpec};
 
 use super::model::fill_normal;
 use super::settings::Quadratic;

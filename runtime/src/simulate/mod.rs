@@ -29,11 +29,12 @@ use std::time::Instant;
 
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use rudra_actors::learner::{LearnerLoop, shard_ranges};
-use rudra_actors::protocol::shard::SgdShardConfig;
-use rudra_actors::protocol::{CenterShard, ElasticWorker, LearnerCore, SgdShard};
-use rudra_actors::shard::ShardCore;
+use rudra_actors::protocol::{
+    CenterShard, ElasticWorker, LearnerCore, LearnerLoop, SgdShard, SgdShardConfig, ShardCore,
+};
+use rudra_actors::spec::shard_ranges;
 use rudra_actors::{ClusterSpec, ElasticMethod, ElasticSpec};
+use rudra_compute::{CpuBackend, Device};
 use rudra_transport::{LearnerId, ShardId};
 
 use driver::{Engine, Finished, World};
@@ -66,7 +67,7 @@ pub fn protocol_label(config: &Config) -> String {
 pub fn validate(config: &Config) -> Result<(), RuntimeError> {
     let params = match config.simulation.gradients {
         GradientSource::Synthetic(q) => q.dimension,
-        GradientSource::Model => config.cluster.model.layout().len,
+        GradientSource::Model => config.model.layout().len,
     };
     Ok(config.cluster.validate_settings(params)?)
 }
@@ -83,12 +84,13 @@ pub fn simulate(config: &Config, progress: ProgressMode) -> Result<SimReport, Ru
         GradientSource::Synthetic(q) => (Gradients::Quadratic(q), q.init(), None),
         GradientSource::Model => {
             let data = config.data.load()?;
-            spec.validate(&data)?;
-            let train_len = data.train.len();
+            let models = config.models(Device::Cpu(CpuBackend));
+            spec.validate(&models, &data)?;
+            let (train_len, init) = (data.train.len(), models.init().to_vec());
             let (loops, batches): (Vec<_>, Vec<_>) =
-                (0..learners).map(|l| spec.learner_loop(l, Arc::clone(&data.train))).unzip();
-            let gradients = Gradients::model(spec.model.clone(), batches, data.test)?;
-            (gradients, spec.model.init(spec.seed), Some((loops, train_len)))
+                (0..learners).map(|l| spec.learner_loop(l, Arc::clone(&data.train), &init)).unzip();
+            let gradients = Gradients::model(config.model.clone(), batches, data.test)?;
+            (gradients, init, Some((loops, train_len)))
         }
     };
     let ranges = shard_ranges(init.len(), spec.shards as usize);
@@ -101,7 +103,7 @@ pub fn simulate(config: &Config, progress: ProgressMode) -> Result<SimReport, Ru
     let (finished, world) = match &spec.protocol.elastic {
         Some(elastic) => {
             let (centers, workers) = match model_run {
-                Some((loops, train_len)) => model_elastic_cores(spec, loops, train_len)?,
+                Some((loops, train_len)) => model_elastic_cores(spec, loops, (train_len, &init))?,
                 None => synthetic_elastic_cores(spec, elastic, &init, &ranges),
             };
             let mut world = ElasticWorld::new(centers, ranges, workers);
@@ -110,7 +112,7 @@ pub fn simulate(config: &Config, progress: ProgressMode) -> Result<SimReport, Ru
         }
         None => {
             let (shards, cores) = match model_run {
-                Some((loops, train_len)) => model_sgd_cores(spec, loops, train_len)?,
+                Some((loops, train_len)) => model_sgd_cores(spec, loops, (train_len, &init))?,
                 None => synthetic_cores(config, &init, &ranges),
             };
             let mut world = SgdWorld::new(shards, ranges, cores);
@@ -152,9 +154,14 @@ fn mismatch(what: &str) -> RuntimeError {
 fn model_sgd_cores(
     spec: &ClusterSpec,
     loops: Vec<LearnerLoop>,
-    train_len: usize,
+    (train_len, init): (usize, &[f32]),
 ) -> Result<(Vec<SgdShard>, Vec<LearnerCore>), RuntimeError> {
-    let shards = (0..spec.shards as usize).map(|s| spec.shard_core(s, train_len)).collect();
+    let shards = (0..spec.shards as usize)
+        .map(|s| match spec.shard_core(s, train_len, init) {
+            ShardCore::Sgd(shard) => Ok(shard),
+            ShardCore::Center(_) => Err(mismatch("a shard")),
+        })
+        .collect::<Result<_, _>>()?;
     let cores = loops
         .into_iter()
         .map(|l| match l {
@@ -169,10 +176,10 @@ fn model_sgd_cores(
 fn model_elastic_cores(
     spec: &ClusterSpec,
     loops: Vec<LearnerLoop>,
-    train_len: usize,
+    (train_len, init): (usize, &[f32]),
 ) -> Result<(Vec<CenterShard>, Vec<ElasticWorker>), RuntimeError> {
     let centers = (0..spec.shards as usize)
-        .map(|s| match spec.shard_actor_core(s, train_len) {
+        .map(|s| match spec.shard_core(s, train_len, init) {
             ShardCore::Center(center) => Ok(center),
             ShardCore::Sgd(_) => Err(mismatch("a shard")),
         })

@@ -4,7 +4,7 @@
 
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
-use rudra_transport::{LearnerId, Msg, ShardId};
+use rudra_transport::{Clock, LearnerId, Msg, ShardId};
 
 use super::events::{Nanos, nanos};
 use super::settings::{ComputeDist, ComputeSpec, NetworkSpec};
@@ -116,16 +116,26 @@ impl Network {
     /// each; message sizes are those of the encoded wire frames.
     pub fn new(spec: &NetworkSpec, learners: usize, ranges: &[usize]) -> Result<Self, RuntimeError> {
         let time = |bytes: usize| nanos(spec.latency + bytes as f64 / spec.bandwidth);
-        let pull = time(Msg::Pull { learner: 0, seq: 1, last: false }.encode()?.len());
+        let pull = time(Msg::Pull { learner: LearnerId(0), seq: 1, last: false }.encode()?.len());
         let transit = ranges
             .iter()
             .map(|&len| {
-                let up = Msg::Push { learner: 0, seq: 1, computed_on: 0, values: vec![0.0; len].into() }
-                    .encode()?
-                    .len();
-                let down = Msg::Weights { shard: 0, seq: 1, clock: 0, values: vec![0.0; len].into() }
-                    .encode()?
-                    .len();
+                let up = Msg::Push {
+                    learner: LearnerId(0),
+                    seq: 1,
+                    computed_on: Clock(0),
+                    values: vec![0.0; len].into(),
+                }
+                .encode()?
+                .len();
+                let down = Msg::Weights {
+                    shard: ShardId(0),
+                    seq: 1,
+                    clock: Clock(0),
+                    values: vec![0.0; len].into(),
+                }
+                .encode()?
+                .len();
                 Ok((pull, time(up), time(down)))
             })
             .collect::<Result<_, RuntimeError>>()?;

@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 
 use rudra_actors::protocol::StalenessSummary;
-use rudra_actors::protocol::elastic::sync_easgd_is_stable;
+use rudra_actors::protocol::sync_easgd_is_stable;
 use rudra_actors::{ElasticMethod, RunReport};
 use serde::Serialize;
 

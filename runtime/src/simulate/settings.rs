@@ -175,7 +175,7 @@ pub struct Simulation {
 }
 
 fn invalid(key: &'static str, message: impl Into<String>) -> RuntimeError {
-    RuntimeError::Invalid { key, message: message.into() }
+    RuntimeError::Invalid(rudra_actors::InvalidSetting::new(key, message))
 }
 
 /// `value` must be finite and within `range`; `what` says what the range is.
@@ -396,7 +396,7 @@ values = [0.0, 0.25, 0.5]
     #[test]
     fn malformed_sweeps_name_the_problem() {
         let message = |toml: &str| match load(toml) {
-            Err(RuntimeError::Invalid { key, message }) => format!("{key}: {message}"),
+            Err(RuntimeError::Invalid(e)) => format!("{}: {}", e.key, e.message),
             other => panic!("expected an invalid setting, got {other:?}"),
         };
         let axis = "[[simulation.sweep]]\n";

@@ -130,8 +130,8 @@ impl SgdWorld {
     }
 
     /// Carry out a shard core's effects, as the shard and tracker actors do.
-    fn drain(&mut self, eng: &mut Engine<SgdMsg>, shard: ShardId) {
-        while let Some(event) = self.shards[shard.index()].poll_event() {
+    fn carry_out_shard(eng: &mut Engine<SgdMsg>, events: Vec<ShardEvent>) {
+        for event in events {
             match event {
                 ShardEvent::Serve { learner, seq, weights } => {
                     eng.send(SgdMsg::Weights { learner, weights, seq })
@@ -162,21 +162,22 @@ impl World for SgdWorld {
         match msg {
             SgdMsg::Pull { learner, shard, last, seq } => {
                 let core = &mut self.shards[shard.index()];
-                (if last { core.on_last_pull(learner, seq) } else { core.on_pull(learner, seq) })?;
-                self.drain(eng, shard);
+                let events =
+                    (if last { core.on_last_pull(learner, seq) } else { core.on_pull(learner, seq) })?;
+                Self::carry_out_shard(eng, events);
             }
             SgdMsg::Push { learner, shard, computed_on, seq, grad } => {
                 let range = self.ranges[shard.index()].clone();
-                self.shards[shard.index()].on_push(learner, seq, computed_on, &grad[range])?;
+                let events = self.shards[shard.index()].on_push(learner, seq, computed_on, &grad[range])?;
                 drop(grad);
-                self.drain(eng, shard);
+                Self::carry_out_shard(eng, events);
             }
             SgdMsg::Weights { learner, weights, seq } => {
                 let me = &mut self.learners[learner.index()];
+                // The core decides first, as in the learner actor: a refused answer is not kept.
+                let events = me.core.on_weights(weights.shard, weights.clock, seq)?;
                 me.weights[weights.shard.index()] = Some(weights.values);
-                if let Some(event) = me.core.on_weights(weights.shard, weights.clock, seq)? {
-                    self.carry_out(eng, learner, [event])?;
-                }
+                self.carry_out(eng, learner, events)?;
             }
         }
         Ok(())

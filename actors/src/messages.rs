@@ -1,0 +1,218 @@
+//! Every message the actors exchange, one struct each with its reply type, grouped by the
+//! actor that handles it. A sender names only the message and a `Recipient`, never the actor
+//! behind it, so the same shard or learner runs next to local peers or remote stand-ins.
+
+use std::collections::BTreeSet;
+
+use actix::prelude::*;
+use rudra_transport::{Clock, Floats, LearnerId, ShardId};
+
+use crate::ActorError;
+use crate::protocol::{GradientRecord, StalenessSummary, UpdateRecord, Weights};
+
+// ---- to a shard --------------------------------------------------------------------------
+
+/// A learner asks for the shard's weights; they are sent to `reply_to`, maybe later.
+#[derive(Message, Clone)]
+#[rtype(result = "()")]
+pub struct Pull {
+    /// Who asks.
+    pub learner: LearnerId,
+    /// The learner's step it is for (see [`SgdShard::on_pull`](crate::protocol::SgdShard::on_pull)).
+    pub seq: u64,
+    /// Whether the learner has pushed its last gradient (see
+    /// [`SgdShard::on_last_pull`](crate::protocol::SgdShard::on_last_pull)).
+    pub last: bool,
+    /// Where the weights go.
+    pub reply_to: Recipient<Served>,
+}
+
+/// A learner's gradient for this shard's range, viewed in the learner's gradient buffer (or in
+/// the frame it arrived in), never copied.
+#[derive(Message, Clone, Debug)]
+#[rtype(result = "()")]
+pub struct Push {
+    /// Who computed it.
+    pub learner: LearnerId,
+    /// The learner's step, so the gradient is applied once however often it arrives.
+    pub seq: u64,
+    /// The clock of this shard's weights it was computed on.
+    pub computed_on: Clock,
+    /// This shard's part of the gradient.
+    pub values: Floats,
+}
+
+/// A learner's exchange with a center shard: its values for the shard's range (x^i, DOWNPOUR's
+/// `v`, or MDOWNPOUR's gradient); the center is sent to `reply_to`.
+#[derive(Message, Clone)]
+#[rtype(result = "()")]
+pub struct Exchange {
+    /// Who sends.
+    pub learner: LearnerId,
+    /// The values for this shard's range.
+    pub values: Floats,
+    /// Where the center goes.
+    pub reply_to: Recipient<Served>,
+}
+
+/// The current weights, without gating, for evaluation and checkpoints.
+#[derive(Message)]
+#[rtype(result = "Weights")]
+pub struct Snapshot;
+
+/// The active learners changed; a hardsync round or an EASGD sync round waits only for them.
+#[derive(Message, Clone, Debug, PartialEq, Eq)]
+#[rtype(result = "()")]
+pub struct Membership {
+    /// The learners now active.
+    pub active: BTreeSet<LearnerId>,
+}
+
+/// The shard crashes, as a process would: it loses everything in memory and ignores every
+/// message until [`Restart`]. Answers the clock it had.
+#[derive(Message)]
+#[rtype(result = "Clock")]
+pub struct Crash;
+
+/// The crashed shard comes back from its last checkpoint. Answers the clock it resumes at.
+#[derive(Message)]
+#[rtype(result = "Result<Clock, ActorError>")]
+pub struct Restart;
+
+/// Flush reports and stop.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct StopShard;
+
+// ---- to a learner ------------------------------------------------------------------------
+
+/// Weights served to a learner, answering its pull `seq` (0 for a center's answer).
+#[derive(Message, Clone, Debug)]
+#[rtype(result = "()")]
+pub struct Served {
+    /// The weights.
+    pub weights: Weights,
+    /// The sequence number of the pull answered.
+    pub seq: u64,
+}
+
+/// Begin the loop.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct StartLearner;
+
+/// Stop the actor.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct StopLearner;
+
+// ---- to the scheduler --------------------------------------------------------------------
+
+/// A node joined the run.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub enum Joined {
+    /// A shard.
+    Shard(ShardId),
+    /// A learner.
+    Learner(LearnerId),
+}
+
+/// A learner computed `steps` more gradients on `samples` examples in all.
+#[derive(Message, Clone, Debug, PartialEq)]
+#[rtype(result = "()")]
+pub struct Progress {
+    /// The learner.
+    pub learner: LearnerId,
+    /// Examples in those minibatches.
+    pub samples: u64,
+    /// Gradients computed.
+    pub steps: u64,
+    /// Sum of the minibatches' mean training losses.
+    pub loss_sum: f64,
+}
+
+impl Progress {
+    /// Nothing computed yet by `learner`.
+    #[must_use]
+    pub fn none(learner: LearnerId) -> Self {
+        Self { learner, samples: 0, steps: 0, loss_sum: 0.0 }
+    }
+}
+
+/// A learner is alive (sent every [`Liveness::heartbeat`](crate::faults::Liveness)).
+#[derive(Message, Clone, Copy, Debug, PartialEq, Eq)]
+#[rtype(result = "()")]
+pub struct Heartbeat(pub LearnerId);
+
+/// The transport lost its connection to a learner.
+#[derive(Message, Clone, Copy, Debug)]
+#[rtype(result = "()")]
+pub struct Disconnected(pub LearnerId);
+
+/// Add an entry to the run's timeline (a fault injected by a fault plan).
+#[derive(Message, Clone, Debug)]
+#[rtype(result = "()")]
+pub struct Note(pub String);
+
+/// The connection to a shard is gone: it crashed or is cut off. Unless it is back (a
+/// [`ShardRestarted`]) within the scheduler's shard timeout, the run is stopped.
+#[derive(Message, Clone, Copy, Debug)]
+#[rtype(result = "()")]
+pub struct ShardLost(pub ShardId);
+
+/// A crashed shard came back from its checkpoint at clock `resumed`, or could not.
+#[derive(Message, Clone, Debug)]
+#[rtype(result = "()")]
+pub struct ShardRestarted {
+    /// Which shard.
+    pub shard: ShardId,
+    /// Its clock when it crashed.
+    pub crashed_at: Clock,
+    /// The clock it resumed at, or why it could not.
+    pub resumed: Result<Clock, String>,
+}
+
+/// A learner finished its steps, or failed with `error`.
+#[derive(Message, Clone, Debug, PartialEq)]
+#[rtype(result = "()")]
+pub struct LearnerDone {
+    /// Who.
+    pub learner: LearnerId,
+    /// Why it stopped early, if it did.
+    pub error: Option<String>,
+}
+
+// ---- to the staleness tracker ------------------------------------------------------------
+
+/// A batch of records from one shard.
+#[derive(Message, Clone, Default, Debug, PartialEq)]
+#[rtype(result = "()")]
+pub struct Records {
+    /// Gradients applied or dropped.
+    pub gradients: Vec<GradientRecord>,
+    /// Updates applied.
+    pub updates: Vec<UpdateRecord>,
+}
+
+impl Records {
+    /// Whether there is nothing to report.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.gradients.is_empty() && self.updates.is_empty()
+    }
+}
+
+/// Ask for the statistics so far.
+#[derive(Message)]
+#[rtype(result = "TrackerReport")]
+pub struct GetStats;
+
+/// What the tracker knows.
+#[derive(Clone, Debug, Default)]
+pub struct TrackerReport {
+    /// Staleness over all shards' gradients.
+    pub staleness: StalenessSummary,
+    /// Updates applied by the shard that applied the most (shards advance together).
+    pub updates: u64,
+}

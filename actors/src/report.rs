@@ -1,0 +1,100 @@
+//! What a run reports: every evaluation ([`MetricsRow`]), progress between them, the timeline of
+//! membership changes and faults, and the final [`RunReport`].
+
+use serde::Serialize;
+
+use crate::protocol::StalenessSummary;
+
+/// One evaluation of the model during a run (a row of `metrics.csv`).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct MetricsRow {
+    /// Seconds since the learners started.
+    pub wall_seconds: f64,
+    /// Epochs processed, over all learners.
+    pub epoch: f64,
+    /// Updates applied by the shards.
+    pub updates: u64,
+    /// Examples processed, over all learners.
+    pub samples: u64,
+    /// Mean minibatch loss since the previous row.
+    pub train_loss: f64,
+    /// Mean cross-entropy on the test set.
+    pub test_loss: f64,
+    /// Fraction of the test set classified correctly.
+    pub test_accuracy: f64,
+    /// ⟨σ⟩ of all gradients applied so far.
+    pub mean_staleness: f64,
+    /// `samples / wall_seconds`.
+    pub samples_per_second: f64,
+    /// Examples processed so far by each learner, by learner id.
+    pub learner_samples: Vec<u64>,
+}
+
+/// Training progress between evaluations.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProgressSnapshot {
+    /// Examples processed so far.
+    pub samples: u64,
+    /// Examples the run will process.
+    pub total_samples: u64,
+    /// Epochs so far.
+    pub epoch: f64,
+    /// Mean loss of the latest minibatches.
+    pub recent_loss: f64,
+    /// Seconds since the learners started.
+    pub wall_seconds: f64,
+    /// Updates applied so far (by the shard that applied the most).
+    pub updates: u64,
+    /// ⟨σ⟩ of the gradients applied so far.
+    pub mean_staleness: f64,
+}
+
+/// What an observer of a run is told.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RunEvent {
+    /// Periodic progress.
+    Progress(ProgressSnapshot),
+    /// An evaluation finished.
+    Evaluated(MetricsRow),
+}
+
+/// The outcome of a run.
+#[derive(Clone, Debug)]
+pub struct RunReport {
+    /// Every evaluation, in order.
+    pub metrics: Vec<MetricsRow>,
+    /// The final parameters, assembled from the shards.
+    pub params: Vec<f32>,
+    /// Staleness over the run.
+    pub staleness: StalenessSummary,
+    /// Updates applied (per shard).
+    pub updates: u64,
+    /// Examples processed.
+    pub samples: u64,
+    /// Examples processed by each learner, by learner id.
+    pub learner_samples: Vec<u64>,
+    /// Seconds from start to the final evaluation.
+    pub wall_seconds: f64,
+    /// Test accuracy at the end.
+    pub final_test_accuracy: f64,
+    /// Mean training loss over the last evaluation window.
+    pub final_train_loss: f64,
+    /// What happened to the cluster's membership, and the faults injected, in order.
+    pub timeline: Vec<TimelineEntry>,
+    /// Updates shards made and lost when they crashed: the clock at the crash minus the
+    /// clock of the checkpoint they restarted from (summed over shards). Each is at most the
+    /// checkpoint interval.
+    pub updates_lost: u64,
+}
+
+/// One event of a run's timeline.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TimelineEntry {
+    /// Seconds since the scheduler started.
+    pub seconds: f64,
+    /// `injected` (a fault the plan caused), `detected` (what the cluster noticed) or
+    /// `recovered` (a shard back from its checkpoint).
+    pub kind: &'static str,
+    /// What happened, e.g. `learner-2 lost`.
+    pub what: String,
+}

@@ -1,0 +1,210 @@
+//! The one place each role is started: the staleness tracker, a shard, a learner and the
+//! scheduler, each from the run's spec and the handles of its peers. Fault wrappers, metrics
+//! and checkpoints are attached here and nowhere else. Every deployment goes through these
+//! calls: [`crate::Cluster`] with the addresses of actors in this process, a node of
+//! `rudra-node --role …` with stand-ins for actors on other nodes, a service of your own with
+//! whatever it has.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use rudra_compute::Dataset;
+use rudra_transport::{Clock, LearnerId, ShardId};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::checkpoint::Checkpoints;
+use crate::faults::{FaultPlan, LearnerLinks, Liveness, Lossy};
+use crate::learner::{LearnerActor, LearnerParts};
+use crate::links::{Members, SchedulerLink, ShardLink};
+use crate::messages::{Crash, Records, Restart};
+use crate::metrics::Metrics;
+use crate::report::{RunEvent, RunReport};
+use crate::scheduler::{SchedulerActor, SchedulerParts};
+use crate::shard::ShardActor;
+use crate::tracker::StalenessTracker;
+use crate::{ActorError, ClusterSpec, Models, TrainingData};
+
+/// Start the staleness tracker; it also counts every record into `metrics`, if given (a node
+/// whose shards live elsewhere and report here).
+#[must_use]
+pub fn start_tracker(metrics: Option<Arc<Metrics>>) -> Addr<StalenessTracker> {
+    StalenessTracker::new(metrics).start()
+}
+
+/// Where a shard starts from.
+#[derive(Clone, Debug)]
+pub enum ShardStart {
+    /// The run's initial parameters.
+    Fresh,
+    /// Its last checkpoint (a shard that restarted, or rejoins a running job).
+    Resume,
+}
+
+/// Start shard `id` of `spec` on `arbiter`, reporting to `tracker`: from the initial parameters
+/// of `models` or, with [`ShardStart::Resume`], from its checkpoint in `checkpoints` (then the
+/// clock it resumed at is returned too). Its gradients and updates are counted in `metrics`, if
+/// given, as they happen.
+pub fn start_shard(
+    (spec, models, train_len): (&ClusterSpec, &Models, usize),
+    id: ShardId,
+    tracker: Recipient<Records>,
+    (metrics, checkpoints): (Option<&Arc<Metrics>>, Option<Checkpoints>),
+    start: &ShardStart,
+    arbiter: &ArbiterHandle,
+) -> Result<(Addr<ShardActor>, Option<Clock>), ActorError> {
+    let mut core = spec.shard_core(id.index(), train_len, models.init());
+    let resumed = match start {
+        ShardStart::Fresh => None,
+        ShardStart::Resume => {
+            let c = checkpoints.as_ref().ok_or_else(|| {
+                crate::InvalidSetting::new(
+                    "checkpoint.every_updates",
+                    "is 0: this shard has no checkpoint to resume from",
+                )
+            })?;
+            let state = c.read(id)?.ok_or_else(|| {
+                let path = c.path(id);
+                crate::InvalidSetting::new(
+                    "--resume",
+                    format!("{} does not exist: nothing to resume {id} from", path.display()),
+                )
+            })?;
+            let clock = state.clock;
+            core.restore(state)?;
+            tracing::info!(shard = %id, "resumed from {} at clock {clock}", c.path(id).display());
+            Some(clock)
+        }
+    };
+    let counters = metrics.map(|m| m.shard(id));
+    let addr =
+        ShardActor::start_in_arbiter(arbiter, move |_| ShardActor::new(core, tracker, counters, checkpoints));
+    Ok((addr, resumed))
+}
+
+/// Crash `shard` (telling `crashed` the clock it had), leave it down for `down`, then bring it
+/// back from its checkpoint: the clock it resumed at, or why it could not. `None` when the
+/// shard had already stopped.
+pub async fn crash_and_restart(
+    shard: &Addr<ShardActor>,
+    down: Duration,
+    crashed: impl FnOnce(Clock),
+) -> Option<Result<Clock, ActorError>> {
+    crashed(shard.send(Crash).await.ok()?);
+    tokio::time::sleep(down).await;
+    Some(shard.send(Restart).await.map_err(ActorError::from).and_then(|r| r))
+}
+
+/// A learner's peers: every shard in id order, and the scheduler.
+pub struct LearnerPeers {
+    /// The shards.
+    pub shards: Vec<ShardLink>,
+    /// The scheduler.
+    pub scheduler: SchedulerLink,
+}
+
+/// How a learner is run: its liveness settings, the faults of the run (its own links, speed
+/// and crash are taken from them) and when the run started for it.
+#[derive(Clone, Debug)]
+pub struct LearnerRun {
+    /// Heartbeats and retries.
+    pub liveness: Liveness,
+    /// The run's faults.
+    pub faults: FaultPlan,
+    /// Fault times count from here.
+    pub born: Instant,
+    /// 0 when the run starts; more when the learner restarted and rejoins.
+    pub incarnation: u32,
+}
+
+/// Start learner `id` of `spec` on `arbiter`: a model of `models`, its partition of `train`,
+/// talking to `peers` through the faulty links `run.faults` gives it.
+pub fn start_learner(
+    (spec, models, train): (&ClusterSpec, &Models, Arc<Dataset>),
+    id: LearnerId,
+    peers: LearnerPeers,
+    run: &LearnerRun,
+    arbiter: &ArbiterHandle,
+) -> Result<Addr<LearnerActor>, ActorError> {
+    let model = models.learner()?;
+    let (core, batches) = spec.learner_loop(id.index(), train, models.init());
+    let core = core.incarnation(run.incarnation);
+    let LearnerLinks { heartbeat, shards: plans } = run.faults.learner_links(id, spec.shards);
+    let LearnerPeers { shards, mut scheduler } = peers;
+    let born = run.born;
+    scheduler.heartbeat = Lossy::wrap(scheduler.heartbeat, heartbeat, born);
+    let (liveness, slowdown) = (run.liveness, run.faults.slowdown(id));
+    Ok(LearnerActor::start_in_arbiter(arbiter, move |ctx| {
+        let (mut links, mut answers) = (Vec::new(), Vec::new());
+        for (link, [pull, push, reply]) in shards.into_iter().zip(plans) {
+            answers.push(Lossy::wrap(ctx.address().recipient(), reply, born));
+            let (pull, push) = (Lossy::wrap(link.pull, pull, born), Lossy::wrap(link.push, push, born));
+            links.push(ShardLink { pull, push, ..link });
+        }
+        let parts = LearnerParts { model, batches, shards: links, answers, scheduler, liveness, slowdown };
+        LearnerActor::new(core, parts)
+    }))
+}
+
+/// The scheduler's address before it runs, so that peers reporting to it (learners in this
+/// process) can be started first.
+pub struct SchedulerSlot(Context<SchedulerActor>);
+
+impl Default for SchedulerSlot {
+    fn default() -> Self {
+        Self(Context::new())
+    }
+}
+
+impl SchedulerSlot {
+    /// Where a learner reports to this scheduler.
+    #[must_use]
+    pub fn link(&self) -> SchedulerLink {
+        SchedulerLink::of(&self.0.address())
+    }
+
+    /// The scheduler's address.
+    #[must_use]
+    pub fn address(&self) -> Addr<SchedulerActor> {
+        self.0.address()
+    }
+}
+
+/// How the scheduler runs besides the spec: its observer and metrics, how long it waits for a
+/// lost shard, and the liveness settings of its failure detector.
+pub struct SchedulerRun {
+    /// Who is told progress and evaluations.
+    pub observer: Option<mpsc::UnboundedSender<RunEvent>>,
+    /// Where learners alive and their samples are counted.
+    pub metrics: Option<Arc<Metrics>>,
+    /// Heartbeats and the failure timeout.
+    pub liveness: Liveness,
+    /// How long a lost shard may take to come back.
+    pub shard_timeout: Duration,
+}
+
+/// Start the scheduler of `spec` in `slot` (on the current arbiter), driving `members`,
+/// evaluating on `data.test` with a model of `models`. The receiver gets the run's report.
+pub fn start_scheduler(
+    (spec, models, data): (&ClusterSpec, &Models, &TrainingData),
+    members: Members,
+    run: SchedulerRun,
+    slot: SchedulerSlot,
+) -> (Addr<SchedulerActor>, oneshot::Receiver<Result<RunReport, ActorError>>) {
+    let train_len = data.train.len();
+    let (report, rx) = oneshot::channel();
+    let core = spec.scheduler_core(train_len).with_failure_timeout(run.liveness.failure_timeout);
+    let parts = SchedulerParts {
+        members,
+        models: models.clone(),
+        test: Arc::clone(&data.test),
+        total_samples: spec.total_samples(train_len),
+        learners: spec.learners,
+        observer: run.observer,
+        report,
+        metrics: run.metrics,
+        detector_tick: Some(run.liveness.heartbeat),
+        shard_timeout: run.shard_timeout,
+    };
+    (slot.0.run(SchedulerActor::new(core, parts)), rx)
+}

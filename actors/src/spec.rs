@@ -1,0 +1,335 @@
+//! What defines a run, already typed: the cluster, the protocol and its settings
+//! ([`ClusterSpec`]), and the data ([`TrainingData`]); the one place they are validated, and
+//! the one place each role's protocol core is built from them.
+
+use std::collections::BTreeSet;
+use std::ops::Range;
+use std::sync::Arc;
+
+use rudra_compute::{BatchStream, Dataset, Minibatches, Partition};
+use rudra_transport::{LearnerId, ShardId};
+use serde::{Deserialize, Serialize};
+
+use crate::protocol::{
+    CenterRule, CenterShard, DownpourLearner, ElasticLearner, ElasticSettings, ElasticWorker, LearnerCore,
+    LearnerLoop, LocalRule, LrModulation, LrSchedule, SchedulerCore, SgdShard, SgdShardConfig, ShardCore,
+    SyncRule,
+};
+use crate::{InvalidSetting, Models};
+
+/// Which protocol the shards run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProtocolSpec {
+    /// Hardsync or n-softsync (async is softsync with `n = λ`).
+    pub rule: SyncRule,
+    /// `α(σ)`.
+    pub modulation: LrModulation,
+    /// The staleness bound `s`, if any.
+    pub max_staleness: Option<u64>,
+    /// The EASGD family instead of Rudra's SGD shards: the shards hold the center variable
+    /// and `rule`, `modulation` and `max_staleness` do not apply.
+    pub elastic: Option<ElasticSpec>,
+}
+
+/// A method of the EASGD family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ElasticMethod {
+    /// Elastic averaging SGD, with a barrier round per exchange (`sync`) or without.
+    Easgd {
+        /// Synchronous rounds.
+        sync: bool,
+    },
+    /// Asynchronous EASGD with Nesterov momentum at the learners.
+    Eamsgd,
+    /// Local SGD whose accumulated update is added to the center every τ steps.
+    Downpour,
+    /// DOWNPOUR with τ = 1 and Nesterov momentum kept at the shards.
+    MDownpour,
+}
+
+/// Settings of the EASGD family (Zhang, Choromanska, LeCun); the learning rate η is the schedule's base.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ElasticSpec {
+    /// The method.
+    pub method: ElasticMethod,
+    /// Communication period τ in local steps.
+    pub tau: u64,
+    /// Moving rate α (learner side).
+    pub alpha: f32,
+    /// Center rate β (sync EASGD).
+    pub beta: f32,
+    /// Momentum δ (EAMSGD, MDOWNPOUR).
+    pub momentum: f32,
+    /// Decay γ of `η_t = η / (1 + γ t)^0.5` on each learner's own clock.
+    pub lr_decay_gamma: f32,
+}
+
+impl ElasticSpec {
+    /// The center shards' rule with learning rate `lr`.
+    #[must_use]
+    pub fn center_rule(&self, lr: f32) -> CenterRule {
+        match self.method {
+            ElasticMethod::Easgd { sync: true } => CenterRule::ElasticSync { beta: self.beta },
+            ElasticMethod::Easgd { sync: false } | ElasticMethod::Eamsgd => {
+                CenterRule::ElasticAsync { alpha: self.alpha }
+            }
+            ElasticMethod::Downpour => CenterRule::Downpour,
+            ElasticMethod::MDownpour => CenterRule::MDownpour { momentum: self.momentum, lr },
+        }
+    }
+
+    /// The learners' local rule with learning rate `lr` over `len` parameters.
+    #[must_use]
+    pub fn local_rule(&self, lr: f32, len: usize) -> LocalRule {
+        let momentum = if self.method == ElasticMethod::Eamsgd { self.momentum } else { 0.0 };
+        let settings = ElasticSettings {
+            tau: self.tau,
+            alpha: self.alpha,
+            lr,
+            lr_decay_gamma: self.lr_decay_gamma,
+            momentum,
+        };
+        match self.method {
+            ElasticMethod::Easgd { .. } | ElasticMethod::Eamsgd => {
+                LocalRule::Elastic(ElasticLearner::new(settings, len))
+            }
+            ElasticMethod::Downpour => LocalRule::Downpour(DownpourLearner::new(self.tau, lr, len)),
+            ElasticMethod::MDownpour => LocalRule::MDownpour,
+        }
+    }
+
+    fn validate(&self) -> Result<(), InvalidSetting> {
+        // α and β above 1 are points of the stability analysis (`sync_easgd_is_stable`):
+        // whether they converge is the run's question, not the configuration's.
+        let positive = |key, v: f32| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(InvalidSetting::new(key, format!("is {v}; it must be positive")))
+            }
+        };
+        if self.tau == 0 {
+            return Err(InvalidSetting::new("protocol.tau", "must be at least 1"));
+        }
+        if self.method == ElasticMethod::MDownpour && self.tau != 1 {
+            return Err(InvalidSetting::new(
+                "protocol.tau",
+                format!("is {}; MDOWNPOUR exchanges every step (τ = 1)", self.tau),
+            ));
+        }
+        // β first: α defaults to β / λ.
+        positive("protocol.beta", self.beta)?;
+        positive("protocol.alpha", self.alpha)?;
+        if !(self.momentum.is_finite() && (0.0..1.0).contains(&self.momentum)) {
+            return Err(InvalidSetting::new(
+                "protocol.momentum",
+                format!("is {}; it must be in [0, 1)", self.momentum),
+            ));
+        }
+        if !(self.lr_decay_gamma.is_finite() && self.lr_decay_gamma >= 0.0) {
+            return Err(InvalidSetting::new(
+                "training.lr_decay_gamma",
+                format!("is {}; it must be 0 or more", self.lr_decay_gamma),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Everything that defines a run, already typed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClusterSpec {
+    /// λ, the number of learners.
+    pub learners: u32,
+    /// Parameter shards.
+    pub shards: u32,
+    /// The protocol.
+    pub protocol: ProtocolSpec,
+    /// μ, the minibatch size per learner.
+    pub batch_size: usize,
+    /// Passes over each learner's partition.
+    pub epochs: u32,
+    /// Base learning rate and decay.
+    pub schedule: LrSchedule,
+    /// Seed of initial weights, partitions and shuffles.
+    pub seed: u64,
+    /// Test-set evaluations per epoch (rows of `metrics.csv`).
+    pub evals_per_epoch: u32,
+}
+
+/// The training and test sets of a run.
+#[derive(Clone, Debug)]
+pub struct TrainingData {
+    /// Split among the learners.
+    pub train: Arc<Dataset>,
+    /// Evaluated by the scheduler.
+    pub test: Arc<Dataset>,
+}
+
+impl ClusterSpec {
+    /// Check the spec against itself, the models and the data. This is the one place settings
+    /// are validated; errors name the configuration key.
+    pub fn validate(&self, models: &Models, data: &TrainingData) -> Result<(), InvalidSetting> {
+        self.validate_settings(models.param_count())?;
+        let share = data.train.len() / self.learners as usize;
+        if self.batch_size > share {
+            return Err(InvalidSetting::new(
+                "training.batch_size",
+                format!("is {}, larger than each learner's {share} training examples", self.batch_size),
+            ));
+        }
+        models.check_data("training", &data.train)?;
+        models.check_data("test", &data.test)?;
+        if data.test.is_empty() {
+            return Err(InvalidSetting::new("training.dataset", "the test set is empty"));
+        }
+        Ok(())
+    }
+
+    /// The checks of [`Self::validate`] that need no data, for a parameter vector of `params`
+    /// values (the model's, or another objective's).
+    pub fn validate_settings(&self, params: usize) -> Result<(), InvalidSetting> {
+        if self.learners == 0 {
+            return Err(InvalidSetting::new("cluster.learners", "must be at least 1"));
+        }
+        if self.shards == 0 || self.shards as usize > params {
+            return Err(InvalidSetting::new(
+                "cluster.shards",
+                format!("must be between 1 and the {params} parameters"),
+            ));
+        }
+        if let Some(e) = &self.protocol.elastic {
+            e.validate()?;
+        } else if let SyncRule::Softsync { n } = self.protocol.rule
+            && !(1..=self.learners).contains(&n)
+        {
+            return Err(InvalidSetting::new(
+                "protocol.n",
+                format!("is {n}; it must be between 1 and λ = {}", self.learners),
+            ));
+        }
+        if self.batch_size == 0 {
+            return Err(InvalidSetting::new("training.batch_size", "must be at least 1"));
+        }
+        if self.epochs == 0 {
+            return Err(InvalidSetting::new("training.epochs", "must be at least 1"));
+        }
+        if self.evals_per_epoch == 0 {
+            return Err(InvalidSetting::new("training.evals_per_epoch", "must be at least 1"));
+        }
+        if !(self.schedule.base.is_finite() && self.schedule.base > 0.0) {
+            return Err(InvalidSetting::new(
+                "training.learning_rate",
+                format!("is {}; it must be positive", self.schedule.base),
+            ));
+        }
+        if !(self.schedule.decay.is_finite() && self.schedule.decay > 0.0) {
+            return Err(InvalidSetting::new(
+                "training.lr_decay",
+                format!("is {}; it must be positive", self.schedule.decay),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The parameter range of every shard over a parameter vector of `len` values.
+    #[must_use]
+    pub fn shard_ranges(&self, len: usize) -> Vec<Range<usize>> {
+        shard_ranges(len, self.shards as usize)
+    }
+
+    /// The settings of SGD shard `s` for a training set of `train_len` examples.
+    #[must_use]
+    pub fn sgd_shard_config(&self, s: usize, train_len: usize) -> SgdShardConfig {
+        SgdShardConfig {
+            id: ShardId(s as u32),
+            rule: self.protocol.rule,
+            modulation: self.protocol.modulation,
+            max_staleness: self.protocol.max_staleness,
+            schedule: self.schedule,
+            gradients_per_epoch: self.steps_per_learner(train_len) / u64::from(self.epochs)
+                * u64::from(self.learners),
+        }
+    }
+
+    /// Shard `s`'s core for this protocol, holding its range of the initial parameters `init`,
+    /// for a training set of `train_len` examples: an SGD shard, or a center shard for the
+    /// EASGD family.
+    #[must_use]
+    pub fn shard_core(&self, s: usize, train_len: usize, init: &[f32]) -> ShardCore {
+        let values = init[self.shard_ranges(init.len())[s].clone()].to_vec();
+        match &self.protocol.elastic {
+            None => ShardCore::Sgd(SgdShard::new(
+                self.sgd_shard_config(s, train_len),
+                values,
+                self.active_learners(),
+            )),
+            Some(e) => ShardCore::Center(CenterShard::new(
+                ShardId(s as u32),
+                e.center_rule(self.schedule.base),
+                values,
+                self.active_learners(),
+            )),
+        }
+    }
+
+    fn active_learners(&self) -> BTreeSet<LearnerId> {
+        (0..self.learners).map(LearnerId).collect()
+    }
+
+    /// Gradient steps each learner takes over the run, for a training set of `train_len`.
+    #[must_use]
+    pub fn steps_per_learner(&self, train_len: usize) -> u64 {
+        (train_len / self.learners as usize / self.batch_size) as u64 * u64::from(self.epochs)
+    }
+
+    /// Learner `l`'s loop for this protocol, starting from the parameters `init`, and its
+    /// minibatches over its partition of `train`.
+    #[must_use]
+    pub fn learner_loop(&self, l: usize, train: Arc<Dataset>, init: &[f32]) -> (LearnerLoop, Minibatches) {
+        let steps = self.steps_per_learner(train.len());
+        let part = Partition::split(train.len(), self.learners as usize, self.seed).swap_remove(l);
+        let batches = Minibatches::new(train, BatchStream::new(part, self.batch_size, self.seed, l as u64));
+        let id = LearnerId(l as u32);
+        let Some(e) = &self.protocol.elastic else {
+            return (LearnerLoop::Sgd(LearnerCore::new(id, self.shards as usize, steps)), batches);
+        };
+        let worker = ElasticWorker::new(
+            id,
+            e.local_rule(self.schedule.base, init.len()),
+            init.to_vec(),
+            self.shard_ranges(init.len()),
+            steps,
+        );
+        (LearnerLoop::Elastic(worker), batches)
+    }
+
+    /// The scheduler's core for a training set of `train_len`.
+    #[must_use]
+    pub fn scheduler_core(&self, train_len: usize) -> SchedulerCore {
+        let per_epoch = self.steps_per_learner(train_len) / u64::from(self.epochs)
+            * self.batch_size as u64
+            * u64::from(self.learners);
+        SchedulerCore::new(self.learners, self.shards, per_epoch, u64::from(self.epochs))
+            .with_evals_per_epoch(u64::from(self.evals_per_epoch))
+    }
+
+    /// Examples all learners process over the run, for a training set of `train_len`.
+    #[must_use]
+    pub fn total_samples(&self, train_len: usize) -> u64 {
+        self.steps_per_learner(train_len) * self.batch_size as u64 * u64::from(self.learners)
+    }
+
+    /// μλ, the examples behind one hardsync update.
+    #[must_use]
+    pub fn global_batch(&self) -> usize {
+        self.batch_size * self.learners as usize
+    }
+}
+
+/// The ranges of `shards` contiguous, near-equal parts of a vector of `len` values.
+#[must_use]
+pub fn shard_ranges(len: usize, shards: usize) -> Vec<Range<usize>> {
+    let shards = shards.max(1);
+    (0..shards).map(|s| (s * len / shards)..((s + 1) * len / shards)).collect()
+}

@@ -1,0 +1,367 @@
+//! Run configuration: defaults < TOML file < `RUDRA__SECTION__KEY` environment <
+//! `--set section.key=value`, read by the `config` crate into [`RawConfig`] and turned once,
+//! through [`TryFrom`], into the typed [`Config`]; nothing downstream reads the raw form.
+
+mod data;
+mod faults;
+mod raw;
+#[cfg(test)]
+mod tests;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use data::{DataSource, DatasetKind};
+pub use raw::{
+    RawCheckpoint, RawCluster, RawCompute, RawConfig, RawCrash, RawFaults, RawLinkRule, RawPartition,
+    RawProtocol, RawSlow, RawTraining,
+};
+use rudra_actors::checkpoint::Checkpoints;
+use rudra_actors::faults::{FaultPlan, Liveness};
+use rudra_actors::protocol::{LrModulation, LrSchedule, SyncRule};
+use rudra_actors::{ClusterSpec, ElasticMethod, ElasticSpec, InvalidSetting, Models, ProtocolSpec};
+use rudra_compute::{Device, DeviceKind, ModelSpec};
+
+use crate::RuntimeError;
+use crate::simulate::Simulation;
+
+/// The built-in defaults: `configs/default.toml`.
+pub const DEFAULT_TOML: &str = include_str!("../../../configs/default.toml");
+
+/// `protocol.kind`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProtocolKind {
+    /// Rudra's hardsync.
+    Hardsync,
+    /// n-softsync.
+    Softsync,
+    /// Softsync with n = λ.
+    Async,
+    /// Elastic averaging SGD (sync or async).
+    Easgd,
+    /// EASGD with Nesterov momentum at the learners.
+    Eamsgd,
+    /// DOWNPOUR.
+    Downpour,
+    /// DOWNPOUR with momentum at the shards.
+    MDownpour,
+}
+
+impl ProtocolKind {
+    const ALL: [Self; 7] = [
+        Self::Hardsync,
+        Self::Softsync,
+        Self::Async,
+        Self::Easgd,
+        Self::Eamsgd,
+        Self::Downpour,
+        Self::MDownpour,
+    ];
+
+    /// The name in the configuration.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Hardsync => "hardsync",
+            Self::Softsync => "softsync",
+            Self::Async => "async",
+            Self::Easgd => "easgd",
+            Self::Eamsgd => "eamsgd",
+            Self::Downpour => "downpour",
+            Self::MDownpour => "mdownpour",
+        }
+    }
+
+    fn parse(name: &str) -> Result<Self, RuntimeError> {
+        Self::ALL.into_iter().find(|k| k.as_str() == name).ok_or_else(|| {
+            let names: Vec<&str> = Self::ALL.iter().map(|k| k.as_str()).collect();
+            invalid("protocol.kind", format!("{name:?} is not one of {}", names.join(", ")))
+        })
+    }
+}
+
+/// `training.model`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModelKind {
+    /// Logistic regression.
+    Softmax,
+    /// ReLU hidden layers of `training.hidden`.
+    Mlp,
+    /// The 28×28 convolutional network.
+    Cnn,
+    /// The 32×32×3 convolutional network.
+    Cifar10Net,
+}
+
+impl ModelKind {
+    const ALL: [Self; 4] = [Self::Softmax, Self::Mlp, Self::Cnn, Self::Cifar10Net];
+
+    /// The name in the configuration.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Softmax => "softmax",
+            Self::Mlp => "mlp",
+            Self::Cnn => "cnn",
+            Self::Cifar10Net => "cifar10-net",
+        }
+    }
+
+    fn parse(name: &str) -> Result<Self, RuntimeError> {
+        Self::ALL.into_iter().find(|k| k.as_str() == name).ok_or_else(|| {
+            let names: Vec<&str> = Self::ALL.iter().map(|k| k.as_str()).collect();
+            invalid("training.model", format!("{name:?} is not one of {}", names.join(", ")))
+        })
+    }
+}
+
+/// `[checkpoint]`, checked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckpointSettings {
+    /// Each shard writes a checkpoint after every this many updates (0: none).
+    pub every_updates: u64,
+    /// Where, if set (else the run directory's `checkpoints/`, or a shard process's own).
+    pub dir: Option<PathBuf>,
+}
+
+/// A validated configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The cluster and training settings.
+    pub cluster: ClusterSpec,
+    /// `protocol.kind`.
+    pub kind: ProtocolKind,
+    /// The network trained.
+    pub model: ModelSpec,
+    /// `training.model`.
+    pub model_kind: ModelKind,
+    /// The dataset.
+    pub data: DataSource,
+    /// The learners' compute device.
+    pub device: DeviceKind,
+    /// Heartbeats, retries and the failure timeout.
+    pub liveness: Liveness,
+    /// Faults to inject.
+    pub faults: FaultPlan,
+    /// The simulator's settings.
+    pub simulation: Simulation,
+    /// The shards' checkpoints.
+    pub checkpoint: CheckpointSettings,
+    /// `summary.json` reports the time and updates to reach this test accuracy.
+    pub target_accuracy: f64,
+    /// The configuration as resolved, TOML, for the run directory and the nodes of a run.
+    resolved: String,
+}
+
+fn invalid(key: &'static str, message: impl Into<String>) -> RuntimeError {
+    RuntimeError::Invalid(InvalidSetting::new(key, message))
+}
+
+impl TryFrom<RawConfig> for Config {
+    type Error = RuntimeError;
+
+    fn try_from(raw: RawConfig) -> Result<Self, RuntimeError> {
+        let p = &raw.protocol;
+        let elastic = |method| {
+            let default_tau =
+                if matches!(method, ElasticMethod::Easgd { .. } | ElasticMethod::Eamsgd) { 10 } else { 1 };
+            let beta = p.beta.unwrap_or(0.9);
+            ElasticSpec {
+                method,
+                tau: p.tau.unwrap_or(default_tau),
+                alpha: p.alpha.unwrap_or(beta / raw.cluster.learners.max(1) as f32),
+                beta,
+                momentum: p.momentum.unwrap_or(0.99),
+                lr_decay_gamma: raw.training.lr_decay_gamma,
+            }
+        };
+        let kind = ProtocolKind::parse(&p.kind)?;
+        let (rule, elastic) = match kind {
+            ProtocolKind::Hardsync => (SyncRule::Hardsync, None),
+            ProtocolKind::Softsync => (SyncRule::Softsync { n: p.n }, None),
+            ProtocolKind::Async => (SyncRule::Softsync { n: raw.cluster.learners }, None),
+            ProtocolKind::Easgd => (SyncRule::Hardsync, Some(elastic(ElasticMethod::Easgd { sync: p.sync }))),
+            ProtocolKind::Eamsgd => (SyncRule::Hardsync, Some(elastic(ElasticMethod::Eamsgd))),
+            ProtocolKind::Downpour => (SyncRule::Hardsync, Some(elastic(ElasticMethod::Downpour))),
+            ProtocolKind::MDownpour => (SyncRule::Hardsync, Some(elastic(ElasticMethod::MDownpour))),
+        };
+        let modulation = match p.lr_modulation.as_str() {
+            "none" => LrModulation::None,
+            "per-gradient" => LrModulation::PerGradient,
+            "mean" => LrModulation::Mean,
+            other => {
+                return Err(invalid(
+                    "protocol.lr_modulation",
+                    format!("{other:?} is not one of none, per-gradient, mean"),
+                ));
+            }
+        };
+        let t = &raw.training;
+        if !(t.target_accuracy > 0.0 && t.target_accuracy <= 1.0) {
+            return Err(invalid(
+                "training.target_accuracy",
+                format!("is {}; it must be in (0, 1]", t.target_accuracy),
+            ));
+        }
+        let dataset = DatasetKind::parse(&t.dataset)?;
+        let fits = |spec: ModelSpec, reads: &str| {
+            if spec.inputs == dataset.features() {
+                Ok(spec)
+            } else {
+                Err(invalid(
+                    "training.model",
+                    format!("{} reads {reads}, not those of {}", t.model, t.dataset),
+                ))
+            }
+        };
+        let model_kind = ModelKind::parse(&t.model)?;
+        let model = match model_kind {
+            ModelKind::Mlp if t.hidden.is_empty() || t.hidden.contains(&0) => {
+                return Err(invalid("training.hidden", "an mlp needs one or more non-zero layer widths"));
+            }
+            ModelKind::Mlp => ModelSpec::dense(dataset.features(), t.hidden.clone(), 10),
+            ModelKind::Softmax => ModelSpec::dense(dataset.features(), Vec::new(), 10),
+            ModelKind::Cnn => fits(ModelSpec::cnn(), "28×28 grey images (mnist, fashion-mnist)")?,
+            ModelKind::Cifar10Net => fits(ModelSpec::cifar10_net(), "32×32 colour images (cifar10)")?,
+        };
+        let device = raw.compute.device.parse().map_err(|e| invalid("compute.device", e))?;
+        let cluster = ClusterSpec {
+            learners: raw.cluster.learners,
+            shards: raw.cluster.shards,
+            protocol: ProtocolSpec { rule, modulation, max_staleness: p.max_staleness, elastic },
+            batch_size: t.batch_size,
+            epochs: t.epochs,
+            schedule: LrSchedule { base: t.learning_rate, decay: t.lr_decay },
+            seed: t.seed,
+            evals_per_epoch: t.evals_per_epoch,
+        };
+        let data = DataSource {
+            kind: dataset,
+            dir: t.data_dir.clone().map_or_else(|| dataset.default_dir(), Ok)?,
+            train_examples: (t.train_examples > 0).then_some(t.train_examples),
+            test_examples: (t.test_examples > 0).then_some(t.test_examples),
+        };
+        // Settings checks that need no data, once for every command; the data-dependent ones
+        // run where the data is loaded.
+        cluster.validate_settings(model.layout().len)?;
+        let simulation = Simulation::from_raw(&raw.simulation)?;
+        let c = &raw.cluster;
+        if !(c.heartbeat_ms > 0 && c.heartbeat_ms < c.failure_timeout_ms) {
+            return Err(invalid(
+                "cluster.failure_timeout_ms",
+                format!(
+                    "is {}; it must be longer than cluster.heartbeat_ms ({})",
+                    c.failure_timeout_ms, c.heartbeat_ms
+                ),
+            ));
+        }
+        if c.retry_ms == 0 {
+            return Err(invalid("cluster.retry_ms", "must be positive"));
+        }
+        let liveness = Liveness {
+            heartbeat: Duration::from_millis(c.heartbeat_ms),
+            retry: Duration::from_millis(c.retry_ms),
+            failure_timeout: Duration::from_millis(c.failure_timeout_ms),
+        };
+        let elastic = cluster.protocol.elastic.is_some();
+        let checkpoint = CheckpointSettings {
+            every_updates: raw.checkpoint.every_updates,
+            dir: raw.checkpoint.dir.clone(),
+        };
+        let faults =
+            raw.faults.plan(cluster.learners, cluster.shards, elastic, checkpoint.every_updates > 0)?;
+        let resolved = toml::to_string_pretty(&raw).map_err(|e| RuntimeError::Config(e.to_string()))?;
+        Ok(Self {
+            cluster,
+            kind,
+            model,
+            model_kind,
+            data,
+            device,
+            liveness,
+            faults,
+            simulation,
+            checkpoint,
+            target_accuracy: t.target_accuracy,
+            resolved,
+        })
+    }
+}
+
+impl Config {
+    /// Load and validate, see [`RawConfig::load`].
+    pub fn load(file: Option<&Path>, overrides: &[String]) -> Result<Self, RuntimeError> {
+        RawConfig::load(file, overrides)?.try_into()
+    }
+
+    /// Validate a configuration given as TOML text (as the scheduler hands it to its nodes).
+    pub fn from_toml(text: &str) -> Result<Self, RuntimeError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| RuntimeError::Config(e.to_string()))?;
+        raw.try_into()
+    }
+
+    /// This configuration without its `[faults]`: the clean run beside a faulty one.
+    pub fn without_faults(&self) -> Result<Self, RuntimeError> {
+        let mut raw: RawConfig =
+            toml::from_str(&self.resolved).map_err(|e| RuntimeError::Config(e.to_string()))?;
+        raw.faults = RawFaults::default();
+        raw.try_into()
+    }
+
+    /// The configured network, initialised from `training.seed`, its learners computing on
+    /// `device`.
+    #[must_use]
+    pub fn models(&self, device: Device) -> Models {
+        Models::builtin(&self.model, self.cluster.seed, device)
+    }
+
+    /// Where the shards write their checkpoints and how often: `checkpoint.dir` if set, else
+    /// `checkpoints/` in `run_dir`; `None` when `checkpoint.every_updates` is 0 or there is
+    /// no directory to write to.
+    #[must_use]
+    pub fn checkpoints(&self, run_dir: Option<&Path>) -> Option<Checkpoints> {
+        let c = &self.checkpoint;
+        let dir = c.dir.clone().or_else(|| run_dir.map(|d| d.join("checkpoints")))?;
+        (c.every_updates > 0).then_some(Checkpoints { dir, every_updates: c.every_updates })
+    }
+
+    /// Protocol name for reports: `protocol.kind`.
+    #[must_use]
+    pub fn protocol_name(&self) -> &'static str {
+        self.kind.as_str()
+    }
+
+    /// The protocol and its key settings, e.g. `softsync n=4` or `easgd τ=10 α=0.225`.
+    #[must_use]
+    pub fn protocol_label(&self) -> String {
+        let p = &self.cluster.protocol;
+        match (&p.elastic, p.rule) {
+            (Some(e), _) => match e.method {
+                ElasticMethod::Easgd { sync: true } => {
+                    format!("easgd sync τ={} α={} β={}", e.tau, e.alpha, e.beta)
+                }
+                ElasticMethod::Easgd { sync: false } => format!("easgd τ={} α={}", e.tau, e.alpha),
+                ElasticMethod::Eamsgd => format!("eamsgd τ={} α={} δ={}", e.tau, e.alpha, e.momentum),
+                ElasticMethod::Downpour => format!("downpour τ={}", e.tau),
+                ElasticMethod::MDownpour => format!("mdownpour δ={}", e.momentum),
+            },
+            (None, SyncRule::Hardsync) => "hardsync".into(),
+            (None, SyncRule::Softsync { n }) => format!("{} n={n}", self.protocol_name()),
+        }
+    }
+
+    /// Softsync's `n` as reports give it: λ for async, 0 for hardsync.
+    #[must_use]
+    pub fn sync_n(&self) -> u32 {
+        match self.cluster.protocol.rule {
+            SyncRule::Hardsync => 0,
+            SyncRule::Softsync { n } => n,
+        }
+    }
+
+    /// The resolved configuration as TOML.
+    #[must_use]
+    pub fn to_toml(&self) -> &str {
+        &self.resolved
+    }
+}

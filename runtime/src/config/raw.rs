@@ -1,0 +1,265 @@
+//! The configuration as written: [`RawConfig`], layered from the built-in defaults, a TOML
+//! file, the `RUDRA__…` environment and `--set` flags by the `config` crate. Nothing past
+//! [`super::Config`]'s validation reads it.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::DEFAULT_TOML;
+use crate::RuntimeError;
+use crate::simulate::RawSimulation;
+
+/// The configuration as written by the user, before validation.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    /// `[cluster]`
+    pub cluster: RawCluster,
+    /// `[protocol]`
+    pub protocol: RawProtocol,
+    /// `[training]`
+    pub training: RawTraining,
+    /// `[compute]`
+    pub compute: RawCompute,
+    /// `[simulation]`, read by `rudra-node simulate` only.
+    pub simulation: RawSimulation,
+    /// `[faults]`: faults to inject (none by default).
+    #[serde(default)]
+    pub faults: RawFaults,
+    /// `[checkpoint]`: the shards' checkpoints.
+    #[serde(default)]
+    pub checkpoint: RawCheckpoint,
+}
+
+/// `[checkpoint]`
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawCheckpoint {
+    /// Each shard writes a checkpoint after every this many updates (0: none).
+    pub every_updates: u64,
+    /// Where (default: `checkpoints/` in the run directory; for a shard process, its
+    /// `--checkpoints` directory).
+    pub dir: Option<PathBuf>,
+}
+
+impl Default for RawCheckpoint {
+    fn default() -> Self {
+        Self { every_updates: 500, dir: None }
+    }
+}
+
+/// `[cluster]`
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCluster {
+    /// λ.
+    pub learners: u32,
+    /// Parameter shards.
+    pub shards: u32,
+    /// Heartbeat interval of the learners, milliseconds.
+    pub heartbeat_ms: u64,
+    /// A learner pulls again after this many milliseconds without an answer.
+    pub retry_ms: u64,
+    /// The scheduler removes a learner silent for this many milliseconds.
+    pub failure_timeout_ms: u64,
+}
+
+/// `[protocol]`
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawProtocol {
+    /// `hardsync | softsync | async | easgd | eamsgd | downpour | mdownpour`.
+    pub kind: String,
+    /// Softsync splitting parameter.
+    pub n: u32,
+    /// `none | per-gradient | mean`.
+    pub lr_modulation: String,
+    /// Optional staleness bound.
+    pub max_staleness: Option<u64>,
+    /// EASGD: synchronous rounds.
+    pub sync: bool,
+    /// EASGD family: communication period τ (default 10 for EASGD/EAMSGD, 1 for DOWNPOUR).
+    pub tau: Option<u64>,
+    /// EASGD family: moving rate α (default β / λ).
+    pub alpha: Option<f32>,
+    /// EASGD family: center rate β (default 0.9).
+    pub beta: Option<f32>,
+    /// EAMSGD and MDOWNPOUR: Nesterov momentum δ (default 0.99).
+    pub momentum: Option<f32>,
+}
+
+/// `[training]`
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTraining {
+    /// `mnist | fashion-mnist | cifar10`.
+    pub dataset: String,
+    /// Directory of the dataset files; MNIST and Fashion-MNIST have defaults, CIFAR-10 has
+    /// none.
+    pub data_dir: Option<PathBuf>,
+    /// Use only the first N training examples (0 = all).
+    pub train_examples: usize,
+    /// Use only the first N test examples (0 = all).
+    pub test_examples: usize,
+    /// `softmax | mlp | cnn | cifar10-net`.
+    pub model: String,
+    /// Hidden layer widths of the MLP.
+    pub hidden: Vec<usize>,
+    /// μ.
+    pub batch_size: usize,
+    /// α0.
+    pub learning_rate: f32,
+    /// Per-epoch multiplier of α0.
+    pub lr_decay: f32,
+    /// Test-set evaluations per epoch.
+    pub evals_per_epoch: u32,
+    /// The accuracy whose time to reach the summary reports.
+    pub target_accuracy: f64,
+    /// EASGD family: γ in `η_t = η / (1 + γ t)^0.5` on each learner's clock (0 = off).
+    pub lr_decay_gamma: f32,
+    /// Passes over each learner's partition.
+    pub epochs: u32,
+    /// Seed of weights, partitions and shuffles.
+    pub seed: u64,
+}
+
+/// `[compute]`
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCompute {
+    /// `auto | cpu | cuda | wgpu`.
+    pub device: String,
+}
+
+/// `[faults]`
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawFaults {
+    /// Seeds the dice of every link.
+    pub seed: u64,
+    /// `[[faults.link]]`
+    pub link: Vec<RawLinkRule>,
+    /// `[[faults.partition]]`
+    pub partition: Vec<RawPartition>,
+    /// `[[faults.crash]]`
+    pub crash: Vec<RawCrash>,
+    /// `[[faults.slow]]`
+    pub slow: Vec<RawSlow>,
+}
+
+/// `[[faults.link]]`: faults on the links between two sets of nodes, both ways.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLinkRule {
+    /// The two ends: `*`, `learners`, `shards`, `scheduler`, `learner-N`, `shard-N`.
+    pub between: [String; 2],
+    /// Probabilities and delays.
+    #[serde(default)]
+    pub drop: f64,
+    /// Probability that a message arrives twice.
+    #[serde(default)]
+    pub duplicate: f64,
+    /// Probability that a message is held back behind later ones.
+    #[serde(default)]
+    pub reorder: f64,
+    /// Delay of every message, milliseconds.
+    #[serde(default)]
+    pub delay_ms: u64,
+    /// Uniform jitter on the delay, ± milliseconds.
+    #[serde(default)]
+    pub jitter_ms: u64,
+    /// From this time after the start, milliseconds.
+    #[serde(default)]
+    pub from_ms: u64,
+    /// Until this time (none: to the end).
+    pub until_ms: Option<u64>,
+}
+
+/// `[[faults.partition]]`: nodes cut off from every other, then healed.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPartition {
+    /// Who: `learner-N`, `learners`, …
+    pub node: String,
+    /// From this time after the start, milliseconds.
+    pub from_ms: u64,
+    /// Healed at this time (none: never).
+    pub until_ms: Option<u64>,
+}
+
+/// `[[faults.crash]]`: a learner that stops for good, or a shard that restarts from its
+/// last checkpoint.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCrash {
+    /// The learner id (give this or `shard`).
+    pub learner: Option<u32>,
+    /// The shard id.
+    pub shard: Option<u32>,
+    /// When, milliseconds after the start.
+    pub at_ms: u64,
+    /// A shard restarts this many milliseconds after it crashed.
+    pub restart_after_ms: Option<u64>,
+}
+
+/// `[[faults.slow]]`: a learner that computes slowly.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSlow {
+    /// The learner id.
+    pub learner: u32,
+    /// How many times slower, at least 1.
+    pub factor: f64,
+}
+
+/// One `--set key=value` as a TOML line: the value is TOML if it parses as such
+/// (`4`, `0.1`, `[256, 128]`, `true`), otherwise a string (`softsync`).
+fn override_line(assignment: &str) -> Result<String, RuntimeError> {
+    let (key, value) = assignment.split_once('=').ok_or_else(|| {
+        RuntimeError::Config(format!("--set {assignment:?} is not of the form section.key=value"))
+    })?;
+    let (key, value) = (key.trim(), value.trim());
+    let valid_key = !key.is_empty()
+        && key.split('.').all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
+    if !valid_key {
+        return Err(RuntimeError::Config(format!(
+            "--set {assignment:?}: {key:?} is not a key like training.batch_size"
+        )));
+    }
+    let probe = format!("v = {value}");
+    if toml::from_str::<toml::Table>(&probe).is_ok() {
+        Ok(format!("{key} = {value}\n"))
+    } else {
+        Ok(format!("{key} = {}\n", toml::Value::String(value.to_owned())))
+    }
+}
+
+impl RawConfig {
+    /// Layer the sources: built-in defaults, `file`, the `RUDRA__…` environment, `overrides`.
+    pub fn load(file: Option<&Path>, overrides: &[String]) -> Result<Self, RuntimeError> {
+        use config::{Environment, File, FileFormat};
+        let mut builder =
+            config::Config::builder().add_source(File::from_str(DEFAULT_TOML, FileFormat::Toml));
+        if let Some(path) = file {
+            if !path.is_file() {
+                return Err(RuntimeError::Config(format!(
+                    "configuration file {} does not exist",
+                    path.display()
+                )));
+            }
+            builder = builder.add_source(File::from(path).format(FileFormat::Toml));
+        }
+        builder = builder.add_source(
+            Environment::with_prefix("RUDRA").prefix_separator("__").separator("__").try_parsing(true),
+        );
+        // One source per override, so that a later one of the same key wins.
+        for o in overrides {
+            builder = builder.add_source(File::from_str(&override_line(o)?, FileFormat::Toml));
+        }
+        builder
+            .build()
+            .and_then(config::Config::try_deserialize)
+            .map_err(|e| RuntimeError::Config(e.to_string()))
+    }
+}

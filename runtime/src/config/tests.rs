@@ -1,0 +1,163 @@
+//! Loading, layering and validating configurations.
+
+use super::*;
+
+fn load(set: &[&str]) -> Result<Config, RuntimeError> {
+    Config::load(None, &set.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+}
+
+#[test]
+fn defaults_are_the_shipped_default_config() {
+    let c = load(&[]).unwrap();
+    assert_eq!(c.cluster.learners, 4);
+    assert_eq!(c.cluster.shards, 2);
+    assert_eq!(c.cluster.protocol.rule, SyncRule::Softsync { n: 4 });
+    assert_eq!(c.cluster.protocol.modulation, LrModulation::PerGradient);
+    assert_eq!(c.model.hidden, vec![256]);
+    assert_eq!(c.cluster.batch_size, 32);
+    assert_eq!(c.cluster.protocol.max_staleness, None);
+}
+
+#[test]
+fn set_overrides_with_typed_values() {
+    let c = load(&[
+        "protocol.kind=hardsync",
+        "training.hidden=[64, 32]",
+        "training.learning_rate=0.05",
+        "protocol.max_staleness=3",
+        "protocol.lr_modulation=mean",
+    ])
+    .unwrap();
+    assert_eq!(c.cluster.protocol.rule, SyncRule::Hardsync);
+    assert_eq!(c.model.hidden, vec![64, 32]);
+    assert_eq!(c.cluster.schedule.base, 0.05);
+    assert_eq!(c.cluster.protocol.max_staleness, Some(3));
+    assert_eq!(c.cluster.protocol.modulation, LrModulation::Mean);
+    let a = load(&["protocol.kind=async", "cluster.learners=6"]).unwrap();
+    assert_eq!(a.cluster.protocol.rule, SyncRule::Softsync { n: 6 });
+    let twice = load(&["training.epochs=1", "training.epochs=3"]).unwrap();
+    assert_eq!(twice.cluster.epochs, 3, "the last --set of a key wins");
+}
+
+#[test]
+fn elastic_protocols_take_the_papers_defaults() {
+    let e = |set: &[&str]| load(set).unwrap().cluster.protocol.elastic.expect("an elastic protocol");
+    let easgd = e(&["protocol.kind=easgd", "cluster.learners=6"]);
+    assert_eq!(easgd.method, ElasticMethod::Easgd { sync: false });
+    assert_eq!((easgd.tau, easgd.beta), (10, 0.9));
+    assert!((easgd.alpha - 0.9 / 6.0).abs() < 1e-7, "α = β / λ");
+    let sync = e(&["protocol.kind=easgd", "protocol.sync=true", "protocol.alpha=0.25", "protocol.beta=1"]);
+    assert_eq!((sync.method, sync.alpha, sync.beta), (ElasticMethod::Easgd { sync: true }, 0.25, 1.0));
+    assert_eq!(e(&["protocol.kind=eamsgd"]).momentum, 0.99);
+    assert_eq!(e(&["protocol.kind=downpour"]).tau, 1);
+    let gamma = e(&["protocol.kind=mdownpour", "training.lr_decay_gamma=0.5"]);
+    assert_eq!((gamma.method, gamma.lr_decay_gamma), (ElasticMethod::MDownpour, 0.5));
+    assert_eq!(load(&[]).unwrap().cluster.protocol.elastic, None);
+}
+
+/// The key an invalid configuration's error names (or its message).
+fn key_of(set: &[&str]) -> String {
+    match load(set) {
+        Err(RuntimeError::Invalid(InvalidSetting { key, .. })) => key.to_string(),
+        Err(RuntimeError::Config(m)) => m,
+        other => panic!("expected an error, got {other:?}"),
+    }
+}
+
+#[test]
+fn models_datasets_and_devices() {
+    let c = load(&["training.model=cnn", "compute.device=wgpu"]).unwrap();
+    assert_eq!(c.model, ModelSpec::cnn());
+    assert_eq!(c.device, DeviceKind::Wgpu);
+    assert_eq!(c.data.dir, PathBuf::from("data/mnist"));
+    let f = load(&["training.dataset=fashion-mnist", "training.model=cnn"]).unwrap();
+    assert_eq!(
+        (f.data.kind, f.data.dir),
+        (DatasetKind::FashionMnist, "/usr/share/datasets/fashion-mnist".into())
+    );
+    let cifar = ["training.dataset=cifar10", "training.data_dir=/data/cifar"];
+    assert_eq!(load(&cifar).unwrap().model.inputs, 3072, "an mlp on colour images");
+    let net = load(&[cifar[0], cifar[1], "training.model=cifar10-net"]).unwrap();
+    assert_eq!(net.model.layout().len, 89_578);
+    assert_eq!(key_of(&["training.dataset=cifar10"]), "training.data_dir", "cifar10 has no default");
+    assert_eq!(key_of(&[cifar[0], cifar[1], "training.model=cnn"]), "training.model");
+    assert_eq!(key_of(&["training.model=cifar10-net"]), "training.model");
+    assert_eq!(key_of(&["training.dataset=imagenet"]), "training.dataset");
+}
+
+#[test]
+fn cifar10_is_read_from_its_binary_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let names =
+        ["data_batch_1.bin", "data_batch_2.bin", "data_batch_3.bin", "data_batch_4.bin", "data_batch_5.bin"];
+    for (i, name) in names.iter().chain(&["test_batch.bin"]).enumerate() {
+        // Two records: label, then 3072 pixel bytes.
+        let bytes: Vec<u8> = (0..2).flat_map(|r| std::iter::once((i + r) as u8).chain([128; 3072])).collect();
+        std::fs::write(dir.path().join(name), bytes).unwrap();
+    }
+    let set = format!("training.data_dir={}", dir.path().display());
+    let c = load(&["training.dataset=cifar10", &set, "training.model=cifar10-net"]).unwrap();
+    let data = c.data.load().unwrap();
+    assert_eq!((data.train.len(), data.test.len(), data.test.features()), (10, 2, 3072));
+    std::fs::write(dir.path().join("test_batch.bin"), [0u8; 100]).unwrap();
+    let err = c.data.load().unwrap_err().to_string();
+    assert!(err.contains("test_batch.bin") && err.contains("3073-byte"), "{err}");
+}
+
+#[test]
+fn fashion_mnist_is_read_from_the_debian_package() {
+    let c = load(&["training.dataset=fashion-mnist"]).unwrap();
+    if !c.data.dir.is_dir() {
+        eprintln!("skipped: {} is missing (apt-get install dataset-fashion-mnist)", c.data.dir.display());
+        return;
+    }
+    let data = c.data.load().unwrap();
+    assert_eq!((data.train.len(), data.test.len()), (60_000, 10_000));
+    let (mut x, mut y) = (Vec::new(), Vec::new());
+    data.test.gather(&(0..10_000).collect::<Vec<u32>>(), &mut x, &mut y);
+    assert!((0..10).all(|class| y.iter().filter(|&&l| l == class).count() == 1000));
+    let mean = x.iter().map(|&v| f64::from(v)).sum::<f64>() / x.len() as f64 * 255.0;
+    assert!((mean - 73.1).abs() < 1.0, "mean test pixel {mean}");
+}
+
+#[test]
+fn bad_values_name_their_key() {
+    assert_eq!(key_of(&["protocol.kind=paxos"]), "protocol.kind");
+    for (set, key) in [
+        ("protocol.tau=0", "protocol.tau"),
+        ("protocol.alpha=0", "protocol.alpha"),
+        ("protocol.alpha=-1", "protocol.alpha"),
+        ("protocol.alpha=nan", "protocol.alpha"),
+        ("protocol.beta=0", "protocol.beta"),
+        ("protocol.beta=inf", "protocol.beta"),
+        ("protocol.momentum=1", "protocol.momentum"),
+        ("training.lr_decay_gamma=-1", "training.lr_decay_gamma"),
+    ] {
+        let got = match load(&["protocol.kind=easgd", set]) {
+            Err(RuntimeError::Invalid(InvalidSetting { key, .. })) => key,
+            other => panic!("{set}: expected an error naming {key}, got {other:?}"),
+        };
+        assert_eq!(got, key, "{set}");
+    }
+    assert!(load(&["protocol.kind=mdownpour", "protocol.tau=2"]).is_err(), "MDOWNPOUR has τ = 1");
+    let wide = load(&["protocol.kind=easgd", "protocol.alpha=1.5", "protocol.beta=1.95"]).unwrap();
+    let e = wide.cluster.protocol.elastic.unwrap();
+    assert_eq!((e.alpha, e.beta), (1.5, 1.95), "α and β above 1 are points of the stability analysis");
+    assert_eq!(key_of(&["training.target_accuracy=1.5"]), "training.target_accuracy");
+    assert_eq!(key_of(&["protocol.lr_modulation=cubic"]), "protocol.lr_modulation");
+    assert_eq!(key_of(&["training.model=resnet"]), "training.model");
+    assert_eq!(key_of(&["compute.device=tpu"]), "compute.device");
+    assert!(key_of(&["training.batch_size=-3"]).contains("batch_size"));
+    assert!(key_of(&["training.bogus=1"]).contains("bogus"));
+    assert!(key_of(&["nonsense"]).contains("section.key=value"));
+}
+
+#[test]
+fn missing_file_and_missing_dataset_are_clear() {
+    assert!(matches!(Config::load(Some(Path::new("/no/such.toml")), &[]), Err(RuntimeError::Config(_))));
+    let c = load(&["training.data_dir=/no/such/dir"]).unwrap();
+    assert!(matches!(
+        c.data.load(),
+        Err(RuntimeError::Invalid(InvalidSetting { key: "training.data_dir", .. }))
+    ));
+}

@@ -1,0 +1,167 @@
+//! The join handshake. A node connects to the scheduler and says who it is ([`Msg::Join`]); the
+//! scheduler checks that against the node's certificate and answers with a welcome: the node's
+//! id, the run configuration, and the addresses and names of its peers.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use rudra_actors::InvalidSetting;
+use rudra_transport::quic::{Peer, QuicEndpoint};
+use rudra_transport::{Inbound, Msg, Role};
+use tokio::sync::mpsc;
+
+use super::{NodeOptions, connect_with_retry, expect, net};
+use crate::{Config, RuntimeError};
+
+/// A node that has joined the scheduler.
+pub(super) struct Joiner {
+    pub(super) peer: Peer,
+    pub(super) rx: mpsc::Receiver<Inbound>,
+    pub(super) data_addr: String,
+}
+
+/// The join a node must send first: its messages from then on, and its data address. A node
+/// that says anything else, or claims another name or role than its certificate's, is closed.
+pub(super) async fn read_join(peer: &Peer) -> Option<(mpsc::Receiver<Inbound>, String)> {
+    let mut rx = peer.incoming(256);
+    match expect(&mut rx, "a join", Duration::from_secs(10)).await {
+        Ok(Inbound::Control(Msg::Join { role, name, data_addr }))
+            if role == peer.role() && name == peer.name() =>
+        {
+            Some((rx, data_addr))
+        }
+        other => {
+            tracing::warn!(peer = peer.name(), "did not join as its certificate says: {other:?}");
+            peer.close("expected a join matching the certificate");
+            None
+        }
+    }
+}
+
+/// Wait for `config`'s shards and learners to join; returns them ordered by name.
+pub(super) async fn gather(
+    ep: &QuicEndpoint,
+    config: &Config,
+    within: Duration,
+) -> Result<(Vec<Joiner>, Vec<Joiner>), RuntimeError> {
+    let (want_shards, want_learners) = (config.cluster.shards as usize, config.cluster.learners as usize);
+    let (mut shards, mut learners) = (BTreeMap::new(), BTreeMap::new());
+    let deadline = tokio::time::Instant::now() + within;
+    while shards.len() < want_shards || learners.len() < want_learners {
+        let Ok(next) = tokio::time::timeout_at(deadline, ep.accept()).await else {
+            return Err(net(format!(
+                "only {} of {want_shards} shards and {} of {want_learners} learners joined within {within:?}",
+                shards.len(),
+                learners.len()
+            )));
+        };
+        let peer = match next {
+            Some(Ok(peer)) => peer,
+            Some(Err(e)) => {
+                tracing::warn!("refused a node: {e}");
+                continue;
+            }
+            None => return Err(net("the endpoint closed")),
+        };
+        let Some((rx, data_addr)) = read_join(&peer).await else { continue };
+        let (slots, want) = match peer.role() {
+            Role::Shard => (&mut shards, want_shards),
+            Role::Learner => (&mut learners, want_learners),
+            Role::Scheduler => {
+                peer.close("only shards and learners join");
+                continue;
+            }
+        };
+        if slots.len() >= want || slots.contains_key(peer.name()) {
+            tracing::warn!(peer = peer.name(), "refused: already joined, or no free slot");
+            peer.close("no free slot for this node");
+            continue;
+        }
+        tracing::info!(peer = peer.name(), "joined");
+        slots.insert(peer.name().to_owned(), Joiner { peer, rx, data_addr });
+    }
+    Ok((shards.into_values().collect(), learners.into_values().collect()))
+}
+
+/// What every node is told when it joins; only the id and the incarnation differ.
+pub(super) struct Invitation {
+    pub(super) config_toml: String,
+    pub(super) train_examples: u64,
+    pub(super) shard_addrs: Vec<String>,
+    pub(super) shard_names: Vec<String>,
+    pub(super) learner_names: Vec<String>,
+}
+
+impl Invitation {
+    pub(super) fn welcome(&self, id: usize, incarnation: u32) -> Msg {
+        Msg::Welcome {
+            id: id as u32,
+            config_toml: self.config_toml.clone(),
+            train_examples: self.train_examples,
+            shard_addrs: self.shard_addrs.clone(),
+            shard_names: self.shard_names.clone(),
+            learner_names: self.learner_names.clone(),
+            incarnation,
+        }
+    }
+}
+
+/// What the scheduler tells a node that joins.
+pub(super) struct Welcome {
+    /// Shard or learner id.
+    pub(super) id: u32,
+    /// The run configuration.
+    pub(super) config: Config,
+    /// Size of the scheduler's training set.
+    pub(super) train_examples: usize,
+    /// Shard addresses and certificate names (for learners).
+    pub(super) shards: Vec<(String, String)>,
+    /// Learner certificate names, by learner id (for shards).
+    pub(super) learners: Vec<String>,
+    /// 0 when the run starts; more when this node rejoins the running job.
+    pub(super) incarnation: u32,
+}
+
+/// Join the scheduler at `opts.scheduler`: returns the connection, its messages, and the welcome.
+pub(super) async fn join(
+    ep: &QuicEndpoint,
+    opts: &NodeOptions,
+    role: Role,
+) -> Result<(Peer, mpsc::Receiver<Inbound>, Welcome), RuntimeError> {
+    let addr = opts.scheduler.ok_or_else(|| {
+        RuntimeError::Invalid(InvalidSetting::new(
+            "--scheduler",
+            "shards and learners need the scheduler's address",
+        ))
+    })?;
+    let sched = connect_with_retry(ep, addr, "scheduler", opts.connect_timeout).await?;
+    let mut rx = sched.incoming(256);
+    let data_addr = if role == Role::Shard { ep.local_addr()?.to_string() } else { String::new() };
+    sched.send(&Msg::Join { role, name: opts.name.clone(), data_addr }).await?;
+    let Inbound::Control(Msg::Welcome {
+        id,
+        config_toml,
+        train_examples,
+        shard_addrs,
+        shard_names,
+        learner_names,
+        incarnation,
+    }) = expect(&mut rx, "the welcome", Duration::from_secs(3600)).await?
+    else {
+        return Err(net("the scheduler did not answer the join with a welcome"));
+    };
+    let config = Config::from_toml(&config_toml).map_err(|e| match e {
+        RuntimeError::Config(why) => RuntimeError::Config(format!("from the scheduler: {why}")),
+        other => other,
+    })?;
+    tracing::info!(id, incarnation, "joined the run");
+    let welcome = Welcome {
+        id,
+        config,
+        train_examples: train_examples as usize,
+        shards: shard_addrs.into_iter().zip(shard_names).collect(),
+        learners: learner_names,
+        incarnation,
+    };
+    Ok((sched, rx, welcome))
+}

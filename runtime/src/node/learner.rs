@@ -1,0 +1,193 @@
+//! A learner's process: join the scheduler, connect to every shard, start the learner role
+//! over stand-ins for them, train when told, stop when told. A lost connection to a shard or to
+//! the scheduler is made again (within `--connect-timeout`).
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use rudra_actors::faults::Node;
+use rudra_actors::learner::LearnerActor;
+use rudra_actors::links::{SchedulerLink, ShardLink};
+use rudra_actors::messages::{StartLearner, StopLearner};
+use rudra_actors::remote::codec::{self, ToLearner};
+use rudra_actors::remote::{Arrived, Rebind, RemotePeer};
+use rudra_actors::roles::{LearnerPeers, LearnerRun, start_learner};
+use rudra_actors::{InvalidSetting, Models, TrainingData};
+use rudra_compute::Device;
+use rudra_transport::quic::{Peer, QuicEndpoint};
+use rudra_transport::{LearnerId, Msg, Role, ShardId};
+use tokio::sync::mpsc;
+
+use super::join::join;
+use super::{NodeOptions, connect_with_retry, endpoint, hang_up, net};
+use crate::RuntimeError;
+
+/// Run a learner: join, connect to every shard, train when told, stop when told. It trains on
+/// `data` when given, else on the dataset the run configuration names, with a model of `models`
+/// when given, else the configured network on the configured device. A learner that restarted
+/// and rejoins the running job starts at once, its step numbers after every earlier
+/// incarnation's.
+pub fn run_learner(
+    opts: &NodeOptions,
+    data: Option<TrainingData>,
+    models: Option<Models>,
+) -> Result<(), RuntimeError> {
+    let opts = opts.clone();
+    actix::System::new().block_on(async move {
+        let ep = endpoint(&opts, Role::Learner)?;
+        let (mut sched, mut rx, welcome) = join(&ep, &opts, Role::Learner).await?;
+        let (config, incarnation) = (&welcome.config, welcome.incarnation);
+        let data = match data {
+            Some(d) => d,
+            None => config.data.load()?,
+        };
+        if data.train.len() != welcome.train_examples {
+            return Err(InvalidSetting::new(
+                "training.data_dir",
+                format!(
+                    "this learner reads {} training examples, the scheduler {}; give every node the same dataset",
+                    data.train.len(),
+                    welcome.train_examples
+                ),
+            )
+            .into());
+        }
+        let models = match models {
+            Some(m) => m,
+            None => config.models(Device::open(config.device)?),
+        };
+        let spec = &config.cluster;
+        let mut links = Vec::new();
+        let mut connections = Vec::new();
+        for (s, ((addr, name), range)) in
+            welcome.shards.iter().zip(spec.shard_ranges(models.param_count())).enumerate()
+        {
+            let addr: SocketAddr = addr.parse().map_err(|e| net(format!("shard address {addr:?}: {e}")))?;
+            let peer = connect_with_retry(&ep, addr, name, opts.connect_timeout).await?;
+            peer.send(&Msg::Hello { learner: LearnerId(welcome.id) }).await?;
+            let remote = RemotePeer::new(peer.clone(), ShardId(s as u32)).start();
+            links.push(ShardLink::of(range, &remote));
+            connections.push(ShardConnection { peer, addr, name: name.clone(), remote });
+        }
+        let to_sched = RemotePeer::new(sched.clone(), ShardId(0)).start();
+        let me = LearnerId(welcome.id);
+        // Fault injection: this learner's side of its links, its speed and its crash, timed
+        // from when it joined.
+        let run = LearnerRun {
+            liveness: config.liveness,
+            faults: config.faults.clone(),
+            born: Instant::now(),
+            incarnation,
+        };
+        let arbiter = Arbiter::new();
+        let peers = LearnerPeers { shards: links, scheduler: SchedulerLink::of(&to_sched) };
+        let learner = start_learner((spec, &models, data.train), me, peers, &run, &arbiter.handle())?;
+        let (lost_tx, mut lost_rx) = mpsc::channel(1);
+        for c in connections {
+            actix::spawn(keep_shard(c, ep.clone(), me, learner.clone(), opts.connect_timeout, lost_tx.clone()));
+        }
+        let crash = config.faults.crash_of(Node::Learner(me)).filter(|_| incarnation == 0);
+        let crashed = async move {
+            match crash {
+                Some(c) => tokio::time::sleep_until((run.born + c.at).into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(crashed);
+        if incarnation == 0 {
+            sched.send(&Msg::Ready).await?;
+        } else {
+            learner.do_send(StartLearner);
+        }
+        let result = loop {
+            tokio::select! {
+                m = rx.recv() => match m.map(codec::to_learner) {
+                    Some(Ok(ToLearner::Start)) => learner.do_send(StartLearner),
+                    Some(Ok(ToLearner::Stop)) => break Ok(()),
+                    Some(Err(e)) => tracing::warn!("from the scheduler: {e}"),
+                    None => {
+                        tracing::warn!("lost the scheduler ({}); joining again", sched.closed().await);
+                        match join(&ep, &opts, Role::Learner).await {
+                            Ok((peer, inbox, _)) => {
+                                to_sched.do_send(Rebind(peer.clone()));
+                                (sched, rx) = (peer, inbox);
+                            }
+                            Err(e) => break Err(e),
+                        }
+                    }
+                },
+                Some(e) = lost_rx.recv() => break Err(e),
+                () = &mut crashed => {
+                    // As a crash: everything stops at once, no connection is closed.
+                    tracing::error!("crashed (fault injection)");
+                    ep.abort();
+                    arbiter.stop();
+                    return Ok(());
+                }
+            }
+        };
+        learner.do_send(StopLearner);
+        arbiter.stop();
+        sched.close("stopped");
+        hang_up(&ep).await;
+        result?;
+        tracing::info!("stopped by the scheduler");
+        Ok(())
+    })
+}
+
+/// A learner's connection to one shard.
+struct ShardConnection {
+    peer: Peer,
+    addr: SocketAddr,
+    name: String,
+    /// The shard's stand-in: the learner's pulls and pushes leave through it, and the shard's
+    /// answers are handed to it to pass on.
+    remote: Addr<RemotePeer>,
+}
+
+/// Hand the shard's answers to its stand-in; when the connection is lost (the shard restarted,
+/// or the network failed for longer than the idle timeout), connect again and go on. A shard
+/// not reachable within `timeout` is an error on `lost`.
+async fn keep_shard(
+    mut c: ShardConnection,
+    ep: QuicEndpoint,
+    me: LearnerId,
+    learner: Addr<LearnerActor>,
+    timeout: Duration,
+    lost: mpsc::Sender<RuntimeError>,
+) {
+    loop {
+        let mut inbox = c.peer.incoming(8);
+        while let Some(m) = inbox.recv().await {
+            match codec::served(m) {
+                Ok(served) => c.remote.do_send(Arrived(served)),
+                Err(e) => tracing::warn!("from {}: {e}", c.name),
+            }
+        }
+        if !learner.connected() {
+            return; // The learner stopped: the run is over.
+        }
+        match c.peer.ended().await {
+            Ok(why) => return tracing::info!("{} closed the connection ({why})", c.name),
+            Err(why) => tracing::warn!("lost {} ({why}); connecting again", c.name),
+        }
+        let again = async {
+            let peer = connect_with_retry(&ep, c.addr, &c.name, timeout).await?;
+            peer.send(&Msg::Hello { learner: me }).await?;
+            Ok::<_, RuntimeError>(peer)
+        };
+        match again.await {
+            Ok(peer) => {
+                tracing::info!("connected to {} again", c.name);
+                c.remote.do_send(Rebind(peer.clone()));
+                c.peer = peer;
+            }
+            Err(e) => {
+                let _ = lost.send(e).await;
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,307 @@
+//! The scheduler's process: wait for the job's shards and learners, welcome them, drive the run
+//! with the scheduler role over stand-ins for them, take back nodes that restart or reconnect,
+//! and stop everyone at the end.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use actix::prelude::*;
+use rudra_actors::links::{LearnerHandle, Members, ShardHandle};
+use rudra_actors::messages::{Disconnected, Joined, ShardLost, ShardRestarted};
+use rudra_actors::metrics::Metrics;
+use rudra_actors::remote::codec::{self, FromLearner, FromShard};
+use rudra_actors::remote::{Rebind, RemotePeer, SnapshotReply};
+use rudra_actors::roles::{SchedulerRun, SchedulerSlot, start_scheduler, start_tracker};
+use rudra_actors::scheduler::SchedulerActor;
+use rudra_actors::tracker::StalenessTracker;
+use rudra_actors::{Models, RunReport, TrainingData};
+use rudra_compute::{CpuBackend, Device};
+use rudra_transport::quic::{Peer, QuicEndpoint};
+use rudra_transport::{Clock, LearnerId, Role, ShardId};
+use tokio::sync::mpsc;
+
+use super::join::{Invitation, Joiner, gather, read_join};
+use super::{HANG_UP, NodeOptions, endpoint, expect, hang_up, net};
+use crate::exporter::MetricsEndpoint;
+use crate::local::{ProgressMode, show_progress};
+use crate::{Config, RuntimeError};
+
+/// Run the scheduler of `config`: wait for the nodes, drive the run, stop everyone. The
+/// assembled parameters are evaluated with `models` (the configured network when `None`).
+pub fn run_scheduler(
+    config: &Config,
+    (data, models): (TrainingData, Option<Models>),
+    opts: &NodeOptions,
+    progress: ProgressMode,
+) -> Result<RunReport, RuntimeError> {
+    let config = config.clone();
+    let opts = opts.clone();
+    let models = models.unwrap_or_else(|| config.models(Device::Cpu(CpuBackend)));
+    let exporter = MetricsEndpoint::bind_if(opts.metrics_addr)?;
+    actix::System::new().block_on(async move {
+        let ep = endpoint(&opts, Role::Scheduler)?;
+        let metrics = serve_metrics(exporter, &ep)?;
+        tracing::info!(
+            "scheduler listening on {}; waiting for {} shards and {} learners",
+            ep.local_addr()?,
+            config.cluster.shards,
+            config.cluster.learners
+        );
+        let (shards, mut learners) = gather(&ep, &config, opts.connect_timeout).await?;
+        let invitation = Invitation {
+            config_toml: config.to_toml().to_owned(),
+            train_examples: data.train.len() as u64,
+            shard_addrs: shards.iter().map(|j| j.data_addr.clone()).collect(),
+            shard_names: shards.iter().map(|j| j.peer.name().to_owned()).collect(),
+            learner_names: learners.iter().map(|j| j.peer.name().to_owned()).collect(),
+        };
+        for nodes in [&shards, &learners] {
+            for (id, j) in nodes.iter().enumerate() {
+                j.peer.send(&invitation.welcome(id, 0)).await?;
+            }
+        }
+        for j in &mut learners {
+            match expect(&mut j.rx, "ready", opts.connect_timeout).await? {
+                rudra_transport::Inbound::Control(rudra_transport::Msg::Ready) => {}
+                other => return Err(net(format!("{} sent {:?} before ready", j.peer.name(), other.kind()))),
+            }
+        }
+        let tracker = start_tracker(metrics.clone());
+        let shard_peers: Vec<Addr<RemotePeer>> = (shards.iter().enumerate())
+            .map(|(s, j)| RemotePeer::new(j.peer.clone(), ShardId(s as u32)).start())
+            .collect();
+        let learner_peers: Vec<Addr<RemotePeer>> =
+            learners.iter().map(|j| RemotePeer::new(j.peer.clone(), ShardId(0)).start()).collect();
+        let members = Members {
+            shards: shard_peers.iter().map(ShardHandle::of).collect(),
+            learners: learner_peers.iter().map(LearnerHandle::of).collect(),
+            stats: tracker.clone().recipient(),
+        };
+        let (obs_tx, obs_rx) = mpsc::unbounded_channel();
+        let run = SchedulerRun {
+            observer: Some(obs_tx),
+            metrics,
+            liveness: config.liveness,
+            shard_timeout: opts.connect_timeout,
+        };
+        let (scheduler, report) =
+            start_scheduler((&config.cluster, &models, &data), members, run, SchedulerSlot::default());
+        actix::spawn(show_progress(obs_rx, progress));
+        let roster = Arc::new(Roster {
+            invitation,
+            shards: shard_peers.into_iter().map(Seat::new).collect(),
+            learners: learner_peers.into_iter().map(Seat::new).collect(),
+            tracker,
+            scheduler: scheduler.clone(),
+        });
+        for (s, j) in shards.into_iter().enumerate() {
+            roster.seat(ShardId(s as u32), j);
+            scheduler.do_send(Joined::Shard(ShardId(s as u32)));
+        }
+        for (l, j) in learners.into_iter().enumerate() {
+            roster.seat(LearnerId(l as u32), j);
+            scheduler.do_send(Joined::Learner(LearnerId(l as u32)));
+        }
+        actix::spawn(accept_rejoins(ep.clone(), Arc::clone(&roster)));
+        let report = report.await.map_err(|_| net("the scheduler stopped without a report"))??;
+        // Every node was told to stop; give them a moment to hang up first.
+        let _ = tokio::time::timeout(HANG_UP, async {
+            for p in roster.peers() {
+                p.closed().await;
+            }
+        })
+        .await;
+        hang_up(&ep).await;
+        Ok(report)
+    })
+}
+
+/// Start serving `exporter`, if any, with the traffic of `ep` among its metrics.
+pub(super) fn serve_metrics(
+    exporter: Option<MetricsEndpoint>,
+    ep: &QuicEndpoint,
+) -> Result<Option<Arc<Metrics>>, RuntimeError> {
+    let metrics = exporter.map(MetricsEndpoint::start).transpose()?;
+    if let Some(m) = &metrics {
+        m.watch_traffic(ep.traffic());
+    }
+    Ok(metrics)
+}
+
+/// One node's place in the running job: its stand-in (which outlives any one connection),
+/// its current connection and how many times it joined.
+struct Seat {
+    remote: Addr<RemotePeer>,
+    current: std::sync::Mutex<Option<(Peer, u32)>>,
+    /// A shard's last clock reported (what it had when it was lost).
+    clock: AtomicU64,
+}
+
+impl Seat {
+    fn new(remote: Addr<RemotePeer>) -> Self {
+        Self { remote, current: std::sync::Mutex::new(None), clock: AtomicU64::new(0) }
+    }
+
+    fn current(&self) -> std::sync::MutexGuard<'_, Option<(Peer, u32)>> {
+        self.current.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Take `peer` as this node's connection; returns its incarnation (0 for the first). An
+    /// earlier connection is closed.
+    fn take(&self, peer: &Peer) -> u32 {
+        let mut current = self.current();
+        let incarnation = current.as_ref().map_or(0, |(old, n)| {
+            old.close("replaced by a new connection of the same node");
+            n + 1
+        });
+        *current = Some((peer.clone(), incarnation));
+        incarnation
+    }
+
+    /// Whether `incarnation` is still this node's current connection.
+    fn is_current(&self, incarnation: u32) -> bool {
+        self.current().as_ref().is_some_and(|(_, n)| *n == incarnation)
+    }
+}
+
+/// The nodes of the running job, so that one that restarts or reconnects takes its seat again.
+struct Roster {
+    invitation: Invitation,
+    shards: Vec<Seat>,
+    learners: Vec<Seat>,
+    tracker: Addr<StalenessTracker>,
+    scheduler: Addr<SchedulerActor>,
+}
+
+/// A seat's id: a shard's or a learner's.
+trait SeatId: Copy + std::fmt::Display + Send + 'static {
+    fn seat(self, roster: &Roster) -> &Seat;
+    /// Serve the node's messages until its connection `incarnation` ends.
+    fn dispatch(self, roster: Arc<Roster>, j: Joiner, incarnation: u32);
+}
+
+impl SeatId for ShardId {
+    fn seat(self, roster: &Roster) -> &Seat {
+        &roster.shards[self.index()]
+    }
+    fn dispatch(self, roster: Arc<Roster>, j: Joiner, incarnation: u32) {
+        actix::spawn(dispatch_shard(self, j, roster, incarnation));
+    }
+}
+
+impl SeatId for LearnerId {
+    fn seat(self, roster: &Roster) -> &Seat {
+        &roster.learners[self.index()]
+    }
+    fn dispatch(self, roster: Arc<Roster>, j: Joiner, incarnation: u32) {
+        actix::spawn(dispatch_learner(self, j, roster, incarnation));
+    }
+}
+
+impl Roster {
+    /// Seat `j` as node `id` and serve it; returns its incarnation.
+    fn seat<I: SeatId>(self: &Arc<Self>, id: I, j: Joiner) -> u32 {
+        let seat = id.seat(self);
+        let incarnation = seat.take(&j.peer);
+        if incarnation > 0 {
+            seat.remote.do_send(Rebind(j.peer.clone()));
+        }
+        id.dispatch(Arc::clone(self), j, incarnation);
+        incarnation
+    }
+
+    fn peers(&self) -> Vec<Peer> {
+        let current = |s: &Seat| s.current().as_ref().map(|(p, _)| p.clone());
+        self.shards.iter().chain(&self.learners).filter_map(current).collect()
+    }
+}
+
+/// After the start: a node of the job that restarted or lost its connection joins again and
+/// takes its seat (a shard must come back at the address the learners know); anyone else is
+/// refused.
+async fn accept_rejoins(ep: QuicEndpoint, roster: Arc<Roster>) {
+    while let Some(next) = ep.accept().await {
+        let peer = match next {
+            Ok(peer) => peer,
+            Err(e) => {
+                tracing::warn!("refused a node: {e}");
+                continue;
+            }
+        };
+        let roster = Arc::clone(&roster);
+        actix::spawn(async move {
+            let Some((rx, data_addr)) = read_join(&peer).await else { return };
+            let inv = &roster.invitation;
+            let (names, role) = match peer.role() {
+                Role::Shard => (&inv.shard_names, "shard"),
+                _ => (&inv.learner_names, "learner"),
+            };
+            let Some(id) = names.iter().position(|n| n == peer.name()) else {
+                tracing::warn!(peer = peer.name(), "refused: not a {role} of the running job");
+                return peer.close("the job is running and this node is not one of its members");
+            };
+            if peer.role() == Role::Shard && inv.shard_addrs[id] != data_addr {
+                tracing::error!(
+                    peer = peer.name(),
+                    "refused: it came back at {data_addr}, the learners know it at {}; restart it with --listen {}",
+                    inv.shard_addrs[id],
+                    inv.shard_addrs[id]
+                );
+                return peer.close("restart the shard at the address it had");
+            }
+            let j = Joiner { peer: peer.clone(), rx, data_addr };
+            let incarnation = match peer.role() {
+                Role::Shard => roster.seat(ShardId(id as u32), j),
+                _ => roster.seat(LearnerId(id as u32), j),
+            };
+            tracing::info!(peer = peer.name(), incarnation, "rejoined the running job");
+            if let Err(e) = peer.send(&inv.welcome(id, incarnation)).await {
+                tracing::warn!(peer = peer.name(), "{e}");
+            }
+        });
+    }
+}
+
+/// Serve shard `id`'s messages to the scheduler until its connection `incarnation` ends.
+async fn dispatch_shard(id: ShardId, mut j: Joiner, roster: Arc<Roster>, incarnation: u32) {
+    let seat = id.seat(&roster);
+    while let Some(m) = j.rx.recv().await {
+        match codec::from_shard(id, m) {
+            Ok(FromShard::Records(records)) => {
+                if let Some(last) = records.updates.iter().map(|u| u.clock).max() {
+                    seat.clock.store(last.0, Ordering::Relaxed);
+                }
+                roster.tracker.do_send(records);
+            }
+            Ok(FromShard::Snapshot { request, weights }) => {
+                seat.remote.do_send(SnapshotReply { request, weights });
+            }
+            Ok(FromShard::Resumed(clock)) => {
+                let crashed_at = Clock(seat.clock.swap(clock.0, Ordering::Relaxed));
+                roster.scheduler.do_send(ShardRestarted { shard: id, crashed_at, resumed: Ok(clock) });
+            }
+            Err(e) => tracing::warn!(peer = j.peer.name(), "{e}"),
+        }
+    }
+    if seat.is_current(incarnation) {
+        roster.scheduler.do_send(ShardLost(id));
+    }
+}
+
+/// Serve learner `id`'s messages to the scheduler until its connection `incarnation` ends.
+async fn dispatch_learner(id: LearnerId, mut j: Joiner, roster: Arc<Roster>, incarnation: u32) {
+    let scheduler = &roster.scheduler;
+    while let Some(m) = j.rx.recv().await {
+        match codec::from_learner(id, m) {
+            Ok(FromLearner::Progress(p)) => scheduler.do_send(p),
+            Ok(FromLearner::Done(d)) => scheduler.do_send(d),
+            Ok(FromLearner::Heartbeat(h)) => scheduler.do_send(h),
+            Err(e) => tracing::warn!(peer = j.peer.name(), "{e}"),
+        }
+    }
+    // The connection is gone: the learner crashed, or was stopped at the end of the run. A
+    // connection already replaced by a newer one says nothing.
+    if id.seat(&roster).is_current(incarnation) {
+        scheduler.do_send(Disconnected(id));
+    }
+}

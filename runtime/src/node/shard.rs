@@ -1,0 +1,310 @@
+//! A shard's process: join the scheduler, start the shard role (resuming from its checkpoint
+//! when it rejoins a running job or is told to), serve the learners that connect, answer the
+//! scheduler, stop when told.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use rudra_actors::Models;
+use rudra_actors::checkpoint::Checkpoints;
+use rudra_actors::faults::{Crash, Node};
+use rudra_actors::messages::{Exchange, Pull, Snapshot, StopShard};
+use rudra_actors::metrics::Metrics;
+use rudra_actors::remote::codec::{self, LearnerData, ToShard};
+use rudra_actors::remote::{AnswerSnapshot, RemotePeer};
+use rudra_actors::roles::{ShardStart, crash_and_restart, start_shard};
+use rudra_actors::shard::ShardActor;
+use rudra_compute::{CpuBackend, Device};
+use rudra_transport::quic::{Peer, QuicEndpoint};
+use rudra_transport::{Inbound, Msg, Role, ShardId};
+use tokio::sync::mpsc;
+
+use super::join::join;
+use super::scheduler::serve_metrics;
+use super::{NodeOptions, endpoint, expect, hang_up, net};
+use crate::exporter::MetricsEndpoint;
+use crate::{Config, RuntimeError};
+
+/// Run a shard: join, serve learners, answer the scheduler, stop when told. A shard that
+/// rejoins a running job (or is started with `--resume`) continues from its checkpoint. Its
+/// initial parameters come from `models` (the configured network when `None`).
+pub fn run_shard(opts: &NodeOptions, models: Option<Models>) -> Result<(), RuntimeError> {
+    let opts = opts.clone();
+    let exporter = MetricsEndpoint::bind_if(opts.metrics_addr)?;
+    actix::System::new().block_on(async move {
+        let ep = endpoint(&opts, Role::Shard)?;
+        let metrics = serve_metrics(exporter, &ep)?;
+        let (sched, mut rx, welcome) = join(&ep, &opts, Role::Shard).await?;
+        let (id, config) = (ShardId(welcome.id), &welcome.config);
+        let models = models.unwrap_or_else(|| config.models(Device::Cpu(CpuBackend)));
+        let tracker = RemotePeer::new(sched.clone(), id).start();
+        let checkpoints = shard_checkpoints(&opts, config);
+        let resume = opts.resume.is_some() || welcome.incarnation > 0;
+        let start = if resume { ShardStart::Resume } else { ShardStart::Fresh };
+        let (shard, resumed) = start_shard(
+            (&config.cluster, &models, welcome.train_examples),
+            id,
+            tracker.clone().recipient(),
+            (metrics.as_ref(), checkpoints),
+            &start,
+            &Arbiter::current(),
+        )?;
+        if let Some(clock) = resumed {
+            sched.send(&Msg::Resumed { clock }).await?;
+        }
+        let policy = LearnerPolicy {
+            names: Arc::new(welcome.learners.clone()),
+            range_len: config.cluster.shard_ranges(models.param_count())[id.index()].len(),
+            metrics,
+        };
+        actix::spawn(accept_learners(ep.clone(), shard.clone(), policy));
+        let crash = config.faults.crash_of(Node::Shard(id)).filter(|_| !resume);
+        let (failed_tx, mut failed) = mpsc::channel(1);
+        if let Some(c) = crash {
+            actix::spawn(injected_crash(c, shard.clone(), sched.clone(), failed_tx));
+        }
+        let mut stopped = false;
+        while let Some(m) = tokio::select! {
+            m = rx.recv() => m,
+            Some(e) = failed.recv() => return Err(e),
+        } {
+            match codec::to_shard(m) {
+                Ok(ToShard::SnapshotRequest(request)) => {
+                    // The shard flushes its records to the tracker's stand-in before answering;
+                    // the answer follows them through the same stand-in, in order.
+                    let weights = shard.send(Snapshot).await.map_err(net)?;
+                    tracker.do_send(AnswerSnapshot { request, weights });
+                }
+                Ok(ToShard::Membership(m)) => shard.do_send(m),
+                Ok(ToShard::Stop) => {
+                    stopped = true;
+                    break;
+                }
+                Err(e) => tracing::warn!("from the scheduler: {e}"),
+            }
+        }
+        let _ = shard.send(StopShard).await;
+        if !stopped {
+            // No clean close: the learners take this like a crash and connect again to the
+            // shard restarted in its place.
+            return Err(net(format!(
+                "lost the scheduler ({}); restart this shard with --resume to continue from its checkpoint",
+                sched.closed().await
+            )));
+        }
+        sched.close("stopped");
+        hang_up(&ep).await;
+        tracing::info!("stopped by the scheduler");
+        Ok(())
+    })
+}
+
+/// An injected crash of this shard at `c.at` after it joined: it loses what it holds in
+/// memory, and `c.restart_after` later comes back from its checkpoint and tells the scheduler.
+async fn injected_crash(c: Crash, shard: Addr<ShardActor>, sched: Peer, failed: mpsc::Sender<RuntimeError>) {
+    tokio::time::sleep(c.at).await;
+    let down = c.restart_after.unwrap_or_default();
+    let crashed = |clock| tracing::error!("crashed at clock {clock} (fault injection)");
+    let Some(resumed) = crash_and_restart(&shard, down, crashed).await else { return };
+    let sent = match resumed {
+        Ok(clock) => sched.send(&Msg::Resumed { clock }).await.map_err(RuntimeError::from),
+        Err(e) => Err(e.into()),
+    };
+    if let Err(e) = sent {
+        let _ = failed.send(e).await;
+    }
+}
+
+/// Where a shard process keeps its checkpoints: `--resume DIR`, else the directory it was
+/// given, else `checkpoint.dir`, else `checkpoints/`; none when `checkpoint.every_updates` is 0.
+fn shard_checkpoints(opts: &NodeOptions, config: &Config) -> Option<Checkpoints> {
+    let every_updates = config.checkpoint.every_updates;
+    let dir = (opts.resume.clone().or_else(|| opts.checkpoints.clone()))
+        .or_else(|| config.checkpoint.dir.clone())
+        .unwrap_or_else(|| PathBuf::from("checkpoints"));
+    (every_updates > 0).then_some(Checkpoints { dir, every_updates })
+}
+
+/// What a shard accepts from learners, checked at the boundary before the shard sees anything.
+#[derive(Clone)]
+struct LearnerPolicy {
+    /// `names[l]`: the certificate learner `l` must connect with.
+    names: Arc<Vec<String>>,
+    /// Values in this shard's range: the length of every push.
+    range_len: usize,
+    /// Where connected learners are counted.
+    metrics: Option<Arc<Metrics>>,
+}
+
+async fn accept_learners(ep: QuicEndpoint, shard: Addr<ShardActor>, policy: LearnerPolicy) {
+    while let Some(next) = ep.accept().await {
+        match next {
+            Ok(peer) if peer.role() == Role::Learner => {
+                actix::spawn(serve_learner(peer, shard.clone(), policy.clone()));
+            }
+            Ok(peer) => peer.close("only learners connect to a shard"),
+            Err(e) => tracing::warn!("refused a connection: {e}"),
+        }
+    }
+}
+
+/// Serve one learner's connection. Anything but its own pulls, pushes and exchanges of the
+/// right length closes the connection; the shard never sees it.
+async fn serve_learner(peer: Peer, shard: Addr<ShardActor>, policy: LearnerPolicy) {
+    let mut rx = peer.incoming(64);
+    let learner = match expect(&mut rx, "a hello", Duration::from_secs(10)).await {
+        Ok(Inbound::Control(Msg::Hello { learner }))
+            if policy.names.get(learner.index()).is_some_and(|n| n == peer.name()) =>
+        {
+            learner
+        }
+        other => {
+            tracing::warn!(
+                peer = peer.name(),
+                "refused: expected a hello as the learner this certificate names, got {other:?}"
+            );
+            peer.close("expected a hello matching the certificate");
+            return;
+        }
+    };
+    let _alive = policy.metrics.as_ref().map(Metrics::learner_connected);
+    let reply = RemotePeer::new(peer.clone(), ShardId(0)).start().recipient();
+    // A push travels on its own stream and a pull on the control stream, so a pull may overtake
+    // the push before it: the shard orders them by their sequence numbers.
+    while let Some(m) = rx.recv().await {
+        match codec::from_learner_data(learner, policy.range_len, m) {
+            Ok(LearnerData::Pull { seq, last }) => {
+                shard.do_send(Pull { learner, seq, last, reply_to: reply.clone() });
+            }
+            Ok(LearnerData::Push(push)) => shard.do_send(push),
+            Ok(LearnerData::Exchange(values)) => {
+                shard.do_send(Exchange { learner, values, reply_to: reply.clone() });
+            }
+            Err(why) => {
+                tracing::warn!(peer = peer.name(), "rejected {why}; closing the connection");
+                peer.close("protocol violation");
+                break;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::net::SocketAddr;
+
+    use rudra_actors::protocol::{LrModulation, LrSchedule, SgdShard, SgdShardConfig, ShardCore, SyncRule};
+    use rudra_actors::roles::start_tracker;
+    use rudra_transport::quic::QuicSettings;
+    use rudra_transport::tls::CertDir;
+    use rudra_transport::{Clock, LearnerId};
+
+    use super::*;
+
+    const WITHIN: Duration = Duration::from_secs(10);
+
+    fn learner_endpoint(certs: &CertDir, name: &str) -> QuicEndpoint {
+        let any = "127.0.0.1:0".parse().expect("an address");
+        QuicEndpoint::bind(any, certs.identity(name).expect("issued"), QuicSettings::default())
+            .expect("bound")
+    }
+
+    /// A learner connection that has said hello as `id`.
+    async fn hello(certs: &CertDir, name: &str, id: u32, shard: SocketAddr) -> (QuicEndpoint, Peer) {
+        let ep = learner_endpoint(certs, name);
+        let peer = ep.connect(shard, "shard-0").await.expect("connected");
+        peer.send(&Msg::Hello { learner: LearnerId(id) }).await.expect("sent");
+        (ep, peer)
+    }
+
+    /// Bad input from learners, over real QUIC connections to a shard's learner service: each
+    /// misbehaving connection is closed, the shard's parameters and clock stay as they were,
+    /// and a well-behaved learner is served before, during and after.
+    #[test]
+    fn bad_learner_input_is_refused_and_the_shard_is_unchanged() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let certs = CertDir::new(dir.path());
+        certs.init().expect("a CA");
+        for name in ["shard-0", "learner-0", "learner-1"] {
+            certs.issue(name).expect("a certificate");
+        }
+        actix::System::new().block_on(async {
+            let ep = QuicEndpoint::bind(
+                "127.0.0.1:0".parse().expect("an address"),
+                certs.identity("shard-0").expect("issued"),
+                QuicSettings::default(),
+            )
+            .expect("bound");
+            let addr = ep.local_addr().expect("an address");
+            let cfg = SgdShardConfig {
+                id: ShardId(0),
+                rule: SyncRule::Softsync { n: 2 },
+                modulation: LrModulation::None,
+                max_staleness: None,
+                schedule: LrSchedule { base: 0.5, decay: 1.0 },
+                gradients_per_epoch: 100,
+            };
+            let learners: BTreeSet<_> = [LearnerId(0), LearnerId(1)].into();
+            let core = SgdShard::new(cfg, vec![1.0; 4], learners);
+            let tracker = start_tracker(None).recipient();
+            let shard = ShardActor::new(ShardCore::Sgd(core), tracker, None, None).start();
+            let policy = LearnerPolicy {
+                names: Arc::new(vec!["learner-0".into(), "learner-1".into()]),
+                range_len: 4,
+                metrics: None,
+            };
+            actix::spawn(accept_learners(ep.clone(), shard.clone(), policy));
+
+            let (_good_ep, good) = hello(&certs, "learner-0", 0, addr).await;
+            let mut weights = good.incoming(4);
+            good.send(&Msg::Pull { learner: LearnerId(0), seq: 1, last: false }).await.expect("sent");
+            let served = tokio::time::timeout(WITHIN, weights.recv()).await.expect("weights in time");
+            assert!(matches!(served, Some(Inbound::Weights { clock: Clock(0), .. })));
+            let before = shard.send(Snapshot).await.expect("a snapshot");
+
+            let push = |learner, n| Msg::Push {
+                learner: LearnerId(learner),
+                seq: 1,
+                computed_on: Clock(0),
+                values: vec![1.0; n].into(),
+            };
+            let cases: Vec<(&str, &str, u32, Vec<Msg>)> = vec![
+                ("hello as another learner", "learner-1", 0, vec![]),
+                ("hello as an unknown learner", "learner-1", 7, vec![]),
+                ("push of the wrong length", "learner-0", 0, vec![push(0, 3)]),
+                ("push as another learner", "learner-0", 0, vec![push(1, 4)]),
+                (
+                    "pull as another learner",
+                    "learner-0",
+                    0,
+                    vec![Msg::Pull { learner: LearnerId(1), seq: 1, last: false }],
+                ),
+                ("heartbeat on the data path", "learner-0", 0, vec![Msg::Heartbeat]),
+            ];
+            for (what, name, id, msgs) in cases {
+                let (_ep, peer) = hello(&certs, name, id, addr).await;
+                for m in &msgs {
+                    peer.send(m).await.unwrap_or_else(|e| panic!("{what}: {e}"));
+                }
+                let why = tokio::time::timeout(WITHIN, peer.closed()).await;
+                let why = why.unwrap_or_else(|_| panic!("{what}: the shard did not close the connection"));
+                assert!(why.contains("protocol violation") || why.contains("hello"), "{what}: {why}");
+                let now = shard.send(Snapshot).await.expect("a snapshot");
+                assert_eq!((now.clock, &now.values), (before.clock, &before.values), "{what}");
+            }
+
+            // The well-behaved learner's connection was never disturbed: its push is applied.
+            good.send(&push(0, 4)).await.expect("sent");
+            // The next step's pull may overtake the push: the shard answers it once the push is in.
+            good.send(&Msg::Pull { learner: LearnerId(0), seq: 2, last: false }).await.expect("sent");
+            let served = tokio::time::timeout(WITHIN, weights.recv()).await.expect("weights in time");
+            let Some(Inbound::Weights { clock, values, .. }) = served else { panic!("expected weights") };
+            // 2-softsync with λ = 2 applies every gradient: θ − 0.5 · 1.
+            assert_eq!((clock, &values[..]), (Clock(1), &[0.5; 4][..]));
+            ep.close();
+        });
+    }
+}

@@ -1,0 +1,350 @@
+//! What a finished run leaves behind, in one schema each way: `summary.json` ([`Summary`]) and
+//! `metrics.csv` ([`metrics_csv`], [`parse_metrics`]), and a run held in memory or read back
+//! from its directory ([`RecordedRun`]).
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use rudra_actors::protocol::StalenessSummary;
+use rudra_actors::{ElasticSpec, MetricsRow, RunReport};
+use serde::{Deserialize, Serialize};
+
+use crate::{Config, RuntimeError};
+
+/// The first columns of `metrics.csv`, in order: the fields of [`MetricsRow`]. One column
+/// per learner follows, [`LEARNER_COLUMN`]`L`: examples learner `L` processed so far.
+const METRICS_COLUMNS: [&str; 9] = [
+    "wall_seconds",
+    "epoch",
+    "updates",
+    "samples",
+    "train_loss",
+    "test_loss",
+    "test_accuracy",
+    "mean_staleness",
+    "samples_per_second",
+];
+
+/// The prefix of the per-learner columns of `metrics.csv`.
+const LEARNER_COLUMN: &str = "samples_learner_";
+
+/// `summary.json`, written by every run and read back by reports, in one schema.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    /// `hardsync`, `softsync` or `async`.
+    pub protocol: String,
+    /// Softsync `n` (λ for async, 0 for hardsync).
+    pub n: u32,
+    /// λ.
+    pub learners: u32,
+    /// Shards.
+    pub shards: u32,
+    /// μ.
+    pub batch_size: usize,
+    /// μλ.
+    pub global_batch: usize,
+    /// The `α(σ)` that ran.
+    pub lr_modulation: String,
+    /// The staleness bound, if any.
+    pub max_staleness: Option<u64>,
+    /// Model name.
+    pub model: String,
+    /// Compute device as configured (`auto`, `cpu`, `cuda` or `wgpu`).
+    pub device: String,
+    /// Updates applied per shard.
+    pub updates: u64,
+    /// Updates shards made and lost in crashes (rolled back to their checkpoints).
+    pub updates_lost: u64,
+    /// Gradients applied (summed over shards).
+    pub gradients_applied: u64,
+    /// Gradients dropped (summed over shards).
+    pub gradients_dropped: u64,
+    /// Examples processed.
+    pub samples: u64,
+    /// Training seconds (start to last gradient, excluding start-up and the final evaluation).
+    pub wall_seconds: f64,
+    /// `samples / wall_seconds`.
+    pub samples_per_second: f64,
+    /// Test accuracy at the end.
+    pub final_test_accuracy: f64,
+    /// Train loss over the last window.
+    pub final_train_loss: f64,
+    /// Staleness statistics.
+    pub staleness: StalenessSummary,
+    /// `training.target_accuracy`.
+    pub target_accuracy: f64,
+    /// Seconds until the first evaluation at or above the target accuracy (`null`: never).
+    pub time_to_target: Option<f64>,
+    /// Updates applied by then.
+    pub updates_to_target: Option<u64>,
+    /// The EASGD family's settings, for those protocols.
+    pub elastic: Option<ElasticSpec>,
+}
+
+impl Summary {
+    /// The summary of `report` for a run of `config`.
+    #[must_use]
+    pub fn new(config: &Config, report: &RunReport) -> Self {
+        let c = &config.cluster;
+        let target = config.target_accuracy;
+        let reached = report.metrics.iter().find(|m| m.test_accuracy >= target);
+        Self {
+            protocol: config.protocol_name().to_owned(),
+            n: config.sync_n(),
+            learners: c.learners,
+            shards: c.shards,
+            batch_size: c.batch_size,
+            global_batch: c.global_batch(),
+            lr_modulation: c.protocol.modulation.to_string(),
+            max_staleness: c.protocol.max_staleness,
+            model: config.model_kind.as_str().to_owned(),
+            device: config.device.name().into(),
+            updates: report.updates,
+            updates_lost: report.updates_lost,
+            gradients_applied: report.staleness.applied,
+            gradients_dropped: report.staleness.dropped,
+            samples: report.samples,
+            wall_seconds: report.wall_seconds,
+            samples_per_second: report.samples as f64 / report.wall_seconds.max(1e-9),
+            final_test_accuracy: report.final_test_accuracy,
+            final_train_loss: report.final_train_loss,
+            staleness: report.staleness.clone(),
+            target_accuracy: target,
+            time_to_target: reached.map(|m| m.wall_seconds),
+            updates_to_target: reached.map(|m| m.updates),
+            elastic: c.protocol.elastic.clone(),
+        }
+    }
+}
+
+/// `metrics.csv` of `rows`: [`METRICS_COLUMNS`], then one column per learner.
+#[must_use]
+pub fn metrics_csv(rows: &[MetricsRow]) -> String {
+    let learners = rows.iter().map(|r| r.learner_samples.len()).max().unwrap_or(0);
+    let mut csv = METRICS_COLUMNS.join(",");
+    for l in 0..learners {
+        let _ = write!(csv, ",{LEARNER_COLUMN}{l}");
+    }
+    csv.push('\n');
+    for r in rows {
+        let _ = write!(
+            csv,
+            "{:.3},{:.4},{},{},{:.6},{:.6},{:.6},{:.4},{:.1}",
+            r.wall_seconds,
+            r.epoch,
+            r.updates,
+            r.samples,
+            r.train_loss,
+            r.test_loss,
+            r.test_accuracy,
+            r.mean_staleness,
+            r.samples_per_second
+        );
+        for l in 0..learners {
+            let _ = write!(csv, ",{}", r.learner_samples.get(l).copied().unwrap_or(0));
+        }
+        csv.push('\n');
+    }
+    csv
+}
+
+/// A finished run, read back from its directory.
+#[derive(Clone, Debug)]
+pub struct RecordedRun {
+    /// The directory.
+    pub dir: PathBuf,
+    /// How plots and tables name the run: the directory's name.
+    pub label: String,
+    /// `summary.json`.
+    pub summary: Summary,
+    /// `metrics.csv`, one row per evaluation.
+    pub metrics: Vec<MetricsRow>,
+}
+
+fn input_error(path: &Path, message: impl Into<String>) -> RuntimeError {
+    RuntimeError::Input { path: path.to_owned(), message: message.into() }
+}
+
+fn read_input(path: &Path) -> Result<String, RuntimeError> {
+    std::fs::read_to_string(path)
+        .map_err(|e| input_error(path, format!("cannot be read ({e}); a finished run writes it")))
+}
+
+/// How plots and tables name the run in `dir`: the directory's name.
+fn label_of(dir: &Path) -> String {
+    dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned())
+}
+
+impl RecordedRun {
+    /// The run of `config` that `report` describes, written into `dir`.
+    #[must_use]
+    pub fn of(dir: &Path, config: &Config, report: &RunReport) -> Self {
+        let summary = Summary::new(config, report);
+        Self { dir: dir.to_owned(), label: label_of(dir), summary, metrics: report.metrics.clone() }
+    }
+
+    /// Read the run directory `dir`: its `summary.json` and `metrics.csv`.
+    pub fn read(dir: &Path) -> Result<Self, RuntimeError> {
+        if !dir.is_dir() {
+            return Err(input_error(dir, "is not a run directory (no such directory)"));
+        }
+        let path = dir.join("summary.json");
+        let summary = serde_json::from_str(&read_input(&path)?)
+            .map_err(|e| input_error(&path, format!("is not a run summary: {e}")))?;
+        let path = dir.join("metrics.csv");
+        let metrics = parse_metrics(&path, &read_input(&path)?)?;
+        Ok(Self { dir: dir.to_owned(), label: label_of(dir), summary, metrics })
+    }
+}
+
+/// The rows of `metrics.csv` at `path`, with errors naming the line and column.
+pub fn parse_metrics(path: &Path, text: &str) -> Result<Vec<MetricsRow>, RuntimeError> {
+    let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty());
+    let header: Vec<&str> =
+        lines.next().map(|(_, l)| l.split(',').map(str::trim).collect()).unwrap_or_default();
+    let mut learner_columns: Vec<(u32, usize, &str)> = header
+        .iter()
+        .enumerate()
+        .filter_map(|(i, h)| Some((h.strip_prefix(LEARNER_COLUMN)?.parse().ok()?, i, *h)))
+        .collect();
+    learner_columns.sort_unstable();
+    let mut at = [0; METRICS_COLUMNS.len()];
+    for (slot, name) in at.iter_mut().zip(METRICS_COLUMNS) {
+        *slot = header.iter().position(|h| *h == name).ok_or_else(|| {
+            input_error(
+                path,
+                format!("has no column `{name}`; its header must name {}", METRICS_COLUMNS.join(",")),
+            )
+        })?;
+    }
+    let rows = lines
+        .map(|(i, line)| {
+            let fields: Vec<&str> = line.split(',').map(str::trim).collect();
+            let row = Row { path, line: i + 1, fields: &fields, at: &at };
+            Ok(MetricsRow {
+                wall_seconds: row.get(0)?,
+                epoch: row.get(1)?,
+                updates: row.get(2)?,
+                samples: row.get(3)?,
+                train_loss: row.get(4)?,
+                test_loss: row.get(5)?,
+                test_accuracy: row.get(6)?,
+                mean_staleness: row.get(7)?,
+                samples_per_second: row.get(8)?,
+                learner_samples: learner_columns
+                    .iter()
+                    .map(|&(_, i, name)| row.parse(i, name))
+                    .collect::<Result<_, _>>()?,
+            })
+        })
+        .collect::<Result<Vec<_>, RuntimeError>>()?;
+    if rows.is_empty() {
+        return Err(input_error(path, "has no evaluations; a finished run writes at least one row"));
+    }
+    Ok(rows)
+}
+
+/// One line of `metrics.csv` being parsed.
+struct Row<'a> {
+    path: &'a Path,
+    line: usize,
+    fields: &'a [&'a str],
+    at: &'a [usize; METRICS_COLUMNS.len()],
+}
+
+impl Row<'_> {
+    /// Column `METRICS_COLUMNS[c]`.
+    fn get<T: FromStr>(&self, c: usize) -> Result<T, RuntimeError> {
+        self.parse(self.at[c], METRICS_COLUMNS[c])
+    }
+
+    /// Field `i`, of the column `name`.
+    fn parse<T: FromStr>(&self, i: usize, name: &str) -> Result<T, RuntimeError> {
+        let raw = self.fields.get(i).copied();
+        raw.and_then(|v| v.parse().ok()).ok_or_else(|| {
+            input_error(
+                self.path,
+                format!("line {}: `{name}` is {:?}, not a number", self.line, raw.unwrap_or("")),
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::RunDir;
+
+    const HEADER: &str = "wall_seconds,epoch,updates,samples,train_loss,test_loss,test_accuracy,mean_staleness,samples_per_second";
+
+    #[test]
+    fn learner_columns_are_written_and_read_back_in_learner_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunDir::create(Some(dir.path()), "async").unwrap();
+        let row = |t: f64, learner_samples: Vec<u64>| MetricsRow {
+            wall_seconds: t,
+            epoch: t,
+            updates: 10,
+            samples: learner_samples.iter().sum(),
+            train_loss: 0.5,
+            test_loss: 0.4,
+            test_accuracy: 0.9,
+            mean_staleness: 1.5,
+            samples_per_second: 100.0,
+            learner_samples,
+        };
+        let rows = vec![row(1.0, vec![64, 32, 0]), row(2.0, vec![128, 96, 32])];
+        let config = Config::load(None, &[]).unwrap();
+        let report = RunReport {
+            timeline: Vec::new(),
+            updates_lost: 0,
+            metrics: rows.clone(),
+            params: config.model.init(1),
+            staleness: StalenessSummary::default(),
+            updates: 10,
+            samples: 256,
+            learner_samples: vec![128, 96, 32],
+            wall_seconds: 2.0,
+            final_test_accuracy: 0.9,
+            final_train_loss: 0.5,
+        };
+        run.record(&config, &report).unwrap();
+        let text = std::fs::read_to_string(dir.path().join("metrics.csv")).unwrap();
+        let header = text.lines().next().unwrap();
+        assert!(
+            header.ends_with(",samples_per_second,samples_learner_0,samples_learner_1,samples_learner_2")
+        );
+        assert_eq!(parse_metrics(Path::new("m.csv"), &text).unwrap(), rows);
+        // Columns are matched by name, in learner order, wherever they stand.
+        let text =
+            format!("samples_learner_1,{HEADER},samples_learner_0\n7,1,1,250,8000,0.5,0.3,0.9,3.5,5333,9\n");
+        assert_eq!(parse_metrics(Path::new("m.csv"), &text).unwrap()[0].learner_samples, [9, 7]);
+    }
+
+    #[test]
+    fn metrics_rows_are_read_by_column_name() {
+        let text = format!(
+            "{HEADER}\n1.500,1.0000,250,8000,0.512,0.301,0.9012,3.5,5333.3\n3.0,2.0,500,16000,NaN,0.2,0.93,3.6,5333.3\n"
+        );
+        let rows = parse_metrics(Path::new("m.csv"), &text).unwrap();
+        assert_eq!(rows.len(), 2);
+        assert_eq!((rows[0].wall_seconds, rows[0].updates, rows[0].samples), (1.5, 250, 8000));
+        assert_eq!(rows[1].test_accuracy, 0.93);
+        assert!(rows[1].train_loss.is_nan());
+    }
+
+    #[test]
+    fn malformed_metrics_name_the_file_line_and_column() {
+        let err = |text: &str| parse_metrics(Path::new("run/metrics.csv"), text).unwrap_err().to_string();
+        let e = err(&format!(
+            "{HEADER}\n1,1,250,8000,0.5,0.3,0.9,3.5,5333\n2,2,five,16000,0.5,0.3,0.9,3.5,5333\n"
+        ));
+        assert!(e.contains("run/metrics.csv") && e.contains("line 3") && e.contains("`updates`"), "{e}");
+        let e = err("wall_seconds,epoch\n1,1\n");
+        assert!(e.contains("no column `updates`"), "{e}");
+        assert!(err(&format!("{HEADER}\n")).contains("no evaluations"));
+        let e = err(&format!("{HEADER}\n1,1,250\n"));
+        assert!(e.contains("`samples` is \"\""), "{e}");
+    }
+}
