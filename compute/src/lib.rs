@@ -15,6 +15,8 @@
 //!   their cargo feature is off).
 //! - [`model`]: model specifications, the flat parameter layout, forward and backward.
 //! - [`learnable`]: [`GradientModel`], what a learner needs of a model (yours or [`Model`]).
+//! - `candle` (feature `candle`, on by default): `CandleModel`, a candle network as a
+//!   [`GradientModel`].
 //! - [`data`]: IDX files, MNIST, per-learner partitions and minibatch streams.
 //! - [`error`]: the crate's error type.
 
@@ -23,6 +25,8 @@
 mod dummy;
 
 pub mod backend;
+#[cfg(feature = "candle")]
+pub mod candle;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda_backend;
@@ -41,6 +45,8 @@ pub mod wgpu_backend;
 pub mod wgpu_backend;
 
 pub use backend::{Backend, Conv2d, Gemm, Images, Pool2d, PoolKind, Rate, Window};
+#[cfg(feature = "candle")]
+pub use candle::CandleModel;
 pub use cpu::CpuBackend;
 pub use cuda_backend::CudaBackend;
 pub use data::{BatchStream, Dataset, Minibatches, Partition};

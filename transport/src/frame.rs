@@ -3,8 +3,8 @@
 //! The header is checked before anything is allocated for the body: a wrong magic, an unknown
 //! version or kind, or a length over the receiver's limit is rejected from 16 bytes alone.
 
+use crate::Kind;
 use crate::TransportError;
-use crate::wire::Kind;
 
 /// Bytes that open every frame.
 pub const MAGIC: [u8; 4] = *b"RDRA";

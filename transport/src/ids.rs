@@ -137,6 +137,37 @@ impl fmt::Display for Staleness {
     }
 }
 
+/// The role a node plays; also the prefix of its certificate name (`shard-0`).
+#[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[rkyv(derive(Debug))]
+pub enum Role {
+    /// Membership, schedule, evaluation, the run directory.
+    Scheduler,
+    /// Holds a parameter range.
+    Shard,
+    /// Computes gradients.
+    Learner,
+}
+
+impl Role {
+    /// The name prefix of this role's certificates.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Scheduler => "scheduler",
+            Self::Shard => "shard",
+            Self::Learner => "learner",
+        }
+    }
+
+    /// The role a certificate name such as `learner-3` belongs to.
+    #[must_use]
+    pub fn of_name(name: &str) -> Option<Self> {
+        let prefix = name.split_once('-').map_or(name, |(p, _)| p);
+        [Self::Scheduler, Self::Shard, Self::Learner].into_iter().find(|r| r.as_str() == prefix)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,6 +7,7 @@
 //! # Layout
 //! - [`ids`]: identity and time newtypes.
 //! - [`wire`]: the messages (rkyv) and their validated views.
+//! - [`kind`]: message kinds, and the roles that send and receive each.
 //! - [`floats`]: float payloads shared without copying.
 //! - [`frame`]: the frame header, checked before any allocation.
 //! - [`faults`]: link fault rules and the seeded dice that apply them.
@@ -20,6 +21,7 @@ pub mod faults;
 pub mod floats;
 pub mod frame;
 pub mod ids;
+pub mod kind;
 pub mod quic;
 pub mod relay;
 pub mod tls;
@@ -30,6 +32,7 @@ pub mod wire;
 pub use error::TransportError;
 pub use faults::{Fate, FaultDice, FaultWindow, LinkFaults};
 pub use floats::Floats;
-pub use ids::{Clock, LearnerId, ShardId, Staleness};
+pub use ids::{Clock, LearnerId, Role, ShardId, Staleness};
+pub use kind::Kind;
 pub use relay::{Relay, RelayControl, RelayHandle, RelayLimits, RelayRules};
-pub use wire::{DropReason, Inbound, Kind, Msg, Outcome, Role};
+pub use wire::{DropReason, Inbound, Msg, Outcome};

@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 use crate::TransportError;
 use crate::frame::{HEADER_LEN, Header};
 use crate::tls::{Identity, peer_name};
-use crate::wire::{Inbound, Kind, Msg, Role};
+use crate::{Inbound, Kind, Msg, Role};
 
 /// The process's network threads: a multi-threaded tokio runtime with a worker per core,
 /// started by the first endpoint and shared by every endpoint after it.

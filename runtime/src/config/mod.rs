@@ -73,10 +73,7 @@ impl ProtocolKind {
     }
 
     fn parse(name: &str) -> Result<Self, RuntimeError> {
-        Self::ALL.into_iter().find(|k| k.as_str() == name).ok_or_else(|| {
-            let names: Vec<&str> = Self::ALL.iter().map(|k| k.as_str()).collect();
-            invalid("protocol.kind", format!("{name:?} is not one of {}", names.join(", ")))
-        })
+        one_of("protocol.kind", name, &Self::ALL, Self::as_str)
     }
 }
 
@@ -108,10 +105,7 @@ impl ModelKind {
     }
 
     fn parse(name: &str) -> Result<Self, RuntimeError> {
-        Self::ALL.into_iter().find(|k| k.as_str() == name).ok_or_else(|| {
-            let names: Vec<&str> = Self::ALL.iter().map(|k| k.as_str()).collect();
-            invalid("training.model", format!("{name:?} is not one of {}", names.join(", ")))
-        })
+        one_of("training.model", name, &Self::ALL, Self::as_str)
     }
 }
 
@@ -155,6 +149,19 @@ pub struct Config {
 
 fn invalid(key: &'static str, message: impl Into<String>) -> RuntimeError {
     RuntimeError::Invalid(InvalidSetting::new(key, message))
+}
+
+/// The one of `all` named `name`, or an error for `key` listing the names.
+fn one_of<T: Copy>(
+    key: &'static str,
+    name: &str,
+    all: &[T],
+    as_str: fn(T) -> &'static str,
+) -> Result<T, RuntimeError> {
+    all.iter().copied().find(|&k| as_str(k) == name).ok_or_else(|| {
+        let names: Vec<&str> = all.iter().map(|&k| as_str(k)).collect();
+        invalid(key, format!("{name:?} is not one of {}", names.join(", ")))
+    })
 }
 
 impl TryFrom<RawConfig> for Config {

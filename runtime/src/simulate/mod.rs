@@ -239,14 +239,8 @@ fn synthetic_cores(
         .iter()
         .enumerate()
         .map(|(s, r)| {
-            let cfg = SgdShardConfig {
-                id: ShardId(s as u32),
-                rule: spec.protocol.rule,
-                modulation: spec.protocol.modulation,
-                max_staleness: spec.protocol.max_staleness,
-                schedule: spec.schedule,
-                gradients_per_epoch: u64::MAX,
-            };
+            // The quadratic has no epochs: the base rate stays where it starts.
+            let cfg = SgdShardConfig { gradients_per_epoch: u64::MAX, ..spec.sgd_shard_config(s, 0) };
             SgdShard::new(cfg, init[r.clone()].to_vec(), active.clone())
         })
         .collect();

@@ -34,3 +34,32 @@ pub fn short_run(dir: &Path, settings: &[&str]) {
 pub fn summary(dir: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap()
 }
+
+/// A Python 3 that can import `packages`: the system's `python3` when it can, else one of a
+/// virtual environment made on first use under the build directory (`target/tmp/pyenv`), with
+/// the packages installed into it by pip, so the tests need nothing installed by hand.
+#[allow(dead_code)] // Not every test binary that shares this module reads checkpoints in Python.
+pub fn python_with(packages: &[&str]) -> std::path::PathBuf {
+    let imports = format!("import {}", packages.join(", "));
+    let can_import = |python: &Path| {
+        Command::new(python).args(["-c", &imports]).output().is_ok_and(|o| o.status.success())
+    };
+    let system = Path::new("python3");
+    if can_import(system) {
+        return system.to_owned();
+    }
+    let env = Path::new(env!("CARGO_TARGET_TMPDIR")).join("pyenv");
+    let python = env.join("bin").join("python");
+    let ready = env.join("ready");
+    if !(ready.exists() && can_import(&python)) {
+        let _ = std::fs::remove_dir_all(&env);
+        let run = |cmd: &mut Command| {
+            let o = cmd.output().unwrap_or_else(|e| panic!("{cmd:?} cannot start ({e}); install Python 3"));
+            assert!(o.status.success(), "{cmd:?} failed:\n{}", String::from_utf8_lossy(&o.stderr));
+        };
+        run(Command::new("python3").args(["-m", "venv"]).arg(&env));
+        run(Command::new(&python).args(["-m", "pip", "install", "--quiet"]).args(packages));
+        std::fs::write(&ready, imports).expect("the environment's marker is written");
+    }
+    python
+}

@@ -1,0 +1,110 @@
+//! The kind of each message, as frame headers carry it, and which roles send and receive it.
+
+use crate::Role;
+
+/// Message kinds, as written in frame headers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u16)]
+#[allow(missing_docs)]
+pub enum Kind {
+    Join = 1,
+    Welcome,
+    Ready,
+    Start,
+    Stop,
+    Progress,
+    LearnerDone,
+    Records,
+    SnapshotRequest,
+    Snapshot,
+    Heartbeat,
+    Hello,
+    Pull,
+    Weights,
+    Push,
+    Exchange,
+    Membership,
+    Resumed,
+}
+
+const KINDS: [Kind; 18] = [
+    Kind::Join,
+    Kind::Welcome,
+    Kind::Ready,
+    Kind::Start,
+    Kind::Stop,
+    Kind::Progress,
+    Kind::LearnerDone,
+    Kind::Records,
+    Kind::SnapshotRequest,
+    Kind::Snapshot,
+    Kind::Heartbeat,
+    Kind::Hello,
+    Kind::Pull,
+    Kind::Weights,
+    Kind::Push,
+    Kind::Exchange,
+    Kind::Membership,
+    Kind::Resumed,
+];
+
+impl Kind {
+    /// The kind with this header code.
+    #[must_use]
+    pub fn from_u16(code: u16) -> Option<Self> {
+        KINDS.iter().copied().find(|k| *k as u16 == code)
+    }
+
+    /// The roles allowed to send this kind.
+    #[must_use]
+    pub fn senders(self) -> &'static [Role] {
+        match self {
+            Self::Join => &[Role::Shard, Role::Learner],
+            Self::Heartbeat => &[Role::Shard, Role::Learner, Role::Scheduler],
+            Self::Welcome | Self::Start | Self::Stop | Self::SnapshotRequest | Self::Membership => {
+                &[Role::Scheduler]
+            }
+            Self::Ready
+            | Self::Progress
+            | Self::LearnerDone
+            | Self::Hello
+            | Self::Pull
+            | Self::Push
+            | Self::Exchange => &[Role::Learner],
+            Self::Records | Self::Snapshot | Self::Weights | Self::Resumed => &[Role::Shard],
+        }
+    }
+}
+
+impl Kind {
+    /// The roles allowed to receive this kind.
+    #[must_use]
+    pub fn receivers(self) -> &'static [Role] {
+        match self {
+            Self::Join
+            | Self::Ready
+            | Self::Progress
+            | Self::LearnerDone
+            | Self::Records
+            | Self::Snapshot
+            | Self::Resumed => &[Role::Scheduler],
+            Self::Heartbeat | Self::Stop => &[Role::Shard, Role::Learner, Role::Scheduler],
+            Self::Welcome | Self::Start => &[Role::Shard, Role::Learner],
+            Self::SnapshotRequest
+            | Self::Hello
+            | Self::Pull
+            | Self::Push
+            | Self::Exchange
+            | Self::Membership => &[Role::Shard],
+            Self::Weights => &[Role::Learner],
+        }
+    }
+
+    /// Whether this kind carries a large float payload on the data path, and so gets a stream
+    /// of its own. (Snapshots, once per evaluation, stay on the control stream, in order with
+    /// the staleness records they must follow.)
+    #[must_use]
+    pub fn is_payload(self) -> bool {
+        matches!(self, Self::Weights | Self::Push | Self::Exchange)
+    }
+}
