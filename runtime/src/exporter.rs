@@ -46,12 +46,6 @@ impl MetricsEndpoint {
         addr.map(Self::bind).transpose()
     }
 
-    /// The address it listens on.
-    #[must_use]
-    pub fn local_addr(&self) -> SocketAddr {
-        self.addr
-    }
-
     /// Serve a fresh registry until the runtime stops; returns it for the node's actors to
     /// record into. Must be called inside a tokio runtime (an actix `System` is one).
     pub fn start(self) -> Result<Arc<Metrics>, RuntimeError> {

@@ -9,9 +9,9 @@
 //! - [`local`]: the in-process cluster and its progress display.
 //! - [`node`]: one role per process over QUIC.
 //! - [`experiment`]: a fault-injection scenario next to a clean run, and its report.
-//! - [`exporter`]: `--metrics-addr`, the Prometheus endpoint of a node.
-//! - [`rundir`]: the run directory, written from the run as recorded.
-//! - [`summary`]: `summary.json` and `metrics.csv`, both ways, and a recorded run.
+//! - `exporter`: `--metrics-addr`, the Prometheus endpoint of a node.
+//! - `rundir`: the run directory, written from the run as recorded.
+//! - `summary`: `summary.json` and `metrics.csv`, both ways, and a recorded run.
 //! - [`checkpoint`]: `checkpoint.safetensors`, written and read, and its test accuracy.
 //! - [`plot`]: the PNG plots of a run and of a comparison.
 //! - [`report`]: the comparison table of several runs.
@@ -24,17 +24,17 @@ pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub mod experiment;
-pub mod exporter;
+mod exporter;
 pub mod local;
 pub mod node;
 pub mod plot;
 pub mod report;
-pub mod rundir;
+mod rundir;
 pub mod simulate;
-pub mod summary;
+mod summary;
 
 pub use checkpoint::Checkpoint;
 pub use config::{Config, RawConfig};
 pub use error::RuntimeError;
 pub use rundir::RunDir;
-pub use summary::{RecordedRun, Summary};
+pub use summary::{RecordedRun, Summary, metrics_csv, parse_metrics};

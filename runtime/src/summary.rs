@@ -118,7 +118,7 @@ impl Summary {
     }
 }
 
-/// `metrics.csv` of `rows`: [`METRICS_COLUMNS`], then one column per learner.
+/// `metrics.csv` of `rows`: one column per field of [`MetricsRow`], then one per learner.
 #[must_use]
 pub fn metrics_csv(rows: &[MetricsRow]) -> String {
     let learners = rows.iter().map(|r| r.learner_samples.len()).max().unwrap_or(0);

@@ -102,9 +102,6 @@ fn report_compares_two_runs_in_a_table_and_on_shared_axes() {
     );
 }
 
-const SUMMARY: &str = r#"{"protocol": "async", "n": 2, "learners": 2, "batch_size": 32, "global_batch": 64,
-  "wall_seconds": 1.0, "samples_per_second": 8000.0, "final_test_accuracy": 0.9,
-  "staleness": {"mean": 1.5, "histogram": [1, 2, 1]}}"#;
 const METRICS: &str = "wall_seconds,epoch,updates,samples,train_loss,test_loss,test_accuracy,mean_staleness,samples_per_second\n";
 
 #[test]
@@ -112,6 +109,9 @@ fn report_names_the_file_that_is_missing_or_malformed() {
     let tmp = tempfile::tempdir().unwrap();
     let run = tmp.path().join("run");
     std::fs::create_dir(&run).unwrap();
+    // A real run's summary: the one schema every run writes and every report reads.
+    let real = tmp.path().join("real");
+    short_run(&real, &["cluster.learners=2", "protocol.kind=async"]);
     let out = tmp.path().join("out");
     let fails = |dir: &Path, what: &str| {
         let o = node(&["report", dir.to_str().unwrap(), "--out", out.to_str().unwrap()]);
@@ -125,7 +125,7 @@ fn report_names_the_file_that_is_missing_or_malformed() {
     fails(&run, "summary.json: cannot be read");
     std::fs::write(run.join("summary.json"), "{\"protocol\": 3}").unwrap();
     fails(&run, "summary.json: is not a run summary");
-    std::fs::write(run.join("summary.json"), SUMMARY).unwrap();
+    std::fs::copy(real.join("summary.json"), run.join("summary.json")).unwrap();
     fails(&run, "metrics.csv: cannot be read");
     std::fs::write(run.join("metrics.csv"), format!("{METRICS}0.5,1,10,320,0.9,0.8,oops,1.5,640\n")).unwrap();
     let err = fails(&run, "metrics.csv: line 2: `test_accuracy` is \"oops\"");

@@ -7,9 +7,9 @@
 //! writes the run directory and stops everyone. Shards and learners connect to each other
 //! directly; the scheduler is not on the data path. Every connection is QUIC with mutual TLS.
 //!
-//! - [`join`]: the join handshake on both sides, and the welcome.
-//! - [`scheduler`], [`shard`], [`learner`]: one file per role.
-//! - [`loopback`]: every role on its own thread in one process, over loopback QUIC.
+//! - `join`: the join handshake on both sides, and the welcome.
+//! - `scheduler`, `shard`, `learner`: one file per role.
+//! - `loopback`: every role on its own thread in one process, over loopback QUIC.
 
 mod join;
 mod learner;
