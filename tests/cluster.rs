@@ -195,6 +195,15 @@ fn every_elastic_method_trains_over_actors() -> anyhow::Result<()> {
         let report = run(&spec, data.clone())?;
         assert!(report.final_test_accuracy > 0.8, "{method:?}: test accuracy {}", report.final_test_accuracy);
         assert!(report.updates > 0, "{method:?}");
+        // Every exchange is recorded with its staleness: in sync rounds σ ≡ 0; asynchronous
+        // exchanges of three learners find the others' exchanges since their own.
+        let s = &report.staleness;
+        assert!(s.applied > 0, "{method:?}: exchanges are counted as applied");
+        if method == (ElasticMethod::Easgd { sync: true }) {
+            assert_eq!(s.max, 0, "sync EASGD");
+        } else {
+            assert!(s.mean > 0.5, "{method:?}: ⟨σ⟩ {}", s.mean);
+        }
     }
     Ok(())
 }

@@ -52,6 +52,13 @@ pub enum ActorError {
     /// A shard could not come back after a crash and the run was aborted.
     #[error("{0} failed: {1}; the run was stopped")]
     ShardFailed(ShardId, String),
+    /// A learner's train loss is not finite: it stops computing and the scheduler, which sees
+    /// the loss, stops the run as diverged.
+    #[error("{0}")]
+    NonFiniteLoss(String),
+    /// A model computed a gradient holding NaN or ±Inf from a finite loss: a bug of the model.
+    #[error("{0}; the model computes NaN or ±Inf from a finite loss")]
+    NonFiniteGradient(String),
     /// The evaluation of the model on the test set could not run to its end.
     #[error("the evaluation failed: {0}")]
     Evaluation(String),

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use actix::prelude::*;
-use rudra_compute::{GradientModel, Minibatches};
+use rudra_compute::{GradientModel, Minibatches, cpu};
 use rudra_transport::{Floats, LearnerId};
 
 use crate::ActorError;
@@ -151,7 +151,7 @@ impl LearnerActor {
                     });
                     match next {
                         Ok(more) => self.carry_out(more, ctx),
-                        Err(e) => self.fail(&e, ctx),
+                        Err(e) => self.halt(&e, ctx),
                     }
                 }
                 LearnerEvent::Finished => self.finish(),
@@ -184,7 +184,7 @@ impl LearnerActor {
                     });
                     match next {
                         Ok(more) => self.carry_out_elastic(more, ctx),
-                        Err(e) => self.fail(&e, ctx),
+                        Err(e) => self.halt(&e, ctx),
                     }
                 }
                 WorkerEvent::Finished => self.finish(),
@@ -211,10 +211,32 @@ impl LearnerActor {
         }
         let p = &mut self.unreported;
         (p.samples, p.steps, p.loss_sum) = (p.samples + samples, p.steps + 1, p.loss_sum + f64::from(loss));
-        if p.steps >= REPORT_EVERY {
+        let step = self.core.steps_done() + 1;
+        if !loss.is_finite() {
+            // The scheduler sees this loss and stops the run; nothing of this step is pushed.
+            self.report();
+            return Err(ActorError::NonFiniteLoss(format!(
+                "{}: the train loss is {loss} at step {step}",
+                self.id()
+            )));
+        }
+        if !cpu::all_finite(&self.grad) {
+            return Err(ActorError::NonFiniteGradient(format!("{}: step {step}, loss {loss}", self.id())));
+        }
+        // The first step is reported at once: its loss is the run's baseline for divergence.
+        if self.unreported.steps >= REPORT_EVERY || step == 1 {
             self.report();
         }
         Ok(())
+    }
+
+    /// The step could not be finished: a non-finite loss leaves the learner waiting to be
+    /// stopped (the run has diverged); any other error fails it.
+    fn halt(&mut self, error: &ActorError, ctx: &mut Context<Self>) {
+        match error {
+            ActorError::NonFiniteLoss(why) => tracing::error!("{why}; nothing pushed, waiting to be stopped"),
+            _ => self.fail(error, ctx),
+        }
     }
 
     /// Weights from a shard the SGD loop accepted as the answer to this step's pull: computed on

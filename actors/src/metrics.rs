@@ -25,7 +25,7 @@ use dashmap::DashMap;
 use rudra_transport::quic::Traffic;
 use rudra_transport::{Clock, LearnerId, ShardId};
 
-use crate::protocol::{GradientRecord, Outcome, UpdateRecord};
+use crate::protocol::{DropReason, GradientRecord, Outcome, UpdateRecord};
 
 /// Upper bounds (`le`) of the staleness histogram's buckets, in updates; `+Inf` follows.
 pub const STALENESS_BUCKETS: [u64; 10] = [0, 1, 2, 4, 8, 16, 32, 64, 128, 256];
@@ -36,6 +36,7 @@ enum Family {
     ShardClock,
     GradientsApplied,
     GradientsDropped,
+    GradientsNonFinite,
     LearnerSamples,
 }
 
@@ -55,7 +56,13 @@ impl Family {
             Self::GradientsDropped => (
                 "rudra_gradients_dropped_total",
                 "counter",
-                "Gradients the shard dropped (too stale, or not of the current round).",
+                "Gradients the shard dropped (too stale, of a past round, rolled back, lapsed, non-finite).",
+                "shard",
+            ),
+            Self::GradientsNonFinite => (
+                "rudra_gradients_non_finite_total",
+                "counter",
+                "Gradients (or exchanges) the shard dropped for holding NaN or ±Inf.",
                 "shard",
             ),
             Self::LearnerSamples => (
@@ -128,6 +135,7 @@ impl Metrics {
             clock: self.series(Family::ShardClock, id.0),
             applied: self.series(Family::GradientsApplied, id.0),
             dropped: self.series(Family::GradientsDropped, id.0),
+            non_finite: self.series(Family::GradientsNonFinite, id.0),
         }
     }
 
@@ -173,7 +181,12 @@ impl Metrics {
             self.series.iter().map(|e| (*e.key(), e.value().load(Ordering::Acquire))).collect();
         series.sort_unstable();
         let mut out = String::new();
-        for family in [Family::ShardClock, Family::GradientsApplied, Family::GradientsDropped] {
+        for family in [
+            Family::ShardClock,
+            Family::GradientsApplied,
+            Family::GradientsDropped,
+            Family::GradientsNonFinite,
+        ] {
             labelled(&mut out, family, &series);
         }
         // Read after the applied counters: a shard counts σ before it counts the gradient, so
@@ -263,6 +276,7 @@ pub struct ShardMetrics {
     clock: Arc<AtomicU64>,
     applied: Arc<AtomicU64>,
     dropped: Arc<AtomicU64>,
+    non_finite: Arc<AtomicU64>,
 }
 
 impl ShardMetrics {
@@ -274,7 +288,10 @@ impl ShardMetrics {
                 // Release: whoever reads this count also sees the σ observed above.
                 self.applied.fetch_add(1, Ordering::Release);
             }
-            Outcome::Dropped(_) => {
+            Outcome::Dropped(reason) => {
+                if reason == DropReason::NonFinite {
+                    self.non_finite.fetch_add(1, Ordering::Relaxed);
+                }
                 self.dropped.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -294,7 +311,6 @@ mod tests {
     use rudra_transport::Staleness;
 
     use super::*;
-    use crate::protocol::DropReason;
 
     fn gradient(shard: u32, sigma: u64, outcome: Outcome) -> GradientRecord {
         GradientRecord {

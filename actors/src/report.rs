@@ -1,7 +1,7 @@
 //! What a run reports: every evaluation ([`MetricsRow`]), progress between them, the timeline of
 //! membership changes and faults, and the final [`RunReport`].
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::protocol::StalenessSummary;
 
@@ -85,6 +85,22 @@ pub struct RunReport {
     /// clock of the checkpoint they restarted from (summed over shards). Each is at most the
     /// checkpoint interval.
     pub updates_lost: u64,
+    /// Whether and where the run diverged (it stopped then); `None` for a run that completed.
+    pub diverged: Option<Diverged>,
+}
+
+/// Where a run diverged: its train loss became non-finite or exceeded
+/// [`DIVERGENCE_FACTOR`](crate::protocol::DIVERGENCE_FACTOR) times its first measured value.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Diverged {
+    /// Updates applied (per shard) when the run stopped.
+    pub update: u64,
+    /// The mean train loss that crossed the line (NaN or ±Inf when not finite; JSON writes
+    /// those as `null`).
+    #[serde(deserialize_with = "nan_if_null")]
+    pub train_loss: f64,
+    /// The first mean train loss the run measured.
+    pub first_loss: f64,
 }
 
 /// One event of a run's timeline.
@@ -97,4 +113,9 @@ pub struct TimelineEntry {
     pub kind: &'static str,
     /// What happened, e.g. `learner-2 lost`.
     pub what: String,
+}
+
+/// Read a number that JSON may hold as `null` (serde_json writes NaN and ±Inf so) as NaN.
+pub fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }

@@ -71,7 +71,8 @@ pub fn start_shard(
                 )
             })?;
             let clock = state.clock;
-            core.restore(state)?;
+            core.restore(state)
+                .map_err(|e| ActorError::Checkpoint { path: c.path(id), message: e.to_string() })?;
             tracing::info!(shard = %id, "resumed from {} at clock {clock}", c.path(id).display());
             Some(clock)
         }

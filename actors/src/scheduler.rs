@@ -16,8 +16,8 @@ use crate::messages::{
     ShardRestarted, Snapshot, StartLearner, StopLearner, StopShard, TrackerReport,
 };
 use crate::metrics::Metrics;
-use crate::protocol::{SchedulerCore, SchedulerEvent};
-use crate::report::{MetricsRow, ProgressSnapshot, RunEvent, RunReport, TimelineEntry};
+use crate::protocol::{Divergence, SchedulerCore, SchedulerEvent};
+use crate::report::{Diverged, MetricsRow, ProgressSnapshot, RunEvent, RunReport, TimelineEntry};
 use crate::{ActorError, Models};
 
 /// Where the run's report goes.
@@ -55,6 +55,8 @@ pub struct SchedulerActor {
     /// Shards lost and not back yet, with the number of times each was lost.
     shards_down: BTreeMap<ShardId, u64>,
     shard_losses: u64,
+    /// Set when the run diverged.
+    divergence: Option<Divergence>,
 }
 
 /// What one evaluation measured.
@@ -126,6 +128,7 @@ impl SchedulerActor {
             shard_timeout,
             shards_down: BTreeMap::new(),
             shard_losses: 0,
+            divergence: None,
         }
     }
 
@@ -173,6 +176,15 @@ impl SchedulerActor {
                 SchedulerEvent::Rejoined(l) => {
                     tracing::info!(learner = %l, "learner rejoined");
                     self.note("detected", format!("{l} rejoined"));
+                }
+                SchedulerEvent::Diverged(d) => {
+                    tracing::error!(
+                        "the run diverged: train loss {:.4} (the first measured was {:.4}); stopping",
+                        d.train_loss,
+                        d.first_loss
+                    );
+                    self.note("detected", format!("diverged: train loss {:.4}", d.train_loss));
+                    self.divergence = Some(d);
                 }
                 SchedulerEvent::Membership => {
                     let active = self.core.active();
@@ -265,6 +277,11 @@ impl SchedulerActor {
                 final_train_loss: row.train_loss,
                 timeline: std::mem::take(&mut self.timeline),
                 updates_lost: self.updates_lost,
+                diverged: self.divergence.map(|d| Diverged {
+                    update: eval.tracker.updates,
+                    train_loss: d.train_loss,
+                    first_loss: d.first_loss,
+                }),
             };
             self.finish(Ok(report), ctx);
         }
@@ -401,7 +418,8 @@ impl Handler<Progress> for SchedulerActor {
         if let Some(m) = &self.metrics {
             m.add_learner_samples(msg.learner, msg.samples);
         }
-        let events = self.core.on_progress(msg.samples);
+        let mut events = self.core.on_progress(msg.samples);
+        events.extend(self.core.on_loss(msg.steps, msg.loss_sum));
         if self.last_progress.elapsed() >= PROGRESS_EVERY {
             self.last_progress = Instant::now();
             let mut snapshot = ProgressSnapshot {

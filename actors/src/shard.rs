@@ -199,7 +199,9 @@ impl Handler<Restart> for ShardActor {
             path: c.path(id),
             message: "missing: the shard cannot restart".into(),
         })?;
-        self.core.restore(state)?;
+        self.core
+            .restore(state)
+            .map_err(|e| ActorError::Checkpoint { path: c.path(id), message: e.to_string() })?;
         (self.down, self.saved) = (false, self.core.clock());
         tracing::info!(shard = %id, "restarted from its checkpoint at clock {}", self.saved);
         Ok(self.saved)

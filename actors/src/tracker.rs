@@ -41,7 +41,7 @@ impl Handler<Records> for StalenessTracker {
                 Outcome::Applied { .. } => self.stats.record_applied(g.staleness),
                 Outcome::Dropped(reason) => {
                     tracing::debug!(shard = %g.shard, learner = %g.learner, sigma = g.staleness.0, ?reason, "gradient dropped");
-                    self.stats.record_dropped();
+                    self.stats.record_dropped(reason);
                 }
             }
         }

@@ -66,6 +66,7 @@ pub(crate) enum RoleArg {
 #[derive(Clone, Copy, ValueEnum)]
 pub(crate) enum Suite {
     Training,
+    Protocols,
     Transport,
     Simulator,
     Agreement,
@@ -178,7 +179,8 @@ pub(crate) enum Command {
     /// the simulator's events per second with 10,000 learners (`--suite simulator`), or its
     /// ⟨σ⟩ against the local cluster's on the same settings (`--suite agreement`), or
     /// the CPU GEMM against numpy and MLP and CNN steps on every backend present
-    /// (`--suite compute`).
+    /// (`--suite compute`), or every protocol with its defaults: test accuracy and throughput
+    /// (`--suite protocols`).
     Bench {
         #[command(flatten)]
         config: ConfigArgs,

@@ -2,7 +2,8 @@
 
 use std::path::PathBuf;
 
-use rudra_actors::{ActorError, InvalidSetting};
+use rudra_actors::protocol::LrModulation;
+use rudra_actors::{ActorError, Diverged, ElasticMethod, InvalidSetting};
 use rudra_compute::ComputeError;
 
 /// Everything that can stop a node.
@@ -43,6 +44,15 @@ pub enum RuntimeError {
         /// What is wrong with it and, where it helps, how to get a good one.
         message: String,
     },
+    /// The run diverged (ALGORITHMS.md: the train loss became non-finite or exceeded ten times
+    /// its first measured value) and was stopped; its run directory says so.
+    #[error("the run diverged at update {}: {}; {hint}", diverged.update, why_diverged(diverged))]
+    Diverged {
+        /// Where.
+        diverged: Diverged,
+        /// What to change.
+        hint: String,
+    },
     /// A plot could not be drawn.
     #[error(
         "cannot draw {path}: {message}; check that the directory is writable and that a sans-serif font is installed (Debian: fonts-dejavu-core)"
@@ -55,11 +65,44 @@ pub enum RuntimeError {
     },
 }
 
+/// What the train loss did.
+fn why_diverged(d: &Diverged) -> String {
+    if d.train_loss.is_finite() {
+        format!(
+            "the train loss {:.4} is more than {} times the first measured, {:.4}",
+            d.train_loss,
+            rudra_actors::protocol::DIVERGENCE_FACTOR,
+            d.first_loss
+        )
+    } else {
+        format!("the train loss became {}", d.train_loss)
+    }
+}
+
 impl RuntimeError {
-    /// The process exit code: 2 for bad configuration or input data, 1 for failures.
+    /// The run of `config` diverged at `diverged`: the error, with a hint of what to change.
+    #[must_use]
+    pub fn diverged(config: &crate::Config, diverged: Diverged) -> Self {
+        let lr = config.cluster.schedule.base;
+        let mut hint = format!("lower training.learning_rate (now {lr})");
+        if let Some(e) = &config.cluster.protocol.elastic
+            && matches!(e.method, ElasticMethod::Eamsgd | ElasticMethod::MDownpour)
+        {
+            hint += &format!(" or protocol.momentum (now {})", e.momentum);
+        } else if config.cluster.protocol.elastic.is_none()
+            && config.cluster.protocol.modulation == LrModulation::None
+        {
+            hint += ", or modulate it by staleness (protocol.lr_modulation = \"per-gradient\")";
+        }
+        Self::Diverged { diverged, hint }
+    }
+
+    /// The process exit code: 0 is success; 2 bad configuration or input data (do not
+    /// restart: it fails again the same way); 3 a run that diverged; 1 any other failure.
     #[must_use]
     pub fn exit_code(&self) -> i32 {
         match self {
+            Self::Diverged { .. } => 3,
             Self::Config(_)
             | Self::Invalid(_)
             | Self::Compute(

@@ -45,7 +45,7 @@ pub fn run_local(
     let mut cluster = Cluster::new(config.cluster.clone(), models, data)?
         .with_liveness(config.liveness)
         .with_faults(config.faults.clone())
-        .with_checkpoints(config.checkpoints(run_dir));
+        .with_checkpoints(config.checkpoints(run_dir, &rudra_actors::checkpoint::new_job_id()));
     let endpoint = MetricsEndpoint::bind_if(metrics_addr)?;
     actix::System::new().block_on(async move {
         if let Some(endpoint) = endpoint {

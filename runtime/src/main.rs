@@ -167,6 +167,7 @@ fn run(command: Command) -> Result<(), RuntimeError> {
                     bench::training::run(&config, &data, steps, repeats.max(1))?
                 }
                 Suite::Transport => bench::transport::run(frames, repeats)?,
+                Suite::Protocols => bench::protocols::run(config.config.as_deref(), &config.set, repeats)?,
                 Suite::Simulator => bench::simulator::run(config.config.as_deref(), &config.set, repeats)?,
                 Suite::Agreement => bench::agreement::run(config.config.as_deref(), &config.set, repeats)?,
                 Suite::Compute => {
@@ -226,7 +227,10 @@ fn finish(dir: &RunDir, config: &Config, report: &RunReport) -> Result<(), Runti
         s.wall_seconds,
         dir.path().display()
     );
-    Ok(())
+    match s.diverged {
+        Some(d) => Err(RuntimeError::diverged(config, d)),
+        None => Ok(()),
+    }
 }
 
 /// One node of a distributed cluster.

@@ -225,6 +225,7 @@ mod tests {
             final_train_loss: 0.5,
             timeline: Vec::new(),
             updates_lost: 0,
+            diverged: None,
         };
         let mut run = RecordedRun::of(&PathBuf::from("runs").join(label), &config, &report);
         (run.summary.protocol, run.summary.n) = (protocol.to_owned(), n);

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use rudra_actors::protocol::StalenessSummary;
-use rudra_actors::{ElasticSpec, MetricsRow, RunReport};
+use rudra_actors::report::nan_if_null;
+use rudra_actors::{Diverged, ElasticSpec, MetricsRow, RunReport};
 use serde::{Deserialize, Serialize};
 
 use crate::{Config, RuntimeError};
@@ -66,9 +67,15 @@ pub struct Summary {
     pub wall_seconds: f64,
     /// `samples / wall_seconds`.
     pub samples_per_second: f64,
+    /// `completed`, or `diverged` (see `diverged`).
+    pub outcome: String,
+    /// Where the run diverged, if it did.
+    pub diverged: Option<Diverged>,
     /// Test accuracy at the end.
+    #[serde(deserialize_with = "nan_if_null")]
     pub final_test_accuracy: f64,
-    /// Train loss over the last window.
+    /// Train loss over the last window (`null` when it is not a number).
+    #[serde(deserialize_with = "nan_if_null")]
     pub final_train_loss: f64,
     /// Staleness statistics.
     pub staleness: StalenessSummary,
@@ -107,6 +114,8 @@ impl Summary {
             samples: report.samples,
             wall_seconds: report.wall_seconds,
             samples_per_second: report.samples as f64 / report.wall_seconds.max(1e-9),
+            outcome: if report.diverged.is_some() { "diverged" } else { "completed" }.to_owned(),
+            diverged: report.diverged,
             final_test_accuracy: report.final_test_accuracy,
             final_train_loss: report.final_train_loss,
             staleness: report.staleness.clone(),
@@ -299,6 +308,7 @@ mod tests {
         let report = RunReport {
             timeline: Vec::new(),
             updates_lost: 0,
+            diverged: None,
             metrics: rows.clone(),
             params: config.model.init(1),
             staleness: StalenessSummary::default(),

@@ -22,6 +22,8 @@ use crate::{Clock, Floats, Kind, LearnerId, Role, ShardId, Staleness, TransportE
     Debug,
     PartialEq,
     Eq,
+    PartialOrd,
+    Ord,
     Hash,
     serde::Serialize,
     serde::Deserialize,
@@ -41,11 +43,14 @@ pub enum DropReason {
     /// Its learner was declared lost after computing it: it rejoined, and starts afresh from
     /// the current weights.
     Lapsed,
+    /// It held a NaN or ±Inf: such values never reach the weights.
+    NonFinite,
 }
 
 impl DropReason {
     /// Every reason, in the order reports list them.
-    pub const ALL: [Self; 4] = [Self::TooStale, Self::StaleRound, Self::RolledBack, Self::Lapsed];
+    pub const ALL: [Self; 5] =
+        [Self::TooStale, Self::StaleRound, Self::RolledBack, Self::Lapsed, Self::NonFinite];
 
     /// The reason as reports and metrics name it, e.g. `too-stale`.
     #[must_use]
@@ -55,6 +60,7 @@ impl DropReason {
             Self::StaleRound => "stale-round",
             Self::RolledBack => "rolled-back",
             Self::Lapsed => "lapsed",
+            Self::NonFinite => "non-finite",
         }
     }
 }
@@ -132,6 +138,8 @@ pub enum Msg {
         /// `learner_names[l]` is learner `l`'s certificate name (for shards, which accept
         /// learner `l` only from that certificate).
         learner_names: Vec<String>,
+        /// The run's identity (its checkpoints carry it).
+        job: String,
         /// How many times this node joined before: 0 at the start of the run; more for a node
         /// that restarted and rejoins the running job (a shard then resumes from its
         /// checkpoint, a learner starts at once with step numbers after every earlier one).
@@ -298,6 +306,62 @@ impl Msg {
     }
 }
 
+/// One message of every kind, with representative values: the cases of the wire tests and
+/// the seeds of the fuzzer.
+#[must_use]
+pub fn samples() -> Vec<Msg> {
+    vec![
+        Msg::Join { role: Role::Shard, name: "shard-0".into(), data_addr: "127.0.0.1:7071".into() },
+        Msg::Welcome {
+            id: 3,
+            config_toml: "[cluster]\nlearners = 4\n".into(),
+            train_examples: 60_000,
+            shard_addrs: vec!["a:1".into()],
+            shard_names: vec!["shard-0".into()],
+            learner_names: vec!["learner-0".into(), "learner-1".into()],
+            job: "0123456789abcdef".into(),
+            incarnation: 1,
+        },
+        Msg::Ready,
+        Msg::Start,
+        Msg::Stop,
+        Msg::Progress { learner: LearnerId(1), samples: 256, steps: 8, loss_sum: 3.5 },
+        Msg::LearnerDone { error: Some("out of memory".into()) },
+        Msg::Records {
+            gradients: vec![
+                GradientReport {
+                    learner: LearnerId(1),
+                    computed_on: Clock(3),
+                    staleness: Staleness(2),
+                    outcome: Outcome::Applied { alpha: 0.5 },
+                },
+                GradientReport {
+                    learner: LearnerId(0),
+                    computed_on: Clock(1),
+                    staleness: Staleness(6),
+                    outcome: Outcome::Dropped(DropReason::TooStale),
+                },
+            ],
+            updates: vec![UpdateReport { clock: Clock(7), gradients: 2 }],
+        },
+        Msg::SnapshotRequest { request: 9 },
+        Msg::Snapshot { request: 9, clock: Clock(4), values: vec![1.0, 2.0].into() },
+        Msg::Heartbeat,
+        Msg::Membership { active: vec![LearnerId(0), LearnerId(2), LearnerId(3)] },
+        Msg::Resumed { clock: Clock(800) },
+        Msg::Hello { learner: LearnerId(2) },
+        Msg::Pull { learner: LearnerId(2), seq: 1, last: false },
+        Msg::Weights { shard: ShardId(1), seq: 1, clock: Clock(5), values: vec![0.5; 1000].into() },
+        Msg::Push {
+            learner: LearnerId(2),
+            seq: 9,
+            computed_on: Clock(5),
+            values: (0..777).map(|i| i as f32).collect::<Vec<f32>>().into(),
+        },
+        Msg::Exchange { learner: LearnerId(3), values: vec![0.25; 333].into() },
+    ]
+}
+
 /// A validated incoming message: small messages owned, payloads viewed in place.
 #[derive(Clone, Debug)]
 pub enum Inbound {
@@ -430,61 +494,9 @@ mod tests {
 
     const MAX: u32 = 64 << 20;
 
-    fn all_messages() -> Vec<Msg> {
-        vec![
-            Msg::Join { role: Role::Shard, name: "shard-0".into(), data_addr: "127.0.0.1:7071".into() },
-            Msg::Welcome {
-                id: 3,
-                config_toml: "[cluster]\nlearners = 4\n".into(),
-                train_examples: 60_000,
-                shard_addrs: vec!["a:1".into()],
-                shard_names: vec!["shard-0".into()],
-                learner_names: vec!["learner-0".into(), "learner-1".into()],
-                incarnation: 1,
-            },
-            Msg::Ready,
-            Msg::Start,
-            Msg::Stop,
-            Msg::Progress { learner: LearnerId(1), samples: 256, steps: 8, loss_sum: 3.5 },
-            Msg::LearnerDone { error: Some("out of memory".into()) },
-            Msg::Records {
-                gradients: vec![
-                    GradientReport {
-                        learner: LearnerId(1),
-                        computed_on: Clock(3),
-                        staleness: Staleness(2),
-                        outcome: Outcome::Applied { alpha: 0.5 },
-                    },
-                    GradientReport {
-                        learner: LearnerId(0),
-                        computed_on: Clock(1),
-                        staleness: Staleness(6),
-                        outcome: Outcome::Dropped(DropReason::TooStale),
-                    },
-                ],
-                updates: vec![UpdateReport { clock: Clock(7), gradients: 2 }],
-            },
-            Msg::SnapshotRequest { request: 9 },
-            Msg::Snapshot { request: 9, clock: Clock(4), values: vec![1.0, 2.0].into() },
-            Msg::Heartbeat,
-            Msg::Membership { active: vec![LearnerId(0), LearnerId(2), LearnerId(3)] },
-            Msg::Resumed { clock: Clock(800) },
-            Msg::Hello { learner: LearnerId(2) },
-            Msg::Pull { learner: LearnerId(2), seq: 1, last: false },
-            Msg::Weights { shard: ShardId(1), seq: 1, clock: Clock(5), values: vec![0.5; 1000].into() },
-            Msg::Push {
-                learner: LearnerId(2),
-                seq: 9,
-                computed_on: Clock(5),
-                values: (0..777).map(|i| i as f32).collect::<Vec<f32>>().into(),
-            },
-            Msg::Exchange { learner: LearnerId(3), values: vec![0.25; 333].into() },
-        ]
-    }
-
     #[test]
     fn a_frame_body_is_the_message_archived_on_its_own() {
-        for msg in all_messages() {
+        for msg in samples() {
             let frame = msg.encode().unwrap();
             let alone = rkyv::to_bytes::<BoxedError>(&msg).unwrap();
             assert_eq!(&frame[HEADER_LEN..], &alone[..], "{:?}", msg.kind());
@@ -493,7 +505,7 @@ mod tests {
 
     #[test]
     fn every_message_round_trips() {
-        for msg in all_messages() {
+        for msg in samples() {
             let bytes = msg.encode().unwrap();
             let back = decode_frame(&bytes, MAX).unwrap();
             assert_eq!(back.kind(), msg.kind());
@@ -605,7 +617,7 @@ mod tests {
 
     #[test]
     fn kinds_and_roles() {
-        for msg in all_messages() {
+        for msg in samples() {
             assert_eq!(Kind::from_u16(msg.kind() as u16), Some(msg.kind()));
         }
         assert_eq!(Kind::from_u16(0), None);

@@ -132,6 +132,15 @@ impl LearnerLoop {
         }
     }
 
+    /// Steps (gradients) done so far: the learner's local clock.
+    #[must_use]
+    pub fn steps_done(&self) -> u64 {
+        match self {
+            Self::Sgd(c) => c.steps_done(),
+            Self::Elastic(w) => w.steps_done(),
+        }
+    }
+
     /// The learner running this loop.
     #[must_use]
     pub fn id(&self) -> LearnerId {

@@ -9,13 +9,13 @@
 //! - DOWNPOUR: the shard adds the learner's accumulated `v` to x̃ and answers with the new x̃.
 //! - MDOWNPOUR: the shard keeps Nesterov momentum `u ← δu − η g; x̃ ← x̃ + δu − η g`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use rudra_compute::cpu;
-use rudra_transport::{Clock, LearnerId, ShardId};
+use rudra_transport::{Clock, DropReason, LearnerId, Outcome, ShardId, Staleness};
 
-use super::{CoreError, ShardEvent, ShardState, UpdateRecord, Weights};
+use super::{CoreError, GradientRecord, ShardEvent, ShardState, UpdateRecord, Weights};
 
 /// How a center shard combines what learners send.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -42,6 +42,12 @@ pub enum CenterRule {
 }
 
 /// A shard holding the center variable x̃ of its range.
+///
+/// Every exchange it applies is recorded like a gradient: its staleness σ is the center's
+/// clock when the exchange is applied minus the clock of the center the learner last received
+/// (ALGORITHMS.md, "Staleness in the EASGD family"); in sync rounds σ ≡ 0. An exchange holding
+/// a NaN or ±Inf is dropped (`non-finite`) and never moves the center; its learner still gets
+/// the current center, so it goes on.
 #[derive(Debug)]
 pub struct CenterShard {
     id: ShardId,
@@ -49,9 +55,12 @@ pub struct CenterShard {
     center: Arc<Vec<f32>>,
     clock: Clock,
     active: BTreeSet<LearnerId>,
-    /// Sync rounds: the x^i received so far, summed, and who sent them.
+    /// Sync rounds: the x^i received so far, summed, how many, and who took their turn.
     round_sum: Vec<f32>,
+    round_values: usize,
     round: BTreeSet<LearnerId>,
+    /// The clock of the center each learner last received.
+    received: BTreeMap<LearnerId, Clock>,
     /// MDOWNPOUR's velocity.
     velocity: Vec<f32>,
     /// Effects of the input being handled, returned when it is done.
@@ -73,7 +82,9 @@ impl CenterShard {
             clock: Clock(0),
             active,
             round_sum,
+            round_values: 0,
             round: BTreeSet::new(),
+            received: BTreeMap::new(),
             velocity,
             events: Vec::new(),
         }
@@ -109,7 +120,7 @@ impl CenterShard {
         state.check(self.center.len(), !self.velocity.is_empty())?;
         (self.clock, self.center, self.velocity) = (state.clock, Arc::new(state.values), state.velocity);
         self.round_sum.fill(0.0);
-        self.round.clear();
+        (self.round_values, self.round) = (0, BTreeSet::new());
         self.events.clear();
         Ok(())
     }
@@ -134,28 +145,45 @@ impl CenterShard {
                 self.center.len()
             )));
         }
+        if let CenterRule::ElasticSync { .. } = self.rule
+            && !self.round.insert(learner)
+        {
+            return Err(CoreError::Protocol(format!("{learner} sent twice in round {}", self.clock)));
+        }
+        if !cpu::all_finite(values) {
+            self.record(learner, Outcome::Dropped(DropReason::NonFinite));
+            match self.rule {
+                CenterRule::ElasticSync { .. } => self.close_round_if_complete(),
+                _ => self.reply(learner),
+            }
+            return Ok(std::mem::take(&mut self.events));
+        }
         match self.rule {
             CenterRule::ElasticAsync { alpha } => {
+                self.record(learner, Outcome::Applied { alpha });
                 self.reply(learner);
                 let center = Arc::make_mut(&mut self.center);
                 // x̃ ← x̃ + α (x − x̃) = (1 − α) x̃ + α x
                 cpu::scale(1.0 - alpha, center);
                 cpu::axpy(alpha, values, center);
                 self.advance(1);
+                // The learner moved by −d as the center moved by d: it knows this clock.
+                self.received.insert(learner, self.clock);
             }
-            CenterRule::ElasticSync { .. } => {
-                if !self.round.insert(learner) {
-                    return Err(CoreError::Protocol(format!("{learner} sent twice in round {}", self.clock)));
-                }
+            CenterRule::ElasticSync { beta } => {
+                self.record(learner, Outcome::Applied { alpha: beta });
                 cpu::axpy(1.0, values, &mut self.round_sum);
+                self.round_values += 1;
                 self.close_round_if_complete();
             }
             CenterRule::Downpour => {
+                self.record(learner, Outcome::Applied { alpha: 1.0 });
                 cpu::axpy(1.0, values, Arc::make_mut(&mut self.center).as_mut_slice());
                 self.advance(1);
                 self.reply(learner);
             }
             CenterRule::MDownpour { momentum, lr } => {
+                self.record(learner, Outcome::Applied { alpha: lr });
                 let center = Arc::make_mut(&mut self.center);
                 for ((u, x), g) in self.velocity.iter_mut().zip(center.iter_mut()).zip(values) {
                     *u = momentum * *u - lr * g;
@@ -177,8 +205,20 @@ impl CenterShard {
         std::mem::take(&mut self.events)
     }
 
+    /// Record `learner`'s exchange, applied now or dropped, with its staleness.
+    fn record(&mut self, learner: LearnerId, outcome: Outcome) {
+        let computed_on = self.received.get(&learner).copied().unwrap_or_default();
+        let staleness = match self.rule {
+            CenterRule::ElasticSync { .. } => Staleness(0),
+            _ => self.clock.staleness_of(computed_on).unwrap_or_default(),
+        };
+        let record = GradientRecord { shard: self.id, learner, computed_on, staleness, outcome };
+        self.events.push(ShardEvent::Gradient(record));
+    }
+
     fn reply(&mut self, learner: LearnerId) {
         let weights = self.snapshot();
+        self.received.insert(learner, weights.clock);
         self.events.push(ShardEvent::Serve { learner, seq: 0, weights });
     }
 
@@ -197,14 +237,15 @@ impl CenterShard {
         for &learner in &self.round {
             self.events.push(ShardEvent::Serve { learner, seq: 0, weights: before.clone() });
         }
-        let p = self.round.len() as f32;
-        let center = Arc::make_mut(&mut self.center);
-        // x̃ ← (1 − β) x̃ + β · mean_i x^i
-        cpu::scale(1.0 - beta, center);
-        cpu::axpy_drain(beta / p, &mut self.round_sum, center);
-        let gradients = self.round.len();
-        self.round.clear();
-        self.advance(gradients);
+        let p = self.round_values;
+        if p > 0 {
+            let center = Arc::make_mut(&mut self.center);
+            // x̃ ← (1 − β) x̃ + β · mean_i x^i, over the learners whose x^i was finite
+            cpu::scale(1.0 - beta, center);
+            cpu::axpy_drain(beta / p as f32, &mut self.round_sum, center);
+        }
+        (self.round_values, self.round) = (0, BTreeSet::new());
+        self.advance(p);
     }
 }
 
@@ -423,6 +464,58 @@ mod tests {
         l.step(&mut [0.0], &[0.0], None);
         l.step(&mut [0.0], &[0.0], None);
         assert!((l.lr() - 0.4 / 2f32.sqrt()).abs() < 1e-7);
+    }
+
+    /// The staleness of every exchange a center records.
+    fn sigmas(events: &[ShardEvent]) -> Vec<(LearnerId, u64, Outcome)> {
+        (events.iter())
+            .filter_map(|e| match e {
+                ShardEvent::Gradient(g) => Some((g.learner, g.staleness.0, g.outcome)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_exchange_is_recorded_with_the_staleness_of_the_center_its_learner_last_received() {
+        let three: BTreeSet<LearnerId> = (0..3).map(LearnerId).collect();
+        for rule in [
+            CenterRule::ElasticAsync { alpha: 0.5 },
+            CenterRule::Downpour,
+            CenterRule::MDownpour { momentum: 0.5, lr: 0.1 },
+        ] {
+            let mut s = CenterShard::new(ShardId(0), rule, vec![1.0], three.clone());
+            // Round robin over three learners, each starting from the center at clock 0: once
+            // all have exchanged, a learner's exchange finds the two made by the others since
+            // its own (async EASGD's learner moves by −d as the center moves by d, so it knows
+            // the center after its own exchange, as DOWNPOUR's adopts it).
+            let expected: [u64; 7] = [0, 1, 2, 2, 2, 2, 2];
+            for (k, l) in [0, 1, 2, 0, 1, 2, 0].into_iter().enumerate() {
+                let events = s.on_exchange(LearnerId(l), &[0.5]).unwrap();
+                assert!(matches!(sigmas(&events)[0].2, Outcome::Applied { .. }), "{rule:?}");
+                assert_eq!(sigmas(&events)[0].1, expected[k], "{rule:?}: exchange {k}");
+            }
+            // A non-finite exchange is dropped and counted; the center stays; the learner is
+            // answered with it and goes on.
+            let before = s.snapshot();
+            let events = s.on_exchange(LearnerId(1), &[f32::NAN]).unwrap();
+            assert_eq!(sigmas(&events)[0].2, Outcome::Dropped(DropReason::NonFinite), "{rule:?}");
+            assert_eq!(replies(events), vec![(LearnerId(1), before.values.to_vec())], "{rule:?}");
+            assert_eq!((s.clock(), s.snapshot().values.to_vec()), (before.clock, before.values.to_vec()));
+        }
+        // Sync rounds: σ ≡ 0, and a non-finite x^i leaves the round's mean to the others.
+        let mut s = CenterShard::new(ShardId(0), CenterRule::ElasticSync { beta: 1.0 }, vec![0.0], both());
+        let mut events = s.on_exchange(L0, &[f32::INFINITY]).unwrap();
+        events.extend(s.on_exchange(L1, &[4.0]).unwrap());
+        assert_eq!(
+            sigmas(&events),
+            vec![(L0, 0, Outcome::Dropped(DropReason::NonFinite)), (L1, 0, Outcome::Applied { alpha: 1.0 })]
+        );
+        assert_eq!(
+            (s.clock(), s.snapshot().values.to_vec()),
+            (Clock(1), vec![4.0]),
+            "the mean of the finite x^i"
+        );
     }
 
     #[test]

@@ -38,6 +38,6 @@ pub use learner::{LearnerCore, LearnerEvent};
 pub use modulation::LrModulation;
 pub use records::{GradientRecord, ShardEvent, ShardState, UpdateRecord, Weights};
 pub use rudra_transport::{DropReason, Outcome};
-pub use scheduler::{LrSchedule, SchedulerCore, SchedulerEvent};
+pub use scheduler::{DIVERGENCE_FACTOR, Divergence, LrSchedule, SchedulerCore, SchedulerEvent};
 pub use shard::{SgdShard, SgdShardConfig, SyncRule};
 pub use staleness::{StalenessStats, StalenessSummary};

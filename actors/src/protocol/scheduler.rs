@@ -45,7 +45,22 @@ pub enum SchedulerEvent {
     Rejoined(LearnerId),
     /// The active set changed: tell every shard the new λ ([`SchedulerCore::active`]).
     Membership,
+    /// The train loss became non-finite or exceeded ten times its first measured value: the
+    /// run has diverged and stops (the final evaluation and the stop follow).
+    Diverged(Divergence),
 }
+
+/// How a run diverged: the train loss that did it, and the first one measured.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Divergence {
+    /// The mean train loss of the window that crossed the line (possibly NaN or ±Inf).
+    pub train_loss: f64,
+    /// The first mean train loss the run measured.
+    pub first_loss: f64,
+}
+
+/// A run has diverged when its train loss exceeds this many times its first measured value.
+pub const DIVERGENCE_FACTOR: f64 = 10.0;
 
 /// The scheduler's state.
 #[derive(Clone, Debug)]
@@ -71,6 +86,8 @@ pub struct SchedulerCore {
     /// When the failure detector last looked.
     last_tick: Option<Duration>,
     stopping: bool,
+    /// The first mean train loss measured.
+    first_loss: Option<f64>,
 }
 
 impl SchedulerCore {
@@ -95,6 +112,7 @@ impl SchedulerCore {
             failure_timeout: None,
             last_tick: None,
             stopping: false,
+            first_loss: None,
         }
     }
 
@@ -238,6 +256,9 @@ impl SchedulerCore {
     #[must_use]
     pub fn on_progress(&mut self, samples: u64) -> Vec<SchedulerEvent> {
         self.samples += samples;
+        if self.stopping {
+            return Vec::new();
+        }
         let k = self.evals_per_epoch;
         let per_eval = (self.examples_per_epoch / k).max(1);
         let point = (self.samples / per_eval).min((self.epochs_total * k).saturating_sub(1));
@@ -247,6 +268,29 @@ impl SchedulerCore {
             events.push(SchedulerEvent::Evaluate { epoch: self.evals / k, final_: false });
         }
         events
+    }
+
+    /// A learner's mean train loss over its last `steps` minibatches was `loss_sum / steps`. A
+    /// non-finite loss, or one above [`DIVERGENCE_FACTOR`] times the first measured, means the
+    /// run has diverged: it stops.
+    #[must_use]
+    pub fn on_loss(&mut self, steps: u64, loss_sum: f64) -> Vec<SchedulerEvent> {
+        if steps == 0 || self.stopping {
+            return Vec::new();
+        }
+        let loss = loss_sum / steps as f64;
+        let first = *self.first_loss.get_or_insert(loss);
+        if loss.is_finite() && loss <= DIVERGENCE_FACTOR * first {
+            return Vec::new();
+        }
+        self.stopping = true;
+        let epoch = self.evals / self.evals_per_epoch;
+        let diverged = Divergence { train_loss: loss, first_loss: first };
+        vec![
+            SchedulerEvent::Diverged(diverged),
+            SchedulerEvent::Evaluate { epoch, final_: true },
+            SchedulerEvent::Stop,
+        ]
     }
 
     /// A learner finished all its steps. Once every active learner has, the run ends.
@@ -259,6 +303,31 @@ impl SchedulerCore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_loss_ten_times_the_first_or_not_finite_is_divergence() {
+        let started = || {
+            let mut s = SchedulerCore::new(1, 1, 100, 2);
+            let _ = s.on_shard_joined(ShardId(0));
+            let _ = s.on_learner_joined(LearnerId(0));
+            s
+        };
+        let mut s = started();
+        assert!(s.on_loss(8, 8.0 * 2.3).is_empty(), "the first loss is the baseline");
+        assert!(s.on_loss(8, 8.0 * 23.0).is_empty(), "ten times the first is not yet divergence");
+        let events = s.on_loss(4, 4.0 * 23.5);
+        let d = Divergence { train_loss: 23.5, first_loss: 2.3 };
+        assert_eq!(events[0], SchedulerEvent::Diverged(d));
+        assert!(matches!(events[1], SchedulerEvent::Evaluate { final_: true, .. }));
+        assert_eq!(events[2], SchedulerEvent::Stop);
+        assert!(s.on_loss(1, f64::NAN).is_empty(), "it stops once");
+        let mut s = started();
+        let _ = s.on_loss(1, 2.0);
+        assert!(matches!(s.on_loss(2, f64::NAN)[0], SchedulerEvent::Diverged(d) if d.train_loss.is_nan()));
+        let mut s = started();
+        assert!(matches!(s.on_loss(1, f64::INFINITY)[0], SchedulerEvent::Diverged(_)), "even the first");
+        assert!(started().on_loss(0, 0.0).is_empty(), "no steps, no loss");
+    }
 
     #[test]
     fn starts_when_all_joined_schedules_epochs_and_stops() {

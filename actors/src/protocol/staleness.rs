@@ -1,6 +1,8 @@
 //! Staleness statistics: the tracker's core, also kept by every shard for `mean` modulation.
 
-use rudra_transport::Staleness;
+use std::collections::BTreeMap;
+
+use rudra_transport::{DropReason, Staleness};
 use serde::{Deserialize, Serialize};
 
 /// Running counts of gradient staleness.
@@ -9,7 +11,7 @@ pub struct StalenessStats {
     /// `histogram[σ]` = applied gradients of staleness σ.
     histogram: Vec<u64>,
     applied: u64,
-    dropped: u64,
+    dropped: BTreeMap<DropReason, u64>,
     sum: u128,
 }
 
@@ -24,8 +26,11 @@ pub struct StalenessSummary {
     pub histogram: Vec<u64>,
     /// Gradients applied.
     pub applied: u64,
-    /// Gradients dropped (too stale, or not of the current round).
+    /// Gradients dropped, for any reason.
     pub dropped: u64,
+    /// Gradients dropped, by reason (`too-stale`, `stale-round`, `rolled-back`, `lapsed`,
+    /// `non-finite`); reasons that never happened are left out.
+    pub dropped_by: BTreeMap<DropReason, u64>,
 }
 
 impl StalenessStats {
@@ -40,9 +45,9 @@ impl StalenessStats {
         self.sum += u128::from(sigma.0);
     }
 
-    /// Count a dropped gradient.
-    pub fn record_dropped(&mut self) {
-        self.dropped += 1;
+    /// Count a gradient dropped for `reason`.
+    pub fn record_dropped(&mut self, reason: DropReason) {
+        *self.dropped.entry(reason).or_default() += 1;
     }
 
     /// Mean staleness of applied gradients, 0 when none.
@@ -60,7 +65,9 @@ impl StalenessStats {
             *a += b;
         }
         self.applied += other.applied;
-        self.dropped += other.dropped;
+        for (&reason, n) in &other.dropped {
+            *self.dropped.entry(reason).or_default() += n;
+        }
         self.sum += other.sum;
     }
 
@@ -72,7 +79,8 @@ impl StalenessStats {
             max: self.histogram.len().saturating_sub(1) as u64,
             histogram: self.histogram.clone(),
             applied: self.applied,
-            dropped: self.dropped,
+            dropped: self.dropped.values().sum(),
+            dropped_by: self.dropped.clone(),
         }
     }
 }
@@ -87,8 +95,9 @@ mod tests {
         for s in [0, 2, 2, 4] {
             a.record_applied(Staleness(s));
         }
-        a.record_dropped();
+        a.record_dropped(DropReason::NonFinite);
         let sa = a.summary();
+        assert_eq!(sa.dropped_by, BTreeMap::from([(DropReason::NonFinite, 1)]));
         assert_eq!(sa.histogram, vec![1, 0, 2, 0, 1]);
         assert_eq!((sa.mean, sa.max, sa.applied, sa.dropped), (2.0, 4, 4, 1));
         let mut b = StalenessStats::default();

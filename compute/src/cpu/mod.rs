@@ -28,6 +28,14 @@ pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
+/// Whether every value of `x` is finite (no NaN, no ±Inf), in one pass that vectorises:
+/// `v − v` is 0 for a finite `v` and NaN otherwise, and a NaN survives the sum.
+#[must_use]
+#[allow(clippy::eq_op)] // `v - v` is the test, not a mistake.
+pub fn all_finite(x: &[f32]) -> bool {
+    x.iter().fold(0.0f32, |acc, &v| acc + (v - v)) == 0.0
+}
+
 /// `y += alpha · x`, then `x = 0`, in one pass.
 ///
 /// # Panics
@@ -362,6 +370,19 @@ impl Backend for CpuBackend {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn all_finite_finds_any_nan_or_infinity() {
+        assert!(all_finite(&[]) && all_finite(&[0.0, -1e38, 3.0e38, f32::MIN_POSITIVE]));
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let mut x = vec![1.0; 1000];
+            x[777] = bad;
+            assert!(!all_finite(&x), "{bad}");
+        }
+        // Large finite values whose differences would overflow are still finite.
+        assert!(all_finite(&[f32::MAX, f32::MAX, -f32::MAX]));
+    }
+
     use super::*;
 
     fn naive(g: Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {

@@ -3,6 +3,7 @@
 //! red, green and blue planes row by row. Images are returned channels-last (`y, x, channel`),
 //! the layout of Rudra's convolutions.
 
+use std::io::Read;
 use std::path::Path;
 
 use super::Dataset;
@@ -23,9 +24,15 @@ const TRAIN_FILES: [&str; 5] =
 /// The test file.
 const TEST_FILE: &str = "test_batch.bin";
 
+/// The largest CIFAR-10 batch file read (the real ones hold 30 MB).
+const MAX_FILE_BYTES: u64 = 1 << 30;
+
 /// Append the records of the file at `path` to `x` (channels-last, scaled to `[0, 1]`) and `y`.
 fn read_batch(path: &Path, x: &mut Vec<f32>, y: &mut Vec<u8>) -> Result<(), ComputeError> {
-    let bytes = std::fs::read(path).map_err(|source| ComputeError::Io { path: path.to_owned(), source })?;
+    let mut bytes = Vec::new();
+    super::open_regular(path, MAX_FILE_BYTES)?
+        .read_to_end(&mut bytes)
+        .map_err(|source| ComputeError::Io { path: path.to_owned(), source })?;
     let bad = |reason: String| ComputeError::Format { path: path.to_owned(), reason };
     if bytes.is_empty() || !bytes.len().is_multiple_of(RECORD) {
         return Err(bad(format!(

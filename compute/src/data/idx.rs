@@ -1,7 +1,6 @@
 //! The IDX format of MNIST: `0 0 type ndims`, `ndims` big-endian u32 sizes, then the data.
 //! Only unsigned-byte arrays (type `0x08`) are read; gzipped files are detected by magic.
 
-use std::fs::File;
 use std::io::{BufReader, Read};
 use std::path::Path;
 
@@ -25,7 +24,7 @@ pub struct IdxArray {
 pub fn read_idx(path: &Path) -> Result<IdxArray, ComputeError> {
     let io = |source| ComputeError::Io { path: path.to_owned(), source };
     let bad = |reason: String| ComputeError::Format { path: path.to_owned(), reason };
-    let mut file = BufReader::new(File::open(path).map_err(io)?);
+    let mut file = BufReader::new(super::open_regular(path, MAX_BYTES)?);
     let mut magic = [0u8; 4];
     let got = read_full(&mut file, &mut magic).map_err(io)?;
     if got < 4 {

@@ -63,6 +63,9 @@ impl Dataset {
         if let Some(bad) = lab.data.iter().find(|&&l| usize::from(l) >= classes) {
             return Err(format(labels, format!("label {bad} is not below the {classes} classes")));
         }
+        if img.dims[0] == 0 || img.dims[1..].contains(&0) {
+            return Err(format(images, format!("holds no images (dimensions {:?})", img.dims)));
+        }
         let features = img.dims[1..].iter().product();
         let x = img.data.iter().map(|&p| f32::from(p) / 255.0).collect();
         Self::new(features, classes, x, lab.data)
@@ -125,15 +128,37 @@ fn mnist_file(dir: &Path, stem: &str) -> PathBuf {
     if gz.exists() { gz } else { dir.join(stem) }
 }
 
+/// Open the dataset file `path` for reading: a regular file (a FIFO or a device would block or
+/// never end) of at most `max_bytes`.
+pub(crate) fn open_regular(path: &Path, max_bytes: u64) -> Result<std::fs::File, ComputeError> {
+    let io = |source| ComputeError::Io { path: path.to_owned(), source };
+    let meta = std::fs::metadata(path).map_err(io)?;
+    let bad = |reason: String| ComputeError::Format { path: path.to_owned(), reason };
+    if !meta.is_file() {
+        return Err(bad("is not a regular file".into()));
+    }
+    if meta.len() > max_bytes {
+        return Err(bad(format!(
+            "is {} bytes, more than the {max_bytes} a dataset file may hold",
+            meta.len()
+        )));
+    }
+    std::fs::File::open(path).map_err(io)
+}
+
 /// MNIST (or Fashion-MNIST, same layout) from a directory holding
 /// `{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]`: `(train, test)`.
 pub fn load_mnist(dir: &Path) -> Result<(Dataset, Dataset), ComputeError> {
     let split = |prefix: &str| {
-        Dataset::from_idx(
-            &mnist_file(dir, &format!("{prefix}-images-idx3-ubyte")),
-            &mnist_file(dir, &format!("{prefix}-labels-idx1-ubyte")),
-            10,
-        )
+        let images = mnist_file(dir, &format!("{prefix}-images-idx3-ubyte"));
+        let set = Dataset::from_idx(&images, &mnist_file(dir, &format!("{prefix}-labels-idx1-ubyte")), 10)?;
+        if set.features() != 28 * 28 {
+            return Err(ComputeError::Format {
+                path: images,
+                reason: format!("images of {} pixels; MNIST's are 28×28 (784)", set.features()),
+            });
+        }
+        Ok(set)
     };
     Ok((split("train")?, split("t10k")?))
 }

@@ -3,6 +3,7 @@
 //!
 //! - [`compute`]: the CPU backend's GEMM against numpy (OpenBLAS), and MLP and CNN
 //!   training steps on every backend present.
+//! - [`protocols`]: every protocol with its defaults: final test accuracy and throughput.
 //! - [`training`]: training throughput of in-process clusters against a bare SGD loop.
 //! - [`agreement`]: ⟨σ⟩ of the simulator against the local runtime on the same settings.
 //! - [`simulator`]: events per second of the simulator with 10,000 virtual learners.
@@ -11,6 +12,7 @@
 
 pub mod agreement;
 pub mod compute;
+pub mod protocols;
 pub mod simulator;
 pub mod training;
 pub mod transport;

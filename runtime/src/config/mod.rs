@@ -48,7 +48,8 @@ pub enum ProtocolKind {
 }
 
 impl ProtocolKind {
-    const ALL: [Self; 7] = [
+    /// Every protocol, Rudra's first.
+    pub const ALL: [Self; 7] = [
         Self::Hardsync,
         Self::Softsync,
         Self::Async,
@@ -74,6 +75,27 @@ impl ProtocolKind {
 
     fn parse(name: &str) -> Result<Self, RuntimeError> {
         one_of("protocol.kind", name, &Self::ALL, Self::as_str)
+    }
+
+    /// α0 (η for the EASGD family) when `training.learning_rate` is not set: the rate at which
+    /// the protocol trains the default model at the default λ. With momentum δ the effective
+    /// step is η / (1 − δ), so the momentum methods start lower.
+    #[must_use]
+    pub fn default_learning_rate(self) -> f32 {
+        match self {
+            Self::Eamsgd => 0.01,
+            Self::MDownpour => 0.02,
+            _ => 0.2,
+        }
+    }
+
+    /// δ when `protocol.momentum` is not set (read by EAMSGD and MDOWNPOUR).
+    #[must_use]
+    pub fn default_momentum(self) -> f32 {
+        match self {
+            Self::MDownpour => 0.9,
+            _ => 0.99,
+        }
     }
 }
 
@@ -151,6 +173,66 @@ fn invalid(key: &'static str, message: impl Into<String>) -> RuntimeError {
     RuntimeError::Invalid(InvalidSetting::new(key, message))
 }
 
+/// The largest minibatch a learner takes.
+pub const MAX_BATCH: usize = 1 << 20;
+/// The largest model trained: 2³⁰ parameters (4 GiB of f32 per copy).
+pub const MAX_PARAMS: u64 = 1 << 30;
+
+/// `value`, refused when it is an empty path.
+fn non_empty(key: &'static str, value: Option<PathBuf>) -> Result<Option<PathBuf>, RuntimeError> {
+    match value {
+        Some(p) if p.as_os_str().is_empty() => {
+            Err(invalid(key, "is empty; give a directory or leave the key out"))
+        }
+        other => Ok(other),
+    }
+}
+
+/// An MLP from `inputs` features through `hidden` to 10 classes must stay within
+/// [`MAX_PARAMS`]; checked before anything is allocated.
+fn check_model_size(inputs: usize, hidden: &[usize]) -> Result<(), RuntimeError> {
+    let widths = std::iter::once(inputs).chain(hidden.iter().copied()).chain([10]);
+    let params = widths
+        .clone()
+        .zip(widths.skip(1))
+        .try_fold(0u64, |sum, (a, b)| (a as u64 + 1).checked_mul(b as u64).and_then(|n| sum.checked_add(n)))
+        .filter(|&n| n <= MAX_PARAMS);
+    if params.is_none() {
+        return Err(invalid(
+            "training.hidden",
+            format!("{hidden:?} makes a model of more than {MAX_PARAMS} parameters"),
+        ));
+    }
+    Ok(())
+}
+
+/// Every key of `[protocol]` (and γ of `[training]`) is checked whatever the protocol, so a
+/// bad value never waits for the protocol that reads it.
+fn check_every_protocol_key(raw: &RawConfig) -> Result<(), RuntimeError> {
+    let p = &raw.protocol;
+    let positive = |key, v: Option<f32>| match v {
+        Some(v) if !(v.is_finite() && v > 0.0) => Err(invalid(key, format!("is {v}; it must be positive"))),
+        _ => Ok(()),
+    };
+    // β first: α defaults to β / λ.
+    positive("protocol.beta", p.beta)?;
+    positive("protocol.alpha", p.alpha)?;
+    positive("training.learning_rate", raw.training.learning_rate)?;
+    if p.tau == Some(0) {
+        return Err(invalid("protocol.tau", "must be at least 1"));
+    }
+    if let Some(m) = p.momentum
+        && !(m.is_finite() && (0.0..1.0).contains(&m))
+    {
+        return Err(invalid("protocol.momentum", format!("is {m}; it must be in [0, 1)")));
+    }
+    let gamma = raw.training.lr_decay_gamma;
+    if !(gamma.is_finite() && gamma >= 0.0) {
+        return Err(invalid("training.lr_decay_gamma", format!("is {gamma}; it must be 0 or more")));
+    }
+    Ok(())
+}
+
 /// The one of `all` named `name`, or an error for `key` listing the names.
 fn one_of<T: Copy>(
     key: &'static str,
@@ -169,6 +251,8 @@ impl TryFrom<RawConfig> for Config {
 
     fn try_from(raw: RawConfig) -> Result<Self, RuntimeError> {
         let p = &raw.protocol;
+        let kind = ProtocolKind::parse(&p.kind)?;
+        check_every_protocol_key(&raw)?;
         let elastic = |method| {
             let default_tau =
                 if matches!(method, ElasticMethod::Easgd { .. } | ElasticMethod::Eamsgd) { 10 } else { 1 };
@@ -178,11 +262,10 @@ impl TryFrom<RawConfig> for Config {
                 tau: p.tau.unwrap_or(default_tau),
                 alpha: p.alpha.unwrap_or(beta / raw.cluster.learners.max(1) as f32),
                 beta,
-                momentum: p.momentum.unwrap_or(0.99),
+                momentum: p.momentum.unwrap_or(kind.default_momentum()),
                 lr_decay_gamma: raw.training.lr_decay_gamma,
             }
         };
-        let kind = ProtocolKind::parse(&p.kind)?;
         let (rule, elastic) = match kind {
             ProtocolKind::Hardsync => (SyncRule::Hardsync, None),
             ProtocolKind::Softsync => (SyncRule::Softsync { n: p.n }, None),
@@ -222,6 +305,9 @@ impl TryFrom<RawConfig> for Config {
             }
         };
         let model_kind = ModelKind::parse(&t.model)?;
+        if model_kind == ModelKind::Mlp {
+            check_model_size(dataset.features(), &t.hidden)?;
+        }
         let model = match model_kind {
             ModelKind::Mlp if t.hidden.is_empty() || t.hidden.contains(&0) => {
                 return Err(invalid("training.hidden", "an mlp needs one or more non-zero layer widths"));
@@ -238,13 +324,20 @@ impl TryFrom<RawConfig> for Config {
             protocol: ProtocolSpec { rule, modulation, max_staleness: p.max_staleness, elastic },
             batch_size: t.batch_size,
             epochs: t.epochs,
-            schedule: LrSchedule { base: t.learning_rate, decay: t.lr_decay },
+            schedule: LrSchedule {
+                base: t.learning_rate.unwrap_or(kind.default_learning_rate()),
+                decay: t.lr_decay,
+            },
             seed: t.seed,
             evals_per_epoch: t.evals_per_epoch,
         };
+        if t.batch_size > MAX_BATCH {
+            return Err(invalid("training.batch_size", format!("is {}; at most {MAX_BATCH}", t.batch_size)));
+        }
         let data = DataSource {
             kind: dataset,
-            dir: t.data_dir.clone().map_or_else(|| dataset.default_dir(), Ok)?,
+            dir: non_empty("training.data_dir", t.data_dir.clone())?
+                .map_or_else(|| dataset.default_dir(), Ok)?,
             train_examples: (t.train_examples > 0).then_some(t.train_examples),
             test_examples: (t.test_examples > 0).then_some(t.test_examples),
         };
@@ -273,7 +366,7 @@ impl TryFrom<RawConfig> for Config {
         let elastic = cluster.protocol.elastic.is_some();
         let checkpoint = CheckpointSettings {
             every_updates: raw.checkpoint.every_updates,
-            dir: raw.checkpoint.dir.clone(),
+            dir: non_empty("checkpoint.dir", raw.checkpoint.dir.clone())?,
         };
         let faults =
             raw.faults.plan(cluster.learners, cluster.shards, elastic, checkpoint.every_updates > 0)?;
@@ -322,14 +415,26 @@ impl Config {
         Models::builtin(&self.model, self.cluster.seed, device)
     }
 
-    /// Where the shards write their checkpoints and how often: `checkpoint.dir` if set, else
-    /// `checkpoints/` in `run_dir`; `None` when `checkpoint.every_updates` is 0 or there is
-    /// no directory to write to.
+    /// Where the shards of the run `job` write their checkpoints and how often:
+    /// `checkpoint.dir` if set, else `checkpoints/` in `run_dir`; `None` when
+    /// `checkpoint.every_updates` is 0 or there is no directory to write to.
     #[must_use]
-    pub fn checkpoints(&self, run_dir: Option<&Path>) -> Option<Checkpoints> {
-        let c = &self.checkpoint;
-        let dir = c.dir.clone().or_else(|| run_dir.map(|d| d.join("checkpoints")))?;
-        (c.every_updates > 0).then_some(Checkpoints { dir, every_updates: c.every_updates })
+    pub fn checkpoints(&self, run_dir: Option<&Path>, job: &str) -> Option<Checkpoints> {
+        let dir = self.checkpoint.dir.clone().or_else(|| run_dir.map(|d| d.join("checkpoints")))?;
+        self.checkpoints_in(dir, job)
+    }
+
+    /// The shards of the run `job` keep their checkpoints in `dir` (none when
+    /// `checkpoint.every_updates` is 0).
+    #[must_use]
+    pub fn checkpoints_in(&self, dir: PathBuf, job: &str) -> Option<Checkpoints> {
+        let every_updates = self.checkpoint.every_updates;
+        (every_updates > 0).then(|| Checkpoints {
+            dir,
+            every_updates,
+            job: job.to_owned(),
+            learners: self.cluster.learners,
+        })
     }
 
     /// Protocol name for reports: `protocol.kind`.

@@ -85,7 +85,7 @@ pub struct RawProtocol {
     pub alpha: Option<f32>,
     /// EASGD family: center rate β (default 0.9).
     pub beta: Option<f32>,
-    /// EAMSGD and MDOWNPOUR: Nesterov momentum δ (default 0.99).
+    /// EAMSGD and MDOWNPOUR: Nesterov momentum δ (default 0.99; 0.9 for MDOWNPOUR).
     pub momentum: Option<f32>,
 }
 
@@ -109,7 +109,7 @@ pub struct RawTraining {
     /// μ.
     pub batch_size: usize,
     /// α0.
-    pub learning_rate: f32,
+    pub learning_rate: Option<f32>,
     /// Per-epoch multiplier of α0.
     pub lr_decay: f32,
     /// Test-set evaluations per epoch.
@@ -235,20 +235,60 @@ fn override_line(assignment: &str) -> Result<String, RuntimeError> {
     }
 }
 
+/// A configuration file larger than this is refused before it is read.
+const MAX_FILE_BYTES: u64 = 1 << 20;
+
+/// The text of the configuration file `path`: a regular file of at most [`MAX_FILE_BYTES`].
+fn read_file(path: &Path) -> Result<String, RuntimeError> {
+    use std::io::Read;
+    let refuse = |why: String| RuntimeError::Config(format!("configuration file {}: {why}", path.display()));
+    let meta = std::fs::metadata(path).map_err(|e| refuse(format!("cannot be read ({e})")))?;
+    if meta.is_dir() {
+        return Err(refuse("is a directory; give a TOML file".into()));
+    }
+    if !meta.is_file() {
+        return Err(refuse("is not a regular file; give a TOML file".into()));
+    }
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(refuse(format!(
+            "is {} bytes, more than the {MAX_FILE_BYTES} a configuration may hold",
+            meta.len()
+        )));
+    }
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_FILE_BYTES + 1).read_to_string(&mut text))
+        .map_err(|e| refuse(format!("cannot be read as text ({e})")))?;
+    Ok(text)
+}
+
+/// `message` with every ``floating point `…` `` written briefly: serde spells 1e300 out in
+/// three hundred digits.
+fn short_floats(message: &str) -> String {
+    const MARK: &str = "floating point `";
+    let Some(start) = message.find(MARK).map(|i| i + MARK.len()) else { return message.to_owned() };
+    let Some(len) = message[start..].find('`') else { return message.to_owned() };
+    match message[start..start + len].parse::<f64>() {
+        Ok(v) if v.is_finite() && v.abs() >= 1e15 => {
+            format!("{}{v:e}{}", &message[..start], short_floats(&message[start + len..]))
+        }
+        _ => message.to_owned(),
+    }
+}
+
 impl RawConfig {
     /// Layer the sources: built-in defaults, `file`, the `RUDRA__…` environment, `overrides`.
+    /// Values keep the types they were written with: a fraction, NaN or a number out of range
+    /// for an integer key is an error naming the key, never rounded or saturated.
     pub fn load(file: Option<&Path>, overrides: &[String]) -> Result<Self, RuntimeError> {
         use config::{Environment, File, FileFormat};
         let mut builder =
             config::Config::builder().add_source(File::from_str(DEFAULT_TOML, FileFormat::Toml));
         if let Some(path) = file {
-            if !path.is_file() {
-                return Err(RuntimeError::Config(format!(
-                    "configuration file {} does not exist",
-                    path.display()
-                )));
-            }
-            builder = builder.add_source(File::from(path).format(FileFormat::Toml));
+            let text = read_file(path)?;
+            toml::from_str::<toml::Table>(&text)
+                .map_err(|e| RuntimeError::Config(format!("configuration file {}: {e}", path.display())))?;
+            builder = builder.add_source(File::from_str(&text, FileFormat::Toml));
         }
         builder = builder.add_source(
             Environment::with_prefix("RUDRA").prefix_separator("__").separator("__").try_parsing(true),
@@ -257,9 +297,14 @@ impl RawConfig {
         for o in overrides {
             builder = builder.add_source(File::from_str(&override_line(o)?, FileFormat::Toml));
         }
-        builder
+        // The `config` crate merges the sources; serde then reads the merged values with their
+        // own types (the crate's own deserializer would round 4.5 to 5 and NaN to 0).
+        let merged: toml::Value = builder
             .build()
             .and_then(config::Config::try_deserialize)
-            .map_err(|e| RuntimeError::Config(e.to_string()))
+            .map_err(|e| RuntimeError::Config(e.to_string()))?;
+        serde_path_to_error::deserialize(merged).map_err(|e| {
+            RuntimeError::Config(format!("`{}`: {}", e.path(), short_floats(&e.inner().to_string())))
+        })
     }
 }

@@ -90,6 +90,8 @@ pub(super) struct Invitation {
     pub(super) shard_addrs: Vec<String>,
     pub(super) shard_names: Vec<String>,
     pub(super) learner_names: Vec<String>,
+    /// The run's identity.
+    pub(super) job: String,
 }
 
 impl Invitation {
@@ -101,6 +103,7 @@ impl Invitation {
             shard_addrs: self.shard_addrs.clone(),
             shard_names: self.shard_names.clone(),
             learner_names: self.learner_names.clone(),
+            job: self.job.clone(),
             incarnation,
         }
     }
@@ -120,6 +123,8 @@ pub(super) struct Welcome {
     pub(super) learners: Vec<String>,
     /// 0 when the run starts; more when this node rejoins the running job.
     pub(super) incarnation: u32,
+    /// The run's identity.
+    pub(super) job: String,
 }
 
 /// Join the scheduler at `opts.scheduler`: returns the connection, its messages, and the welcome.
@@ -145,6 +150,7 @@ pub(super) async fn join(
         shard_addrs,
         shard_names,
         learner_names,
+        job,
         incarnation,
     }) = expect(&mut rx, "the welcome", Duration::from_secs(3600)).await?
     else {
@@ -162,6 +168,7 @@ pub(super) async fn join(
         shards: shard_addrs.into_iter().zip(shard_names).collect(),
         learners: learner_names,
         incarnation,
+        job,
     };
     Ok((sched, rx, welcome))
 }

@@ -46,7 +46,7 @@ pub fn run_loopback(
         connect_timeout: Duration::from_secs(60),
         metrics_addr: None,
         resume: None,
-        checkpoints: config.checkpoints(run_dir).map(|c| c.dir),
+        checkpoints: config.checkpoint.dir.clone().or_else(|| run_dir.map(|d| d.join("checkpoints"))),
     };
     let any = SocketAddr::from(([127, 0, 0, 1], 0));
     let mut nodes = Vec::new();

@@ -54,6 +54,7 @@ pub fn run_scheduler(
             shard_addrs: shards.iter().map(|j| j.data_addr.clone()).collect(),
             shard_names: shards.iter().map(|j| j.peer.name().to_owned()).collect(),
             learner_names: learners.iter().map(|j| j.peer.name().to_owned()).collect(),
+            job: rudra_actors::checkpoint::new_job_id(),
         };
         for nodes in [&shards, &learners] {
             for (id, j) in nodes.iter().enumerate() {

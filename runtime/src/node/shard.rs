@@ -40,7 +40,7 @@ pub fn run_shard(opts: &NodeOptions, models: Option<Models>) -> Result<(), Runti
         let (id, config) = (ShardId(welcome.id), &welcome.config);
         let models = models.unwrap_or_else(|| config.models(Device::Cpu(CpuBackend)));
         let tracker = RemotePeer::new(sched.clone(), id).start();
-        let checkpoints = shard_checkpoints(&opts, config);
+        let checkpoints = shard_checkpoints(&opts, config, &welcome.job);
         let resume = opts.resume.is_some() || welcome.incarnation > 0;
         let start = if resume { ShardStart::Resume } else { ShardStart::Fresh };
         let (shard, resumed) = start_shard(
@@ -117,14 +117,14 @@ async fn injected_crash(c: Crash, shard: Addr<ShardActor>, sched: Peer, failed: 
     }
 }
 
-/// Where a shard process keeps its checkpoints: `--resume DIR`, else the directory it was
-/// given, else `checkpoint.dir`, else `checkpoints/`; none when `checkpoint.every_updates` is 0.
-fn shard_checkpoints(opts: &NodeOptions, config: &Config) -> Option<Checkpoints> {
-    let every_updates = config.checkpoint.every_updates;
+/// Where a shard process of the run `job` keeps its checkpoints: `--resume DIR`, else the
+/// directory it was given, else `checkpoint.dir`, else `checkpoints/`; none when
+/// `checkpoint.every_updates` is 0.
+fn shard_checkpoints(opts: &NodeOptions, config: &Config, job: &str) -> Option<Checkpoints> {
     let dir = (opts.resume.clone().or_else(|| opts.checkpoints.clone()))
         .or_else(|| config.checkpoint.dir.clone())
         .unwrap_or_else(|| PathBuf::from("checkpoints"));
-    (every_updates > 0).then_some(Checkpoints { dir, every_updates })
+    config.checkpoints_in(dir, job)
 }
 
 /// What a shard accepts from learners, checked at the boundary before the shard sees anything.
@@ -196,6 +196,8 @@ mod tests {
     use std::collections::BTreeSet;
     use std::net::SocketAddr;
 
+    use rudra_actors::messages::GetStats;
+    use rudra_actors::protocol::DropReason;
     use rudra_actors::protocol::{LrModulation, LrSchedule, SgdShard, SgdShardConfig, ShardCore, SyncRule};
     use rudra_actors::roles::start_tracker;
     use rudra_transport::quic::QuicSettings;
@@ -249,8 +251,9 @@ mod tests {
             };
             let learners: BTreeSet<_> = [LearnerId(0), LearnerId(1)].into();
             let core = SgdShard::new(cfg, vec![1.0; 4], learners);
-            let tracker = start_tracker(None).recipient();
-            let shard = ShardActor::new(ShardCore::Sgd(core), tracker, None, None).start();
+            let tracker = start_tracker(None);
+            let shard =
+                ShardActor::new(ShardCore::Sgd(core), tracker.clone().recipient(), None, None).start();
             let policy = LearnerPolicy {
                 names: Arc::new(vec!["learner-0".into(), "learner-1".into()]),
                 range_len: 4,
@@ -304,6 +307,37 @@ mod tests {
             let Some(Inbound::Weights { clock, values, .. }) = served else { panic!("expected weights") };
             // 2-softsync with λ = 2 applies every gradient: θ − 0.5 · 1.
             assert_eq!((clock, &values[..]), (Clock(1), &[0.5; 4][..]));
+
+            // NaN and Inf gradients over the wire are dropped: the connection stays, the
+            // weights and the clock do not move, and the learner's next push applies.
+            for (seq, bad) in [(2, f32::NAN), (3, f32::INFINITY)] {
+                let values = vec![1.0, bad, 1.0, 1.0].into();
+                good.send(&Msg::Push { learner: LearnerId(0), seq, computed_on: Clock(1), values })
+                    .await
+                    .expect("sent");
+                good.send(&Msg::Pull { learner: LearnerId(0), seq: seq + 1, last: false })
+                    .await
+                    .expect("sent");
+                let served = tokio::time::timeout(WITHIN, weights.recv()).await.expect("weights in time");
+                let Some(Inbound::Weights { clock, values, .. }) = served else { panic!("expected weights") };
+                assert_eq!((clock, &values[..]), (Clock(1), &[0.5; 4][..]), "{bad} changed nothing");
+            }
+            good.send(&Msg::Push {
+                learner: LearnerId(0),
+                seq: 4,
+                computed_on: Clock(1),
+                values: vec![1.0; 4].into(),
+            })
+            .await
+            .expect("sent");
+            good.send(&Msg::Pull { learner: LearnerId(0), seq: 5, last: false }).await.expect("sent");
+            let served = tokio::time::timeout(WITHIN, weights.recv()).await.expect("weights in time");
+            let Some(Inbound::Weights { clock, values, .. }) = served else { panic!("expected weights") };
+            assert_eq!((clock, &values[..]), (Clock(2), &[0.0; 4][..]), "a finite push applies again");
+            // A snapshot flushes the shard's records to the tracker, which counts the drops.
+            assert_eq!(shard.send(Snapshot).await.expect("a snapshot").clock, Clock(2));
+            let stats = tracker.send(GetStats).await.expect("the tracker's statistics");
+            assert_eq!(stats.staleness.dropped_by.get(&DropReason::NonFinite), Some(&2));
             ep.close();
         });
     }

@@ -221,9 +221,9 @@ impl<M: Message> Engine<M> {
                 self.staleness.record_applied(g.staleness);
                 self.counts.applied += 1;
             }
-            Outcome::Dropped(_) => {
+            Outcome::Dropped(reason) => {
                 h.u64(u64::MAX);
-                self.staleness.record_dropped();
+                self.staleness.record_dropped(reason);
                 self.counts.dropped += 1;
             }
         }

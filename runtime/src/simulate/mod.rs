@@ -275,7 +275,14 @@ pub fn run_command(
         let summary = output::write_run(&dir, config, &report)?;
         println!("{}; wrote {}", summary.headline(), dir.path().display());
         println!("trace hash {}", summary.trace_hash);
-        return Ok(());
+        // A model run that diverged fails as a real run would; the quadratic's runs (stability
+        // studies) report their trend and outcome and succeed.
+        return match summary.run.diverged {
+            Some(d) if config.simulation.gradients == GradientSource::Model => {
+                Err(RuntimeError::diverged(config, d))
+            }
+            _ => Ok(()),
+        };
     }
     let mut rows = Vec::new();
     for (i, (sets, config)) in configs.into_iter().enumerate() {

@@ -5,8 +5,8 @@
 use std::fmt::Write as _;
 
 use rudra_actors::protocol::StalenessSummary;
-use rudra_actors::protocol::sync_easgd_is_stable;
-use rudra_actors::{ElasticMethod, RunReport};
+use rudra_actors::protocol::{DIVERGENCE_FACTOR, sync_easgd_is_stable};
+use rudra_actors::{Diverged, ElasticMethod, RunReport};
 use serde::Serialize;
 
 use super::driver::{EventCounts, LearnerReport, LossRow, ShardReport};
@@ -100,6 +100,16 @@ impl SimReport {
         (first, self.loss.last().map_or(f64::NAN, |r| r.loss))
     }
 
+    /// Where the run diverged by the rule real runs follow (a loss that is not finite, or
+    /// above ten times the first row's), if it did.
+    #[must_use]
+    pub fn diverged(&self) -> Option<Diverged> {
+        let first = self.loss.first()?.loss;
+        (self.loss.iter())
+            .find(|r| !r.loss.is_finite() || r.loss > DIVERGENCE_FACTOR * first)
+            .map(|r| Diverged { update: r.updates, train_loss: r.loss, first_loss: first })
+    }
+
     /// Whether the loss converged or diverged, judged on the first and last rows.
     #[must_use]
     pub fn trend(&self) -> Trend {
@@ -143,8 +153,9 @@ pub struct SimSummary {
     pub initial_loss: f64,
     /// See `initial_loss`.
     pub final_loss: f64,
-    /// Converged, diverged or undecided (synthetic gradients, whose objective is exact).
-    pub outcome: Option<Trend>,
+    /// Converged, diverged or undecided, judged on the first and last loss (synthetic
+    /// gradients, whose objective is exact).
+    pub trend: Option<Trend>,
     /// Sync EASGD with τ = 1 and constant η on the quadratic: whether the stability
     /// conditions predict convergence.
     pub predicted_stable: Option<bool>,
@@ -177,6 +188,7 @@ impl SimSummary {
             wall_seconds: report.wall_seconds,
             final_test_accuracy: report.test.map_or(f64::NAN, |t| t.1),
             final_train_loss: final_loss,
+            diverged: report.diverged(),
         };
         let mut run = Summary::new(config, &run);
         run.protocol.clone_from(&report.protocol);
@@ -210,7 +222,7 @@ impl SimSummary {
             stragglers: report.learners.iter().filter(|l| l.straggler).count(),
             initial_loss,
             final_loss,
-            outcome: synthetic.map(|_| report.trend()),
+            trend: synthetic.map(|_| report.trend()),
             predicted_stable,
             shards: report.shards.clone(),
             events: report.counts.clone(),
@@ -307,22 +319,22 @@ fn cell(literal: &str) -> String {
 pub fn sweep_csv(keys: &[String], points: &[(Vec<String>, SimSummary)]) -> String {
     let header = format!(
         "point,{},protocol,mean_staleness,max_staleness,fraction_above_2n,gradients_per_virtual_second,\
-         updates_per_virtual_second,utilisation,initial_loss,final_loss,outcome,predicted_stable,agrees,trace_hash",
+         updates_per_virtual_second,utilisation,initial_loss,final_loss,trend,outcome,predicted_stable,agrees,trace_hash",
         keys.join(",")
     );
     let opt = |v: Option<String>| v.unwrap_or_default();
     csv(&header, &points.iter().enumerate().collect::<Vec<_>>(), |(i, (sets, s))| {
         let values: Vec<String> =
             sets.iter().map(|a| cell(a.split_once('=').map_or("", |(_, v)| v))).collect();
-        let outcome = s.outcome.map(|t| {
+        let trend = s.trend.map(|t| {
             serde_json::to_value(t).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
         });
-        let agrees = s.predicted_stable.zip(s.outcome).and_then(|(p, t)| match t {
+        let agrees = s.predicted_stable.zip(s.trend).and_then(|(p, t)| match t {
             Trend::Undecided => None,
             t => Some((t == Trend::Converged) == p),
         });
         format!(
-            "{i},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{i},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             values.join(","),
             s.run.protocol,
             s.run.staleness.mean,
@@ -333,7 +345,8 @@ pub fn sweep_csv(keys: &[String], points: &[(Vec<String>, SimSummary)]) -> Strin
             s.utilisation,
             num(s.initial_loss),
             num(s.final_loss),
-            opt(outcome),
+            opt(trend),
+            s.run.outcome,
             opt(s.predicted_stable.map(|p| p.to_string())),
             opt(agrees.map(|a| a.to_string())),
             s.trace_hash

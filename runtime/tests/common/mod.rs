@@ -1,4 +1,6 @@
 //! What the tests that drive `rudra-node` share: running it, and short real runs.
+// Each test binary uses part of it.
+#![allow(dead_code)]
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -38,7 +40,6 @@ pub fn summary(dir: &Path) -> serde_json::Value {
 /// A Python 3 that can import `packages`: the system's `python3` when it can, else one of a
 /// virtual environment made on first use under the build directory (`target/tmp/pyenv`), with
 /// the packages installed into it by pip, so the tests need nothing installed by hand.
-#[allow(dead_code)] // Not every test binary that shares this module reads checkpoints in Python.
 pub fn python_with(packages: &[&str]) -> std::path::PathBuf {
     let imports = format!("import {}", packages.join(", "));
     let can_import = |python: &Path| {

@@ -89,6 +89,9 @@ pub struct SgdShard {
     /// Hardsync: the round's gradients with their weights, summed in learner order when the
     /// round completes, so the result never depends on arrival order.
     round: BTreeMap<LearnerId, (f32, Vec<f32>)>,
+    /// Hardsync: learners whose gradient of this round was dropped as non-finite; the round
+    /// completes without them.
+    voided: BTreeSet<LearnerId>,
     /// Buffers of earlier rounds, reused.
     spare: Vec<Vec<f32>>,
     /// Learners served weights whose gradient has not arrived yet, with the clock served.
@@ -126,6 +129,7 @@ impl SgdShard {
             acc,
             held: Vec::new(),
             round: BTreeMap::new(),
+            voided: BTreeSet::new(),
             spare: Vec::new(),
             outstanding: Outstanding::default(),
             last_pushed: BTreeMap::new(),
@@ -181,6 +185,7 @@ impl SgdShard {
         self.acc.fill(0.0);
         self.held.clear();
         self.spare.extend(std::mem::take(&mut self.round).into_values().map(|(_, g)| g));
+        self.voided.clear();
         self.outstanding = Outstanding::default();
         self.deferred.clear();
         self.deferred_set.clear();
@@ -289,7 +294,7 @@ impl SgdShard {
                 self.cfg.id, self.clock
             )));
         }
-        if self.cfg.rule == SyncRule::Hardsync && self.round.contains_key(&learner) {
+        if self.cfg.rule == SyncRule::Hardsync && self.in_round(learner) {
             return Err(self.duplicate(learner, seq, "push in a round it already pushed to"));
         }
         if self.outstanding.seq(learner).is_some_and(|s| s <= seq) {
@@ -300,6 +305,7 @@ impl SgdShard {
         self.received += 1;
         let staleness = self.clock.staleness_of(computed_on).unwrap_or_default();
         let drop = match (self.cfg.rule, self.cfg.max_staleness) {
+            _ if !cpu::all_finite(grad) => Some(DropReason::NonFinite),
             _ if computed_on > self.clock => Some(DropReason::RolledBack),
             _ if self.removed_at.get(&learner).is_some_and(|&c| computed_on < c) => Some(DropReason::Lapsed),
             (SyncRule::Hardsync, _) if staleness.0 > 0 => Some(DropReason::StaleRound),
@@ -307,7 +313,7 @@ impl SgdShard {
             _ => None,
         };
         if let Some(reason) = drop {
-            self.stats.record_dropped();
+            self.stats.record_dropped(reason);
             self.events.push(ShardEvent::Gradient(GradientRecord {
                 shard: self.cfg.id,
                 learner,
@@ -315,12 +321,22 @@ impl SgdShard {
                 staleness,
                 outcome: Outcome::Dropped(reason),
             }));
+            // A hardsync round does not wait for a gradient that can never be applied.
+            if reason == DropReason::NonFinite
+                && self.cfg.rule == SyncRule::Hardsync
+                && computed_on == self.clock
+            {
+                self.voided.insert(learner);
+                if self.round_complete() {
+                    self.apply(None);
+                }
+            }
         } else {
             self.stats.record_applied(staleness);
             let alpha = self.cfg.modulation.alpha(lr, staleness, self.stats.mean());
             let weight = if self.cfg.modulation.is_per_gradient() { alpha } else { 1.0 };
             self.held.push(Held { learner, computed_on, staleness, alpha, lr });
-            let complete = self.held.len() >= self.gradients_per_update();
+            let complete = self.round_complete();
             if self.cfg.rule == SyncRule::Hardsync {
                 let mut buf = self.spare.pop().unwrap_or_default();
                 buf.clear();
@@ -351,11 +367,22 @@ impl SgdShard {
         self.deferred.retain(|d| active.contains(&d.learner));
         self.deferred_set.retain(|l| active.contains(l));
         self.active = active;
-        if !self.held.is_empty() && self.held.len() >= self.gradients_per_update() {
+        self.voided.retain(|l| self.active.contains(l));
+        if !(self.held.is_empty() && self.voided.is_empty()) && self.round_complete() {
             self.apply(None);
         }
         self.release_deferred();
         self.take_events()
+    }
+
+    /// Whether the gradients held (and, for hardsync, those voided) make an update.
+    fn round_complete(&self) -> bool {
+        self.held.len() + self.voided.len() >= self.gradients_per_update()
+    }
+
+    /// Hardsync: whether `learner` already took its turn in the open round.
+    fn in_round(&self, learner: LearnerId) -> bool {
+        self.round.contains_key(&learner) || self.voided.contains(&learner)
     }
 
     /// The effects of the input just handled, in order.
@@ -386,7 +413,7 @@ impl SgdShard {
         if last {
             return true;
         }
-        if self.cfg.rule == SyncRule::Hardsync && self.round.contains_key(&learner) {
+        if self.cfg.rule == SyncRule::Hardsync && self.in_round(learner) {
             return false;
         }
         let Some(bound) = self.cfg.max_staleness else { return true };
@@ -420,7 +447,18 @@ impl SgdShard {
     /// plus `last` (weight, gradient) when the update is triggered by a gradient that has not
     /// been accumulated.
     fn apply(&mut self, last: Option<(f32, &[f32])>) {
+        self.voided.clear();
         let c = self.held.len();
+        if c == 0 {
+            // A hardsync round whose every gradient was dropped: the weights stay as they are.
+            self.clock = self.clock.next();
+            self.events.push(ShardEvent::Update(UpdateRecord {
+                shard: self.cfg.id,
+                clock: self.clock,
+                gradients: 0,
+            }));
+            return;
+        }
         let lr = self.held.last().map_or(0.0, |h| h.lr);
         let alpha_update = (!self.cfg.modulation.is_per_gradient())
             .then(|| self.cfg.modulation.alpha(lr, Staleness(0), self.stats.mean()));

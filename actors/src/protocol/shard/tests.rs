@@ -423,3 +423,32 @@ fn losing_a_learner_completes_the_hardsync_round() {
     assert_eq!(s.clock(), Clock(1));
     close(&values(&s), &[1.0 - 1.5, 2.0, 3.0]);
 }
+
+#[test]
+fn non_finite_gradients_are_dropped_and_counted_and_never_reach_the_weights() {
+    for rule in [SyncRule::Softsync { n: 2 }, SyncRule::Softsync { n: 1 }, SyncRule::Hardsync] {
+        let mut s = shard(rule, LrModulation::None, None, 2);
+        pull(&mut s, L[0]).unwrap();
+        pull(&mut s, L[1]).unwrap();
+        drain(&mut s);
+        let before = values(&s);
+        push(&mut s, L[0], Clock(0), &[1.0, f32::NAN, 0.0]).unwrap();
+        let (_, grads, updates) = drain(&mut s);
+        assert_eq!(grads[0].outcome, Outcome::Dropped(DropReason::NonFinite), "{rule:?}");
+        assert!(updates.is_empty(), "{rule:?}: no update from a dropped gradient alone");
+        assert_eq!((values(&s), s.clock()), (before.clone(), Clock(0)), "{rule:?}");
+        // The other learner's gradient applies normally; for hardsync it completes the round.
+        push(&mut s, L[1], Clock(0), &[f32::INFINITY, 0.0, 0.0]).unwrap();
+        assert_eq!(values(&s), before, "{rule:?}: ±Inf is dropped too");
+        pull(&mut s, L[0]).unwrap();
+        pull(&mut s, L[1]).unwrap();
+        let (served, grads, _) = drain(&mut s);
+        assert_eq!(grads[0].outcome, Outcome::Dropped(DropReason::NonFinite), "{rule:?}");
+        assert_eq!(served.len(), 2, "{rule:?}: nobody waits for a gradient that was dropped");
+        let clock = s.clock();
+        push(&mut s, L[0], clock, &[2.0, 0.0, 0.0]).unwrap();
+        push(&mut s, L[1], clock, &[2.0, 0.0, 0.0]).unwrap();
+        assert!(values(&s)[0] < before[0], "{rule:?}: finite gradients apply again");
+        assert_eq!(s.stats().summary().dropped_by.get(&DropReason::NonFinite), Some(&2), "{rule:?}");
+    }
+}
