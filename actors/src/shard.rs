@@ -14,7 +14,7 @@ use crate::messages::{
     Crash, Exchange, Membership, Pull, Push, Records, Restart, Served, Snapshot, StopShard,
 };
 use crate::metrics::ShardMetrics;
-use crate::protocol::{CoreError, ShardCore, ShardEvent};
+use crate::protocol::{CoreError, DropReason, Outcome, ShardCore, ShardEvent};
 
 /// Records are sent to the tracker in batches of this many (and on every snapshot and stop) …
 const REPORT_BATCH: usize = 256;
@@ -33,6 +33,8 @@ pub struct ShardActor {
     saved: Clock,
     /// Crashed and not restarted yet: every message is lost.
     down: bool,
+    /// Learners whose last gradient was dropped as non-finite: each burst is logged once.
+    non_finite: std::collections::BTreeSet<LearnerId>,
 }
 
 impl ShardActor {
@@ -54,6 +56,7 @@ impl ShardActor {
             metrics,
             checkpoints,
             down: false,
+            non_finite: std::collections::BTreeSet::new(),
         }
     }
 
@@ -92,6 +95,7 @@ impl ShardActor {
                     if let Some(m) = &self.metrics {
                         m.record_gradient(&g);
                     }
+                    self.note_non_finite(&g);
                     self.pending.gradients.push(g);
                 }
                 ShardEvent::Update(u) => {
@@ -106,6 +110,19 @@ impl ShardActor {
             self.flush();
         }
         self.checkpoint(false);
+    }
+
+    /// Log the first of a burst of non-finite gradients from one learner; the rest are counted.
+    fn note_non_finite(&mut self, g: &crate::protocol::GradientRecord) {
+        if g.outcome != Outcome::Dropped(DropReason::NonFinite) {
+            self.non_finite.remove(&g.learner);
+        } else if self.non_finite.insert(g.learner) {
+            tracing::warn!(
+                shard = %self.core.id(),
+                "dropped a gradient holding NaN or ±Inf from {}; more of its like are counted, not logged",
+                g.learner
+            );
+        }
     }
 
     fn flush(&mut self) {

@@ -46,7 +46,8 @@ pub enum WorkerEvent {
 pub struct ElasticWorker {
     id: LearnerId,
     rule: LocalRule,
-    x: Vec<f32>,
+    /// x^i, shared with the computation that reads it (no copy per step).
+    x: Arc<Vec<f32>>,
     ranges: Vec<Range<usize>>,
     steps_total: u64,
     steps_done: u64,
@@ -55,10 +56,10 @@ pub struct ElasticWorker {
     /// EASGD: this step exchanged, and the centers that came back.
     exchanged: bool,
     center: Vec<f32>,
-    /// EASGD: the gradient, computed while the exchange is in flight, once it is in.
+    /// EASGD: the gradient, when it is in before the centers of this step's exchange.
     grad: Vec<f32>,
     has_grad: bool,
-    /// Where the next gradient is taken; reused once the actor has let go of it.
+    /// EAMSGD: where the next gradient is taken, x + δv; reused once the actor let go of it.
     point: Arc<Vec<f32>>,
     finishing: bool,
 }
@@ -75,19 +76,18 @@ impl ElasticWorker {
     ) -> Self {
         let elastic = matches!(rule, LocalRule::Elastic(_));
         let center = if elastic { vec![0.0; x0.len()] } else { Vec::new() };
-        let grad = if elastic { vec![0.0; x0.len()] } else { Vec::new() };
         let awaiting = vec![false; ranges.len()];
         Self {
             id,
             rule,
-            x: x0,
+            x: Arc::new(x0),
             ranges,
             steps_total,
             steps_done: 0,
             awaiting,
             exchanged: false,
             center,
-            grad,
+            grad: Vec::new(),
             has_grad: false,
             point: Arc::new(Vec::new()),
             finishing: false,
@@ -133,7 +133,10 @@ impl ElasticWorker {
             )));
         }
         self.awaiting[s] = false;
-        let target = if matches!(self.rule, LocalRule::Elastic(_)) { &mut self.center } else { &mut self.x };
+        let target = match self.rule {
+            LocalRule::Elastic(_) => &mut self.center,
+            _ => Arc::make_mut(&mut self.x),
+        };
         target[range].copy_from_slice(values);
         if self.awaiting.iter().any(|&a| a) {
             return Ok(Vec::new());
@@ -152,7 +155,7 @@ impl ElasticWorker {
     }
 
     /// The gradient asked for by the last [`WorkerEvent::Compute`]. Drop the point of that
-    /// event first, so its buffer is reused rather than reallocated.
+    /// event first: x^i is then updated in place rather than copied.
     pub fn on_gradient(&mut self, g: &[f32]) -> Result<Vec<WorkerEvent>, CoreError> {
         if g.len() != self.x.len() {
             return Err(CoreError::Protocol(format!(
@@ -162,31 +165,31 @@ impl ElasticWorker {
             )));
         }
         Ok(match &mut self.rule {
-            LocalRule::Elastic(_) => {
-                self.grad.copy_from_slice(g);
+            LocalRule::Elastic(_) if self.awaiting.iter().any(|&a| a) => {
+                // The centers are still on their way: keep the gradient for the step.
+                self.grad.clear();
+                self.grad.extend_from_slice(g);
                 self.has_grad = true;
-                self.finish_elastic_step()
+                Vec::new()
             }
+            LocalRule::Elastic(_) => self.elastic_step(g),
             LocalRule::Downpour(d) => {
-                d.step(&mut self.x, g);
+                d.step(Arc::make_mut(&mut self.x).as_mut_slice(), g);
                 self.steps_done += 1;
                 self.begin_step()
             }
-            LocalRule::MDownpour => self.exchange(g.to_vec()),
+            LocalRule::MDownpour => self.exchange(Arc::new(g.to_vec())),
         })
     }
 
-    /// Ask for the gradient at x^i.
+    /// Ask for the gradient at x^i itself.
     fn compute_at_x(&mut self) -> WorkerEvent {
-        let point = Arc::make_mut(&mut self.point);
-        point.clear();
-        point.extend_from_slice(&self.x);
-        WorkerEvent::Compute(Arc::clone(&self.point))
+        WorkerEvent::Compute(Arc::clone(&self.x))
     }
 
-    fn exchange(&mut self, values: Vec<f32>) -> Vec<WorkerEvent> {
+    fn exchange(&mut self, values: Arc<Vec<f32>>) -> Vec<WorkerEvent> {
         self.awaiting.fill(true);
-        vec![WorkerEvent::Exchange(Arc::new(values))]
+        vec![WorkerEvent::Exchange(values)]
     }
 
     fn begin_step(&mut self) -> Vec<WorkerEvent> {
@@ -195,7 +198,7 @@ impl ElasticWorker {
                 // DOWNPOUR's updates since its last exchange still belong to the center.
                 LocalRule::Downpour(d) if self.steps_total > 0 => {
                     self.finishing = true;
-                    let v = d.take_accumulated();
+                    let v = Arc::new(d.take_accumulated());
                     self.exchange(v)
                 }
                 _ => vec![WorkerEvent::Finished],
@@ -203,30 +206,42 @@ impl ElasticWorker {
         }
         match &mut self.rule {
             LocalRule::Elastic(l) => {
-                l.gradient_point(&self.x, Arc::make_mut(&mut self.point));
                 self.exchanged = l.exchanges_now();
-                let mut events = if self.exchanged { self.exchange(self.x.clone()) } else { Vec::new() };
-                events.push(WorkerEvent::Compute(Arc::clone(&self.point)));
+                // EASGD takes its gradient at x^i itself, shared; EAMSGD at x + δv.
+                let point = if l.has_momentum() {
+                    l.gradient_point(&self.x, Arc::make_mut(&mut self.point));
+                    Arc::clone(&self.point)
+                } else {
+                    Arc::clone(&self.x)
+                };
+                let mut events = if self.exchanged { self.exchange(Arc::clone(&self.x)) } else { Vec::new() };
+                events.push(WorkerEvent::Compute(point));
                 events
             }
             LocalRule::Downpour(d) if d.exchanges_now() => {
-                let v = d.take_accumulated();
+                let v = Arc::new(d.take_accumulated());
                 self.exchange(v)
             }
             LocalRule::Downpour(_) | LocalRule::MDownpour => vec![self.compute_at_x()],
         }
     }
 
-    /// EASGD: once both the centers and the gradient are in, the pull and the local update.
+    /// EASGD: the centers are in; the gradient too, if it came first.
     fn finish_elastic_step(&mut self) -> Vec<WorkerEvent> {
-        let LocalRule::Elastic(l) = &mut self.rule else { return Vec::new() };
-        if self.awaiting.iter().any(|&a| a) {
-            return Vec::new();
-        }
         if !std::mem::take(&mut self.has_grad) {
             return Vec::new();
         }
-        l.step(&mut self.x, &self.grad, self.exchanged.then_some(&self.center[..]));
+        let g = std::mem::take(&mut self.grad);
+        let events = self.elastic_step(&g);
+        self.grad = g;
+        events
+    }
+
+    /// EASGD: with the centers (if this step exchanged) and the gradient `g` in, the pull and
+    /// the local update, in place.
+    fn elastic_step(&mut self, g: &[f32]) -> Vec<WorkerEvent> {
+        let LocalRule::Elastic(l) = &mut self.rule else { return Vec::new() };
+        l.step(Arc::make_mut(&mut self.x).as_mut_slice(), g, self.exchanged.then_some(&self.center[..]));
         self.steps_done += 1;
         self.begin_step()
     }

@@ -28,6 +28,22 @@ pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
+/// The widest kernels the CPU GEMM runs on this processor, chosen at run time: `avx512f`
+/// where the processor has it, else `avx2+fma`, else `baseline`.
+#[must_use]
+pub fn gemm_kernels() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            return "avx512f";
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            return "avx2+fma";
+        }
+    }
+    "baseline"
+}
+
 /// Whether every value of `x` is finite (no NaN, no ±Inf), in one pass that vectorises:
 /// `v − v` is 0 for a finite `v` and NaN otherwise, and a NaN survives the sum.
 #[must_use]
