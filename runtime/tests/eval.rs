@@ -110,13 +110,13 @@ fn eval_explains_missing_corrupt_and_mismatched_inputs() {
         &["wider.safetensors", "fc1.weight", "[32, 784]", "[64, 784]"],
     );
 
-    // A dataset whose images are not the model's 28×28.
+    // A dataset whose images are not MNIST's 28×28: the file is named.
     let small = tmp.path().join("small");
     write_small_images(&small);
     let checkpoint = run.join("checkpoint.safetensors");
     fails(
         &["--checkpoint", checkpoint.to_str().unwrap(), "--data-dir", small.to_str().unwrap()],
-        &["training.dataset", "16 features", "784 features"],
+        &["train-images-idx3-ubyte", "16 pixels", "28×28 (784)"],
     );
     fails(
         &["--checkpoint", checkpoint.to_str().unwrap(), "--dataset", "imagenet"],
