@@ -14,6 +14,7 @@ use candle_nn::{Module, VarBuilder, VarMap};
 use rudra::actors::protocol::{LrModulation, LrSchedule, SyncRule};
 use rudra::actors::{Cluster, ClusterSpec, Models, ProtocolSpec, TrainingData};
 use rudra::compute::{CandleModel, ComputeError};
+use rudra::transport::Codecs;
 
 /// A new copy of the network: its own variables, trained through a closure over its layers.
 fn mlp() -> Result<CandleModel, ComputeError> {
@@ -47,6 +48,7 @@ fn main() -> anyhow::Result<()> {
         schedule: LrSchedule { base: 0.2, decay: 0.8 },
         seed: 1,
         evals_per_epoch: 1,
+        codecs: Codecs::default(),
     };
     // The shards start from the parameters of one copy; every learner and the evaluator get
     // copies of their own.

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use rudra::actors::protocol::{LrModulation, LrSchedule, SyncRule};
 use rudra::actors::{Cluster, ClusterSpec, Models, ProtocolSpec, TrainingData};
 use rudra::compute::{ComputeError, GradientModel};
+use rudra::transport::Codecs;
 
 const SIDE: usize = 28;
 const FEATURES: usize = (SIDE / 2) * (SIDE / 2);
@@ -161,6 +162,7 @@ fn main() -> anyhow::Result<()> {
         schedule: LrSchedule { base: 0.5, decay: 0.9 },
         seed: 1,
         evals_per_epoch: 1,
+        codecs: Codecs::default(),
     };
     let decay = 1e-4;
     let models = Models::custom(vec![0.0; WEIGHTS + CLASSES], move || Ok(PooledSoftmax::new(decay)));

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use rudra::actors::protocol::{LrModulation, LrSchedule, SyncRule};
 use rudra::actors::{Cluster, ClusterSpec, Models, ProtocolSpec, RunEvent, TrainingData};
 use rudra::compute::{CpuBackend, Device, ModelSpec};
+use rudra::transport::Codecs;
 
 fn main() -> anyhow::Result<()> {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data/mnist");
@@ -29,6 +30,7 @@ fn main() -> anyhow::Result<()> {
         schedule: LrSchedule { base: 0.2, decay: 0.9 },
         seed: 1,
         evals_per_epoch: 1,
+        codecs: Codecs::default(),
     };
     let models = Models::builtin(&ModelSpec::dense(784, vec![], 10), spec.seed, Device::Cpu(CpuBackend));
     let cluster = Cluster::new(spec, models, data)?;

@@ -15,7 +15,7 @@ use rudra::actors::faults::{Crash, FaultPlan, LinkRule, Liveness, Node, Nodes, S
 use rudra::actors::protocol::{LrModulation, LrSchedule, SyncRule};
 use rudra::actors::{Cluster, ClusterSpec, Models, ProtocolSpec, RunReport, TrainingData};
 use rudra::compute::{CpuBackend, Device, ModelSpec};
-use rudra::transport::{FaultWindow, LearnerId, LinkFaults};
+use rudra::transport::{Codecs, FaultWindow, LearnerId, LinkFaults};
 
 fn spec() -> ClusterSpec {
     ClusterSpec {
@@ -32,6 +32,7 @@ fn spec() -> ClusterSpec {
         schedule: LrSchedule { base: 0.2, decay: 0.8 },
         seed: 1,
         evals_per_epoch: 2,
+        codecs: Codecs::default(),
     }
 }
 

@@ -18,6 +18,7 @@ use rudra::actors::metrics::Metrics;
 use rudra::actors::protocol::{LrModulation, LrSchedule, SyncRule};
 use rudra::actors::{Cluster, ClusterSpec, Models, ProtocolSpec, RunEvent, TrainingData};
 use rudra::compute::{CpuBackend, Device, ModelSpec};
+use rudra::transport::Codecs;
 
 /// What the HTTP handlers reach.
 struct Service {
@@ -54,6 +55,7 @@ async fn main() -> anyhow::Result<()> {
         schedule: LrSchedule { base: 0.2, decay: 0.9 },
         seed: 1,
         evals_per_epoch: 1,
+        codecs: Codecs::default(),
     };
     let models = Models::builtin(&ModelSpec::dense(784, vec![], 10), spec.seed, Device::Cpu(CpuBackend));
     let metrics = Arc::new(Metrics::new());

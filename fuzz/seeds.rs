@@ -11,7 +11,7 @@ fn main() -> std::io::Result<()> {
     let mut frames = rudra_transport::wire::samples();
     for n in [0, 1, 7, 64] {
         let values: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 1.0).collect();
-        frames.push(Msg::Push { learner: LearnerId(0), seq: 1, computed_on: Clock(0), values: values.clone().into() });
+        frames.push(Msg::Push { learner: LearnerId(0), seq: 1, computed_on: Clock(0), values: values.clone().into(), next_seq: 0, last: false });
         frames.push(Msg::Exchange { learner: LearnerId(0), values: values.clone().into() });
         frames.push(Msg::Weights { shard: ShardId(0), seq: 1, clock: Clock(3), values: values.into() });
     }
@@ -20,7 +20,10 @@ fn main() -> std::io::Result<()> {
         seq: 2,
         computed_on: Clock(0),
         values: vec![f32::NAN, f32::INFINITY, -0.0, f32::MIN_POSITIVE].into(),
+        next_seq: 0,
+        last: false,
     });
+    frames.extend(rudra_transport::wire::compressed_samples());
     for (i, m) in frames.iter().enumerate() {
         let bytes = m.encode().map_err(std::io::Error::other)?;
         std::fs::write(format!("{dir}/{i:02}-{:?}", m.kind()), &bytes)?;

@@ -12,7 +12,7 @@ use rudra::actors::{
     Cluster, ClusterSpec, ElasticMethod, ElasticSpec, Models, ProtocolSpec, RunReport, TrainingData,
 };
 use rudra::compute::{BatchStream, CpuBackend, Dataset, Device, Model, ModelSpec, Partition};
-use rudra::transport::{LearnerId, ShardId};
+use rudra::transport::{Codecs, LearnerId, ShardId};
 
 fn mnist() -> (Dataset, Dataset) {
     rudra::compute::data::load_mnist(&Path::new(env!("CARGO_MANIFEST_DIR")).join("data/mnist")).unwrap()
@@ -45,6 +45,7 @@ fn spec(learners: u32, shards: u32, rule: SyncRule, batch_size: usize) -> Cluste
         schedule: LrSchedule { base: 0.1, decay: 1.0 },
         seed: 11,
         evals_per_epoch: 1,
+        codecs: Codecs::default(),
     }
 }
 

@@ -202,7 +202,7 @@ impl Cluster {
             .map(|(a, range)| ShardLink::of(range, a))
             .collect();
         let slot = SchedulerSlot::default();
-        let run = LearnerRun { liveness, faults: faults.clone(), born, incarnation: 0 };
+        let run = LearnerRun { liveness, faults: faults.clone(), born, incarnation: 0, traffic: None };
         let learners = (0..spec.learners)
             .map(|l| {
                 let peers = LearnerPeers { shards: links.clone(), scheduler: slot.link() };

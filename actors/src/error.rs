@@ -62,6 +62,9 @@ pub enum ActorError {
     /// The evaluation of the model on the test set could not run to its end.
     #[error("the evaluation failed: {0}")]
     Evaluation(String),
+    /// A payload could not be decoded (a compressed payload whose scales do not fit it).
+    #[error(transparent)]
+    Payload(#[from] rudra_transport::TransportError),
     /// The scheduler stopped without a report (the cluster was torn down).
     #[error("the scheduler stopped without a report")]
     NoReport,

@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 use rudra_compute::{GradientModel, Minibatches, cpu};
-use rudra_transport::{Floats, LearnerId};
+use rudra_transport::quic::Traffic;
+use rudra_transport::{Codecs, Floats, LearnerId, Payload};
 
 use crate::ActorError;
 use crate::faults::Liveness;
@@ -14,7 +15,7 @@ use crate::links::{SchedulerLink, ShardLink};
 use crate::messages::{
     Exchange, Heartbeat, LearnerDone, Progress, Pull, Push, Served, StartLearner, StopLearner,
 };
-use crate::protocol::{LearnerEvent, LearnerLoop, WorkerEvent};
+use crate::protocol::{LearnerEvent, LearnerLoop, NextPull, WorkerEvent};
 
 /// The learner actor.
 pub struct LearnerActor {
@@ -35,6 +36,56 @@ pub struct LearnerActor {
     /// When the learner last heard from a shard or asked one: pulls unanswered for longer
     /// than [`Liveness::retry`] are sent again.
     last_activity: std::time::Instant,
+    /// How payloads are encoded, and what compression has not sent yet (error feedback).
+    wire: WireState,
+}
+
+/// A learner's side of the payload codecs: the job's codecs, the error feedback of its
+/// gradients, the compressed pushes kept for a retry, and the bytes it has moved.
+struct WireState {
+    codecs: Codecs,
+    /// Exchanges add up like gradients (DOWNPOUR, MDOWNPOUR): the gradients codec and its
+    /// feedback apply to them.
+    exchanges_gradients: bool,
+    /// What compression below 16 bits left out of the gradients sent so far (empty unless the
+    /// gradients codec needs it).
+    feedback: Vec<f32>,
+    /// Per shard, the last compressed push and its step: a retry sends it again as it was
+    /// (the feedback already counts it as sent).
+    sent: Vec<Option<(u64, Payload)>>,
+    /// Where this learner's connections count their bytes (none in one process).
+    traffic: Option<Arc<Traffic>>,
+    /// Traffic already reported.
+    traffic_reported: u64,
+}
+
+impl WireState {
+    fn new(parts: &LearnerParts, shards: usize) -> Self {
+        let codecs = parts.codecs;
+        let feedback = if codecs.gradients.codec.needs_feedback() {
+            vec![0.0; parts.model.param_count()]
+        } else {
+            Vec::new()
+        };
+        let traffic = parts.traffic.clone();
+        let traffic_reported = traffic.as_ref().map_or(0, |t| t.sent() + t.received());
+        let exchanges_gradients = parts.exchanges_gradients;
+        Self { codecs, exchanges_gradients, feedback, sent: vec![None; shards], traffic, traffic_reported }
+    }
+
+    /// `values` (the range `range` of a gradient-like vector) encoded with the gradients codec,
+    /// their error feedback applied and updated.
+    fn gradient(&mut self, values: &Floats, range: std::ops::Range<usize>) -> Payload {
+        let feedback = self.feedback.get_mut(range);
+        self.codecs.gradients.encode(values, feedback)
+    }
+
+    /// Frame bytes the learner's connections moved since the last call.
+    fn traffic_since(&mut self) -> u64 {
+        let Some(t) = &self.traffic else { return 0 };
+        let now = t.sent() + t.received();
+        std::mem::replace(&mut self.traffic_reported, now).abs_diff(now)
+    }
 }
 
 /// Progress is reported to the scheduler every this many steps (and at the end).
@@ -57,13 +108,20 @@ pub struct LearnerParts {
     pub liveness: Liveness,
     /// Each gradient takes this many times as long (fault injection; 1 for a normal learner).
     pub slowdown: f64,
+    /// How payloads are encoded.
+    pub codecs: Codecs,
+    /// Whether exchanges add up like gradients ([`crate::ClusterSpec::exchanges_gradients`]).
+    pub exchanges_gradients: bool,
+    /// Where this learner's connections count their bytes (none in one process).
+    pub traffic: Option<Arc<Traffic>>,
 }
 
 impl LearnerActor {
     /// A learner running `core` with `parts`.
     #[must_use]
     pub fn new(core: LearnerLoop, parts: LearnerParts) -> Self {
-        let LearnerParts { model, batches, shards, answers, scheduler, liveness, slowdown } = parts;
+        let wire = WireState::new(&parts, parts.shards.len());
+        let LearnerParts { model, batches, shards, answers, scheduler, liveness, slowdown, .. } = parts;
         let grad = Arc::new(vec![0.0; model.param_count()]);
         let unreported = Progress::none(core.id());
         Self {
@@ -79,6 +137,7 @@ impl LearnerActor {
             liveness,
             slowdown: slowdown.max(1.0),
             last_activity: std::time::Instant::now(),
+            wire,
         }
     }
 
@@ -108,6 +167,7 @@ impl LearnerActor {
     /// Send the progress not yet reported.
     fn report(&mut self) {
         let fresh = Progress::none(self.id());
+        self.unreported.wire_bytes += self.wire.traffic_since();
         self.scheduler.progress.do_send(std::mem::replace(&mut self.unreported, fresh));
     }
 
@@ -136,12 +196,15 @@ impl LearnerActor {
                     let reply_to = self.answers[shard.index()].clone();
                     self.shards[shard.index()].pull.do_send(Pull { learner, seq, last, reply_to });
                 }
-                LearnerEvent::Push { shard, computed_on, seq } => {
-                    let link = &self.shards[shard.index()];
-                    let grad = Floats::from(Arc::clone(&self.grad));
-                    if let Some(values) = grad.slice(link.range.clone()) {
-                        link.push.do_send(Push { learner, seq, computed_on, values });
-                    }
+                LearnerEvent::Push { shard, computed_on, seq, pull: NextPull { seq: next, last } } => {
+                    self.last_activity = std::time::Instant::now();
+                    let Some(values) = self.push_payload(shard.index(), seq) else { continue };
+                    self.unreported.payload_bytes += values.bytes() as u64;
+                    let then =
+                        Pull { learner, seq: next, last, reply_to: self.answers[shard.index()].clone() };
+                    self.shards[shard.index()].push.do_send(Push { learner, seq, computed_on, values, then });
+                    // The next minibatch is gathered while the weights are on their way.
+                    self.batches.prepare();
                 }
                 LearnerEvent::Compute => {
                     let at = self.shared.take();
@@ -165,14 +228,19 @@ impl LearnerActor {
                 WorkerEvent::Exchange(values) => {
                     let values = Floats::from(values);
                     for (link, reply_to) in self.shards.iter().zip(&self.answers) {
-                        if let Some(part) = values.slice(link.range.clone()) {
-                            let reply_to = reply_to.clone();
-                            link.exchange.do_send(Exchange {
-                                learner: self.core.id(),
-                                values: part,
-                                reply_to,
-                            });
-                        }
+                        let Some(part) = values.slice(link.range.clone()) else { continue };
+                        let payload = if self.wire.exchanges_gradients {
+                            self.wire.gradient(&part, link.range.clone())
+                        } else {
+                            self.wire.codecs.weights.encode(&part, None)
+                        };
+                        self.unreported.payload_bytes += payload.bytes() as u64;
+                        let reply_to = reply_to.clone();
+                        link.exchange.do_send(Exchange {
+                            learner: self.core.id(),
+                            values: payload,
+                            reply_to,
+                        });
                     }
                 }
                 WorkerEvent::Compute(point) => {
@@ -239,12 +307,29 @@ impl LearnerActor {
         }
     }
 
+    /// Shard `s`'s part of the gradient of step `seq`, encoded: the compressed payload sent
+    /// before when this is a retry of it, else fresh from the gradient buffer (with error
+    /// feedback). An `f32` push is a view of the buffer and is not kept, so the buffer can be
+    /// reused.
+    fn push_payload(&mut self, s: usize, seq: u64) -> Option<Payload> {
+        if let Some((sent, p)) = &self.wire.sent[s]
+            && *sent == seq
+        {
+            return Some(p.clone());
+        }
+        let range = self.shards[s].range.clone();
+        let values = Floats::from(Arc::clone(&self.grad)).slice(range.clone())?;
+        let payload = self.wire.gradient(&values, range);
+        self.wire.sent[s] = (payload.codec() != rudra_transport::Codec::F32).then(|| (seq, payload.clone()));
+        Some(payload)
+    }
+
     /// Weights from a shard the SGD loop accepted as the answer to this step's pull: computed on
     /// in place (a single shard's whole vector) or written into the model.
-    fn take_weights(&mut self, w: &crate::protocol::Weights) -> Result<(), ActorError> {
-        match w.values.whole_vec().filter(|v| v.len() == self.model.param_count()) {
+    fn take_weights(&mut self, shard: usize, values: &Floats) -> Result<(), ActorError> {
+        match values.whole_vec().filter(|v| v.len() == self.model.param_count()) {
             Some(whole) => self.shared = Some(Arc::clone(whole)),
-            None => self.model.write_params(self.shards[w.shard.index()].range.start, &w.values)?,
+            None => self.model.write_params(self.shards[shard].range.start, values)?,
         }
         Ok(())
     }
@@ -296,43 +381,57 @@ impl Handler<StartLearner> for LearnerActor {
 
 impl Handler<Served> for LearnerActor {
     type Result = ();
-    fn handle(&mut self, Served { weights: w, seq }: Served, ctx: &mut Context<Self>) {
+    fn handle(&mut self, Served { shard, clock, seq, values }: Served, ctx: &mut Context<Self>) {
         let learner = self.id();
-        let Some(link) = self.shards.get(w.shard.index()) else {
-            return tracing::warn!(%learner, "weights from unknown {}", w.shard);
+        let Some(link) = self.shards.get(shard.index()) else {
+            return tracing::warn!(%learner, "weights from unknown {shard}");
         };
-        if w.values.len() != link.range.len() {
-            let (got, want) = (w.values.len(), link.range.len());
-            return tracing::warn!(%learner, "weights from {} rejected: {got} values for a range of {want}", w.shard);
+        if values.len() != link.range.len() {
+            let (got, want) = (values.len(), link.range.len());
+            return tracing::warn!(%learner, "weights from {shard} rejected: {got} values for a range of {want}");
         }
         self.last_activity = std::time::Instant::now();
+        // As the answer travelled: one from the network arrives decoded, in the job's codec.
+        let bytes = self.wire.codecs.weights.bytes(values.len()) as u64;
         // The core decides first: a late or repeated answer must not overwrite weights the
         // learner already holds for this step.
         match &mut self.core {
-            LearnerLoop::Elastic(worker) => match worker.on_center(w.shard, &w.values) {
-                Ok(events) => self.carry_out_elastic(events, ctx),
-                Err(e) => refused(learner, &e),
-            },
-            LearnerLoop::Sgd(core) => match core.on_weights(w.shard, w.clock, seq) {
+            LearnerLoop::Elastic(worker) => {
+                let events = decoded(values).and_then(|v| Ok(worker.on_center(shard, &v)?));
+                match events {
+                    Ok(events) => {
+                        self.unreported.payload_bytes += bytes;
+                        self.carry_out_elastic(events, ctx);
+                    }
+                    Err(e) => refused(learner, &e),
+                }
+            }
+            LearnerLoop::Sgd(core) => match core.on_weights(shard, clock, seq) {
                 Ok(events) => {
-                    if let Err(e) = self.take_weights(&w) {
+                    self.unreported.payload_bytes += bytes;
+                    let taken = decoded(values).and_then(|v| self.take_weights(shard.index(), &v));
+                    if let Err(e) = taken {
                         return self.fail(&e, ctx);
                     }
-                    drop(w);
                     self.carry_out(events, ctx);
                 }
-                Err(e) => refused(learner, &e),
+                Err(e) => refused(learner, &e.into()),
             },
         }
     }
 }
 
+/// A shard's answer decoded into `f32` values (a payload from this process was encoded here;
+/// one from the network was checked and decoded at the boundary).
+fn decoded(values: Payload) -> Result<Floats, ActorError> {
+    Ok(values.decode()?)
+}
+
 /// Log an answer the loop refused: a duplicate at debug, anything else as a warning.
-fn refused(learner: LearnerId, e: &crate::protocol::CoreError) {
-    if e.is_duplicate() {
-        tracing::debug!(%learner, "ignored: {e}");
-    } else {
-        tracing::warn!(%learner, "{e}");
+fn refused(learner: LearnerId, e: &ActorError) {
+    match e {
+        ActorError::Core(c) if c.is_duplicate() => tracing::debug!(%learner, "ignored: {c}"),
+        _ => tracing::warn!(%learner, "{e}"),
     }
 }
 

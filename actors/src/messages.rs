@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 
 use actix::prelude::*;
-use rudra_transport::{Clock, Floats, LearnerId, ShardId};
+use rudra_transport::{Clock, LearnerId, Payload, ShardId};
 
 use crate::ActorError;
 use crate::protocol::{GradientRecord, StalenessSummary, UpdateRecord, Weights};
@@ -29,7 +29,7 @@ pub struct Pull {
 
 /// A learner's gradient for this shard's range, viewed in the learner's gradient buffer (or in
 /// the frame it arrived in), never copied.
-#[derive(Message, Clone, Debug)]
+#[derive(Message, Clone)]
 #[rtype(result = "()")]
 pub struct Push {
     /// Who computed it.
@@ -38,8 +38,10 @@ pub struct Push {
     pub seq: u64,
     /// The clock of this shard's weights it was computed on.
     pub computed_on: Clock,
-    /// This shard's part of the gradient.
-    pub values: Floats,
+    /// This shard's part of the gradient, encoded with the job's gradients codec.
+    pub values: Payload,
+    /// The learner's next pull, carried by the push: the shard takes the push, then the pull.
+    pub then: Pull,
 }
 
 /// A learner's exchange with a center shard: its values for the shard's range (x^i, DOWNPOUR's
@@ -49,8 +51,8 @@ pub struct Push {
 pub struct Exchange {
     /// Who sends.
     pub learner: LearnerId,
-    /// The values for this shard's range.
-    pub values: Floats,
+    /// The values for this shard's range, encoded with the job's codec for their kind.
+    pub values: Payload,
     /// Where the center goes.
     pub reply_to: Recipient<Served>,
 }
@@ -90,10 +92,14 @@ pub struct StopShard;
 #[derive(Message, Clone, Debug)]
 #[rtype(result = "()")]
 pub struct Served {
-    /// The weights.
-    pub weights: Weights,
+    /// The shard that served them.
+    pub shard: ShardId,
+    /// Their timestamp `i`.
+    pub clock: Clock,
     /// The sequence number of the pull answered.
     pub seq: u64,
+    /// The values of the shard's range, encoded with the job's weights codec.
+    pub values: Payload,
 }
 
 /// Begin the loop.
@@ -130,13 +136,17 @@ pub struct Progress {
     pub steps: u64,
     /// Sum of the minibatches' mean training losses.
     pub loss_sum: f64,
+    /// Payload bytes (values and scales, as encoded) the learner sent and received.
+    pub payload_bytes: u64,
+    /// Frame bytes its connections sent and received (0 in one process).
+    pub wire_bytes: u64,
 }
 
 impl Progress {
     /// Nothing computed yet by `learner`.
     #[must_use]
     pub fn none(learner: LearnerId) -> Self {
-        Self { learner, samples: 0, steps: 0, loss_sum: 0.0 }
+        Self { learner, samples: 0, steps: 0, loss_sum: 0.0, payload_bytes: 0, wire_bytes: 0 }
     }
 }
 

@@ -102,6 +102,8 @@ pub struct Metrics {
     first_update: OnceLock<(Instant, u64)>,
     /// The node's QUIC endpoints, read only when rendering.
     traffic: Mutex<Vec<Arc<Traffic>>>,
+    /// Payload bytes the learners reported sending and receiving.
+    payload_bytes: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -120,6 +122,7 @@ impl Metrics {
             learners_alive: AtomicU64::new(0),
             first_update: OnceLock::new(),
             traffic: Mutex::new(Vec::new()),
+            payload_bytes: AtomicU64::new(0),
         }
     }
 
@@ -167,6 +170,12 @@ impl Metrics {
     /// `learner` processed `samples` more training examples.
     pub fn add_learner_samples(&self, learner: LearnerId, samples: u64) {
         self.series(Family::LearnerSamples, learner.0).fetch_add(samples, Ordering::Relaxed);
+    }
+
+    /// The learners sent and received `bytes` more payload bytes (values and scales, as
+    /// encoded).
+    pub fn add_payload_bytes(&self, bytes: u64) {
+        self.payload_bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 
     /// Report the bytes of a QUIC endpoint of this node (summed over all endpoints watched).
@@ -232,6 +241,11 @@ impl Metrics {
         for (name, help, value) in [
             ("rudra_transport_sent_bytes_total", "Frame bytes this node sent over QUIC.", sent),
             ("rudra_transport_received_bytes_total", "Frame bytes this node received over QUIC.", received),
+            (
+                "rudra_payload_bytes_total",
+                "Payload bytes (values and scales, as encoded) the learners sent and received.",
+                self.payload_bytes.load(Ordering::Relaxed),
+            ),
         ] {
             header(&mut out, name, "counter", help);
             let _ = writeln!(out, "{name} {value}");

@@ -28,6 +28,34 @@ pub struct MetricsRow {
     pub samples_per_second: f64,
     /// Examples processed so far by each learner, by learner id.
     pub learner_samples: Vec<u64>,
+    /// What the learners' messages carried so far.
+    pub bytes: BytesMoved,
+}
+
+/// What the learners' messages carried, summed over learners: payload bytes as encoded, and
+/// the frame bytes their connections moved (0 in one process).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BytesMoved {
+    /// Gradient steps taken.
+    pub steps: u64,
+    /// Bytes of payload values and scales sent and received.
+    pub payload: u64,
+    /// Frame bytes sent and received on the wire.
+    pub wire: u64,
+}
+
+impl BytesMoved {
+    /// Payload bytes per gradient step (sent and received by one learner).
+    #[must_use]
+    pub fn payload_per_step(&self) -> f64 {
+        self.payload as f64 / self.steps.max(1) as f64
+    }
+
+    /// Wire bytes per gradient step.
+    #[must_use]
+    pub fn wire_per_step(&self) -> f64 {
+        self.wire as f64 / self.steps.max(1) as f64
+    }
 }
 
 /// Training progress between evaluations.
@@ -87,6 +115,8 @@ pub struct RunReport {
     pub updates_lost: u64,
     /// Whether and where the run diverged (it stopped then); `None` for a run that completed.
     pub diverged: Option<Diverged>,
+    /// What the learners' messages carried over the run.
+    pub bytes: BytesMoved,
 }
 
 /// Where a run diverged: its train loss became non-finite or exceeded

@@ -78,8 +78,10 @@ pub fn start_shard(
         }
     };
     let counters = metrics.map(|m| m.shard(id));
-    let addr =
-        ShardActor::start_in_arbiter(arbiter, move |_| ShardActor::new(core, tracker, counters, checkpoints));
+    let weights = spec.codecs.weights;
+    let addr = ShardActor::start_in_arbiter(arbiter, move |_| {
+        ShardActor::new(core, tracker, counters, checkpoints, weights)
+    });
     Ok((addr, resumed))
 }
 
@@ -116,6 +118,8 @@ pub struct LearnerRun {
     pub born: Instant,
     /// 0 when the run starts; more when the learner restarted and rejoins.
     pub incarnation: u32,
+    /// Where the learner's connections count their bytes (none in one process).
+    pub traffic: Option<Arc<rudra_transport::quic::Traffic>>,
 }
 
 /// Start learner `id` of `spec` on `arbiter`: a model of `models`, its partition of `train`,
@@ -135,6 +139,8 @@ pub fn start_learner(
     let born = run.born;
     scheduler.heartbeat = Lossy::wrap(scheduler.heartbeat, heartbeat, born);
     let (liveness, slowdown) = (run.liveness, run.faults.slowdown(id));
+    let (codecs, exchanges_gradients, traffic) =
+        (spec.codecs, spec.exchanges_gradients(), run.traffic.clone());
     Ok(LearnerActor::start_in_arbiter(arbiter, move |ctx| {
         let (mut links, mut answers) = (Vec::new(), Vec::new());
         for (link, [pull, push, reply]) in shards.into_iter().zip(plans) {
@@ -142,7 +148,18 @@ pub fn start_learner(
             let (pull, push) = (Lossy::wrap(link.pull, pull, born), Lossy::wrap(link.push, push, born));
             links.push(ShardLink { pull, push, ..link });
         }
-        let parts = LearnerParts { model, batches, shards: links, answers, scheduler, liveness, slowdown };
+        let parts = LearnerParts {
+            model,
+            batches,
+            shards: links,
+            answers,
+            scheduler,
+            liveness,
+            slowdown,
+            codecs,
+            exchanges_gradients,
+            traffic,
+        };
         LearnerActor::new(core, parts)
     }))
 }

@@ -17,7 +17,7 @@ use crate::messages::{
 };
 use crate::metrics::Metrics;
 use crate::protocol::{Divergence, SchedulerCore, SchedulerEvent};
-use crate::report::{Diverged, MetricsRow, ProgressSnapshot, RunEvent, RunReport, TimelineEntry};
+use crate::report::{BytesMoved, Diverged, MetricsRow, ProgressSnapshot, RunEvent, RunReport, TimelineEntry};
 use crate::{ActorError, Models};
 
 /// Where the run's report goes.
@@ -57,6 +57,8 @@ pub struct SchedulerActor {
     shard_losses: u64,
     /// Set when the run diverged.
     divergence: Option<Divergence>,
+    /// What the learners' messages carried so far.
+    bytes: BytesMoved,
 }
 
 /// What one evaluation measured.
@@ -129,6 +131,7 @@ impl SchedulerActor {
             shards_down: BTreeMap::new(),
             shard_losses: 0,
             divergence: None,
+            bytes: BytesMoved::default(),
         }
     }
 
@@ -206,7 +209,13 @@ impl SchedulerActor {
         let stats = self.members.stats.clone();
         let (models, test) = (self.models.clone(), Arc::clone(&self.test));
         let window = std::mem::take(&mut self.loss_window);
-        let at = (self.elapsed(), self.core.samples(), self.core.epochs(), self.learner_samples.clone());
+        let at = (
+            self.elapsed(),
+            self.core.samples(),
+            self.core.epochs(),
+            self.learner_samples.clone(),
+            self.bytes,
+        );
         let timeout = self.shard_timeout;
         let fut = async move {
             let mut params = Vec::new();
@@ -237,7 +246,7 @@ impl SchedulerActor {
         &mut self,
         eval: Evaluation,
         (loss_sum, loss_n): (f64, u64),
-        (wall, samples, epochs, learner_samples): (f64, u64, f64, Vec<u64>),
+        (wall, samples, epochs, learner_samples, bytes): (f64, u64, f64, Vec<u64>, BytesMoved),
         final_: bool,
         ctx: &mut Context<Self>,
     ) {
@@ -252,6 +261,7 @@ impl SchedulerActor {
             mean_staleness: eval.tracker.staleness.mean,
             samples_per_second: if wall > 0.0 { samples as f64 / wall } else { 0.0 },
             learner_samples,
+            bytes,
         };
         tracing::info!(
             epoch = format!("{:.2}", row.epoch),
@@ -282,6 +292,7 @@ impl SchedulerActor {
                     train_loss: d.train_loss,
                     first_loss: d.first_loss,
                 }),
+                bytes,
             };
             self.finish(Ok(report), ctx);
         }
@@ -411,12 +422,16 @@ impl Handler<Progress> for SchedulerActor {
         self.carry_out(heard, ctx);
         self.loss_window.0 += msg.loss_sum;
         self.loss_window.1 += msg.steps;
+        let b = &mut self.bytes;
+        (b.steps, b.payload, b.wire) =
+            (b.steps + msg.steps, b.payload + msg.payload_bytes, b.wire + msg.wire_bytes);
         match self.learner_samples.get_mut(msg.learner.index()) {
             Some(n) => *n += msg.samples,
             None => tracing::warn!("progress from unknown {}", msg.learner),
         }
         if let Some(m) = &self.metrics {
             m.add_learner_samples(msg.learner, msg.samples);
+            m.add_payload_bytes(msg.payload_bytes);
         }
         let mut events = self.core.on_progress(msg.samples);
         events.extend(self.core.on_loss(msg.steps, msg.loss_sum));

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use actix::prelude::*;
-use rudra_transport::{Clock, LearnerId};
+use rudra_transport::{Clock, Encoding, LearnerId, Payload};
 
 use crate::ActorError;
 use crate::checkpoint::Checkpoints;
@@ -35,6 +35,10 @@ pub struct ShardActor {
     down: bool,
     /// Learners whose last gradient was dropped as non-finite: each burst is logged once.
     non_finite: std::collections::BTreeSet<LearnerId>,
+    /// How weights are sent, and the weights last sent compressed with their clock: every
+    /// learner pulling the same clock gets the same payload, encoded once.
+    weights: Encoding,
+    encoded: Option<(Clock, Payload)>,
 }
 
 impl ShardActor {
@@ -46,6 +50,7 @@ impl ShardActor {
         tracker: Recipient<Records>,
         metrics: Option<ShardMetrics>,
         checkpoints: Option<Checkpoints>,
+        weights: Encoding,
     ) -> Self {
         Self {
             saved: core.clock(),
@@ -57,6 +62,8 @@ impl ShardActor {
             checkpoints,
             down: false,
             non_finite: std::collections::BTreeSet::new(),
+            weights,
+            encoded: None,
         }
     }
 
@@ -88,7 +95,17 @@ impl ShardActor {
             match event {
                 ShardEvent::Serve { learner, seq, weights } => {
                     if let Some(to) = self.replies.get(&learner) {
-                        to.do_send(Served { weights, seq });
+                        let values = match &self.encoded {
+                            Some((clock, p)) if *clock == weights.clock => p.clone(),
+                            _ => {
+                                let p = self.weights.encode(&weights.values, None);
+                                if p.codec() != rudra_transport::Codec::F32 {
+                                    self.encoded = Some((weights.clock, p.clone()));
+                                }
+                                p
+                            }
+                        };
+                        to.do_send(Served { shard: weights.shard, clock: weights.clock, seq, values });
                     }
                 }
                 ShardEvent::Gradient(g) => {
@@ -125,6 +142,12 @@ impl ShardActor {
         }
     }
 
+    fn pull(&mut self, msg: Pull) {
+        self.replies.insert(msg.learner, msg.reply_to);
+        let events = self.core.on_pull(msg.learner, msg.seq, msg.last);
+        self.carry_out(events, "pull");
+    }
+
     fn flush(&mut self) {
         if !self.pending.is_empty() {
             self.tracker.do_send(std::mem::take(&mut self.pending));
@@ -147,9 +170,7 @@ impl Handler<Pull> for ShardActor {
         if self.down {
             return;
         }
-        self.replies.insert(msg.learner, msg.reply_to);
-        let events = self.core.on_pull(msg.learner, msg.seq, msg.last);
-        self.carry_out(events, "pull");
+        self.pull(msg);
     }
 }
 
@@ -159,8 +180,16 @@ impl Handler<Push> for ShardActor {
         if self.down {
             return;
         }
-        let events = self.core.on_push(msg.learner, msg.seq, msg.computed_on, &msg.values);
-        self.carry_out(events, "push");
+        let Push { learner, seq, computed_on, values, then } = msg;
+        match values.decode() {
+            Ok(values) => {
+                let events = self.core.on_push(learner, seq, computed_on, &values);
+                drop(values);
+                self.carry_out(events, "push");
+            }
+            Err(e) => tracing::warn!(shard = %self.core.id(), "rejected a push from {learner}: {e}"),
+        }
+        self.pull(then);
     }
 }
 
@@ -171,8 +200,15 @@ impl Handler<Exchange> for ShardActor {
             return;
         }
         self.replies.insert(msg.learner, msg.reply_to);
-        let events = self.core.on_exchange(msg.learner, &msg.values);
-        self.carry_out(events, "exchange");
+        match msg.values.decode() {
+            Ok(values) => {
+                let events = self.core.on_exchange(msg.learner, &values);
+                self.carry_out(events, "exchange");
+            }
+            Err(e) => {
+                tracing::warn!(shard = %self.core.id(), "rejected an exchange from {}: {e}", msg.learner)
+            }
+        }
     }
 }
 
@@ -219,7 +255,7 @@ impl Handler<Restart> for ShardActor {
         self.core
             .restore(state)
             .map_err(|e| ActorError::Checkpoint { path: c.path(id), message: e.to_string() })?;
-        (self.down, self.saved) = (false, self.core.clock());
+        (self.down, self.saved, self.encoded) = (false, self.core.clock(), None);
         tracing::info!(shard = %id, "restarted from its checkpoint at clock {}", self.saved);
         Ok(self.saved)
     }

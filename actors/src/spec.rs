@@ -7,7 +7,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use rudra_compute::{BatchStream, Dataset, Minibatches, Partition};
-use rudra_transport::{LearnerId, ShardId};
+use rudra_transport::{Codecs, Encoding, LearnerId, ShardId};
 use serde::{Deserialize, Serialize};
 
 use crate::protocol::{
@@ -155,6 +155,9 @@ pub struct ClusterSpec {
     pub seed: u64,
     /// Test-set evaluations per epoch (rows of `metrics.csv`).
     pub evals_per_epoch: u32,
+    /// How gradients and weights travel (also in one process, where the codecs' effect on
+    /// accuracy can be measured without a network).
+    pub codecs: Codecs,
 }
 
 /// The training and test sets of a run.
@@ -318,6 +321,23 @@ impl ClusterSpec {
     #[must_use]
     pub fn total_samples(&self, train_len: usize) -> u64 {
         self.steps_per_learner(train_len) * self.batch_size as u64 * u64::from(self.learners)
+    }
+
+    /// Whether learners' exchanges add up like gradients (DOWNPOUR's accumulated update,
+    /// MDOWNPOUR's gradient) rather than being parameters (EASGD's x^i).
+    #[must_use]
+    pub fn exchanges_gradients(&self) -> bool {
+        matches!(
+            self.protocol.elastic.as_ref().map(|e| e.method),
+            Some(ElasticMethod::Downpour | ElasticMethod::MDownpour)
+        )
+    }
+
+    /// How learners' exchanges travel: in the gradients codec (with its error feedback) when
+    /// they add up like gradients, in the weights codec otherwise.
+    #[must_use]
+    pub fn exchange_encoding(&self) -> Encoding {
+        if self.exchanges_gradients() { self.codecs.gradients } else { self.codecs.weights }
     }
 
     /// μλ, the examples behind one hardsync update.

@@ -8,8 +8,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use rudra_actors::protocol::{
-    GradientRecord, LearnerCore, LearnerEvent, LrModulation, LrSchedule, Outcome, SgdShard, SgdShardConfig,
-    ShardEvent, SyncRule,
+    GradientRecord, LearnerCore, LearnerEvent, LrModulation, LrSchedule, NextPull, Outcome, SgdShard,
+    SgdShardConfig, ShardEvent, SyncRule,
 };
 use rudra_actors::spec::shard_ranges;
 use rudra_compute::{BatchStream, CpuBackend, Dataset, Model, ModelSpec, Partition};
@@ -17,7 +17,7 @@ use rudra_transport::{Clock, LearnerId, ShardId};
 
 enum Msg {
     Pull(ShardId, LearnerId, bool, u64),
-    Push(ShardId, LearnerId, Clock, u64, Arc<Vec<f32>>),
+    Push(ShardId, LearnerId, Clock, u64, Arc<Vec<f32>>, NextPull),
     Weights(LearnerId, ShardId, Clock, u64, rudra_transport::Floats),
 }
 
@@ -86,10 +86,10 @@ impl<'a> Driver<'a> {
                 LearnerEvent::Pull { shard, last, seq } => {
                     self.queue.push_back(Msg::Pull(shard, id, last, seq))
                 }
-                LearnerEvent::Push { shard, computed_on, seq } => {
+                LearnerEvent::Push { shard, computed_on, seq, pull } => {
                     let g = grad.expect("pushes follow a computation");
                     let slice = Arc::new(g[self.ranges[shard.index()].clone()].to_vec());
-                    self.queue.push_back(Msg::Push(shard, id, computed_on, seq, slice));
+                    self.queue.push_back(Msg::Push(shard, id, computed_on, seq, slice, pull));
                 }
                 LearnerEvent::Compute => self.timers.push(Reverse((self.now + self.compute_ticks[l], l))),
                 LearnerEvent::Finished => {}
@@ -104,7 +104,14 @@ impl<'a> Driver<'a> {
                     let shard = &mut self.shards[s.index()];
                     (s, if last { shard.on_last_pull(l, seq) } else { shard.on_pull(l, seq) }.unwrap())
                 }
-                Msg::Push(s, l, c, seq, g) => (s, self.shards[s.index()].on_push(l, seq, c, &g).unwrap()),
+                Msg::Push(s, l, c, seq, g, pull) => {
+                    let shard = &mut self.shards[s.index()];
+                    let mut events = shard.on_push(l, seq, c, &g).unwrap();
+                    let then =
+                        if pull.last { shard.on_last_pull(l, pull.seq) } else { shard.on_pull(l, pull.seq) };
+                    events.extend(then.unwrap());
+                    (s, events)
+                }
                 Msg::Weights(l, s, c, seq, v) => {
                     let events = self.learners[l.index()].on_weights(s, c, seq).unwrap();
                     self.params[l.index()][self.ranges[s.index()].clone()].copy_from_slice(&v);

@@ -8,10 +8,11 @@ use actix::prelude::*;
 use rudra_actors::faults::{FaultPlan, Liveness};
 use rudra_actors::links::{SchedulerLink, ShardLink};
 use rudra_actors::messages::{Exchange, Heartbeat, LearnerDone, Progress, Pull, Push, Served, StartLearner};
-use rudra_actors::protocol::{LrModulation, LrSchedule, SyncRule, Weights};
+use rudra_actors::protocol::{LrModulation, LrSchedule, SyncRule};
 use rudra_actors::roles::{LearnerPeers, LearnerRun, start_learner};
 use rudra_actors::{ClusterSpec, Models, ProtocolSpec};
 use rudra_compute::{ComputeError, Dataset, GradientModel};
+use rudra_transport::Codecs;
 use rudra_transport::{Clock, LearnerId, ShardId};
 
 /// Parameters the fake model held at every gradient it computed.
@@ -107,10 +108,7 @@ async fn until(what: &str, ready: impl Fn() -> bool) {
 }
 
 fn served(shard: u32, clock: u64, value: f32) -> Served {
-    Served {
-        weights: Weights { shard: ShardId(shard), clock: Clock(clock), values: vec![value; 2].into() },
-        seq: 1,
-    }
+    Served { shard: ShardId(shard), clock: Clock(clock), seq: 1, values: vec![value; 2].into() }
 }
 
 #[test]
@@ -129,6 +127,7 @@ fn a_duplicated_answer_changes_neither_the_model_nor_the_clock_the_gradient_is_c
         schedule: LrSchedule { base: 0.1, decay: 1.0 },
         seed: 1,
         evals_per_epoch: 1,
+        codecs: Codecs::default(),
     };
     let seen: Seen = Arc::default();
     let make = {
@@ -150,6 +149,7 @@ fn a_duplicated_answer_changes_neither_the_model_nor_the_clock_the_gradient_is_c
             faults: FaultPlan::default(),
             born: Instant::now(),
             incarnation: 0,
+            traffic: None,
         };
         let arbiter = Arbiter::new();
         let peers = LearnerPeers { shards: links, scheduler };

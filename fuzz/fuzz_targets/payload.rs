@@ -1,7 +1,7 @@
 //! Fuzz the payload path, structure-aware: a gradient, exchange or weights message built from
-//! the input (any f32 values, NaN and ±Inf included, any ids and clocks), encoded, damaged at
-//! the bytes the input names, then decoded, checked by the codec as a shard's learner service
-//! checks it, and applied to a shard core. Whatever arrives, the core's values stay finite and
+//! the input (any f32 values, NaN and ±Inf included, any ids and clocks, any codec and block
+//! size), encoded, damaged at the bytes the input names, then decoded, checked by the codec as
+//! a shard's learner service checks it, and applied to a shard core. Whatever arrives, the core's values stay finite and
 //! its clock only moves forward.
 //!
 //!     cargo +nightly fuzz run payload fuzz/corpus/frame
@@ -12,9 +12,9 @@ use std::collections::BTreeSet;
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use rudra_actors::protocol::{CenterRule, CenterShard, LrModulation, LrSchedule, SgdShard, SgdShardConfig, SyncRule};
-use rudra_actors::remote::codec::{self, LearnerData};
+use rudra_actors::remote::codec::{self, DataPolicy, LearnerData};
 use rudra_transport::wire::decode_frame;
-use rudra_transport::{Clock, LearnerId, Msg, ShardId};
+use rudra_transport::{Clock, Codec, Encoding, LearnerId, Msg, ShardId};
 
 /// The values a shard of this target holds.
 const RANGE: usize = 8;
@@ -33,15 +33,39 @@ struct Input {
     seq: u64,
     clock: u64,
     values: Vec<f32>,
+    /// The codec the values are sent with, and its block size.
+    codec: CodecChoice,
+    block: u16,
     /// Bytes of the frame to overwrite: (position, value).
     damage: Vec<(u16, u8)>,
 }
 
+#[derive(Arbitrary, Debug)]
+enum CodecChoice {
+    F32,
+    Bf16,
+    Fp16,
+    Int8,
+}
+
 fuzz_target!(|input: Input| {
-    let Input { kind, learner, seq, clock, values, damage } = input;
-    let values = values.into();
+    let Input { kind, learner, seq, clock, values, codec, block, damage } = input;
+    let codec = match codec {
+        CodecChoice::F32 => Codec::F32,
+        CodecChoice::Bf16 => Codec::Bf16,
+        CodecChoice::Fp16 => Codec::Fp16,
+        CodecChoice::Int8 => Codec::Int8,
+    };
+    let values = Encoding { codec, block: u32::from(block) }.encode(&values.into(), None);
     let msg = match kind {
-        Kind::Push => Msg::Push { learner: LearnerId(learner), seq, computed_on: Clock(clock), values },
+        Kind::Push => Msg::Push {
+            learner: LearnerId(learner),
+            seq,
+            computed_on: Clock(clock),
+            values,
+            next_seq: seq.wrapping_add(1),
+            last: false,
+        },
         Kind::Exchange => Msg::Exchange { learner: LearnerId(learner), values },
         Kind::Weights => Msg::Weights { shard: ShardId(learner), seq, clock: Clock(clock), values },
     };
@@ -54,13 +78,14 @@ fuzz_target!(|input: Input| {
     }
     let Ok(inbound) = decode_frame(&bytes, 1 << 20) else { return };
     if matches!(kind, Kind::Weights) {
-        let _ = codec::served(inbound);
+        let _ = codec::served(inbound, codec);
         return;
     }
-    let Ok(data) = codec::from_learner_data(LearnerId(0), RANGE, inbound) else { return };
+    let policy = DataPolicy { range_len: RANGE, push: codec, exchange: codec };
+    let Ok(data) = codec::from_learner_data(LearnerId(0), &policy, inbound) else { return };
     let one: BTreeSet<LearnerId> = [LearnerId(0)].into();
     match data {
-        LearnerData::Push(push) => {
+        LearnerData::Push { seq, computed_on, values, .. } => {
             let cfg = SgdShardConfig {
                 id: ShardId(0),
                 rule: SyncRule::Softsync { n: 1 },
@@ -70,8 +95,8 @@ fuzz_target!(|input: Input| {
                 gradients_per_epoch: 10,
             };
             let mut shard = SgdShard::new(cfg, vec![1.0; RANGE], one);
-            let _ = shard.on_pull(LearnerId(0), push.seq);
-            let _ = shard.on_push(push.learner, push.seq, push.computed_on, &push.values);
+            let _ = shard.on_pull(LearnerId(0), seq);
+            let _ = shard.on_push(LearnerId(0), seq, computed_on, &values);
             assert!(shard.snapshot().values.iter().all(|v| v.is_finite()), "a gradient reached the weights as NaN or ±Inf");
             assert!(shard.clock() <= Clock(1));
         }

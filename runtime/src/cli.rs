@@ -71,6 +71,7 @@ pub(crate) enum Suite {
     Simulator,
     Agreement,
     Compute,
+    Cluster,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -180,7 +181,8 @@ pub(crate) enum Command {
     /// ⟨σ⟩ against the local cluster's on the same settings (`--suite agreement`), or
     /// the CPU GEMM against numpy and MLP and CNN steps on every backend present
     /// (`--suite compute`), or every protocol with its defaults: test accuracy and throughput
-    /// (`--suite protocols`).
+    /// (`--suite protocols`), or the peers' workload as processes over loopback QUIC per
+    /// payload codec against the same run in memory (`--suite cluster`).
     Bench {
         #[command(flatten)]
         config: ConfigArgs,

@@ -170,6 +170,7 @@ fn run(command: Command) -> Result<(), RuntimeError> {
                 Suite::Protocols => bench::protocols::run(config.config.as_deref(), &config.set, repeats)?,
                 Suite::Simulator => bench::simulator::run(config.config.as_deref(), &config.set, repeats)?,
                 Suite::Agreement => bench::agreement::run(config.config.as_deref(), &config.set, repeats)?,
+                Suite::Cluster => bench::cluster::run(config.config.as_deref(), &config.set, repeats)?,
                 Suite::Compute => {
                     let config = Config::load(config.config.as_deref(), &config.set)?;
                     bench::compute::run(&config.data.load()?, repeats.max(1))?

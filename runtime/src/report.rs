@@ -206,6 +206,7 @@ mod tests {
                 mean_staleness: 3.0,
                 samples_per_second: 2133.3,
                 learner_samples: vec![u64::from(i) * 800; 4],
+                bytes: rudra_actors::BytesMoved::default(),
             })
             .collect();
         let config = crate::Config::load(None, &[]).expect("the default configuration");
@@ -226,6 +227,7 @@ mod tests {
             timeline: Vec::new(),
             updates_lost: 0,
             diverged: None,
+            bytes: rudra_actors::BytesMoved::default(),
         };
         let mut run = RecordedRun::of(&PathBuf::from("runs").join(label), &config, &report);
         (run.summary.protocol, run.summary.n) = (protocol.to_owned(), n);

@@ -8,7 +8,8 @@ use std::str::FromStr;
 
 use rudra_actors::protocol::StalenessSummary;
 use rudra_actors::report::nan_if_null;
-use rudra_actors::{Diverged, ElasticSpec, MetricsRow, RunReport};
+use rudra_actors::{BytesMoved, Diverged, ElasticSpec, MetricsRow, RunReport};
+use rudra_transport::Codecs;
 use serde::{Deserialize, Serialize};
 
 use crate::{Config, RuntimeError};
@@ -26,6 +27,9 @@ const METRICS_COLUMNS: [&str; 9] = [
     "mean_staleness",
     "samples_per_second",
 ];
+
+/// The columns of [`MetricsRow::bytes`], after [`METRICS_COLUMNS`]; 0 where a file lacks them.
+const BYTES_COLUMNS: [&str; 3] = ["steps", "payload_bytes", "wire_bytes"];
 
 /// The prefix of the per-learner columns of `metrics.csv`.
 const LEARNER_COLUMN: &str = "samples_learner_";
@@ -87,6 +91,15 @@ pub struct Summary {
     pub updates_to_target: Option<u64>,
     /// The EASGD family's settings, for those protocols.
     pub elastic: Option<ElasticSpec>,
+    /// How gradients and weights travelled (`transport.*_codec`).
+    pub codecs: Codecs,
+    /// What the learners' messages carried: gradient steps, payload bytes as encoded, and
+    /// frame bytes on the wire (0 in one process), sent and received.
+    pub bytes: BytesMoved,
+    /// Payload bytes per gradient step of one learner, sent and received.
+    pub payload_bytes_per_step: f64,
+    /// Frame bytes on the wire per gradient step of one learner, sent and received.
+    pub wire_bytes_per_step: f64,
 }
 
 impl Summary {
@@ -123,6 +136,10 @@ impl Summary {
             time_to_target: reached.map(|m| m.wall_seconds),
             updates_to_target: reached.map(|m| m.updates),
             elastic: c.protocol.elastic.clone(),
+            codecs: c.codecs,
+            bytes: report.bytes,
+            payload_bytes_per_step: report.bytes.payload_per_step(),
+            wire_bytes_per_step: report.bytes.wire_per_step(),
         }
     }
 }
@@ -131,7 +148,7 @@ impl Summary {
 #[must_use]
 pub fn metrics_csv(rows: &[MetricsRow]) -> String {
     let learners = rows.iter().map(|r| r.learner_samples.len()).max().unwrap_or(0);
-    let mut csv = METRICS_COLUMNS.join(",");
+    let mut csv = METRICS_COLUMNS.join(",") + "," + &BYTES_COLUMNS.join(",");
     for l in 0..learners {
         let _ = write!(csv, ",{LEARNER_COLUMN}{l}");
     }
@@ -139,7 +156,7 @@ pub fn metrics_csv(rows: &[MetricsRow]) -> String {
     for r in rows {
         let _ = write!(
             csv,
-            "{:.3},{:.4},{},{},{:.6},{:.6},{:.6},{:.4},{:.1}",
+            "{:.3},{:.4},{},{},{:.6},{:.6},{:.6},{:.4},{:.1},{},{},{}",
             r.wall_seconds,
             r.epoch,
             r.updates,
@@ -148,7 +165,10 @@ pub fn metrics_csv(rows: &[MetricsRow]) -> String {
             r.test_loss,
             r.test_accuracy,
             r.mean_staleness,
-            r.samples_per_second
+            r.samples_per_second,
+            r.bytes.steps,
+            r.bytes.payload,
+            r.bytes.wire,
         );
         for l in 0..learners {
             let _ = write!(csv, ",{}", r.learner_samples.get(l).copied().unwrap_or(0));
@@ -227,10 +247,11 @@ pub fn parse_metrics(path: &Path, text: &str) -> Result<Vec<MetricsRow>, Runtime
             )
         })?;
     }
+    let bytes_at = BYTES_COLUMNS.map(|name| header.iter().position(|h| *h == name));
     let rows = lines
         .map(|(i, line)| {
             let fields: Vec<&str> = line.split(',').map(str::trim).collect();
-            let row = Row { path, line: i + 1, fields: &fields, at: &at };
+            let row = Row { path, line: i + 1, fields: &fields, at: &at, bytes_at: &bytes_at };
             Ok(MetricsRow {
                 wall_seconds: row.get(0)?,
                 epoch: row.get(1)?,
@@ -241,6 +262,7 @@ pub fn parse_metrics(path: &Path, text: &str) -> Result<Vec<MetricsRow>, Runtime
                 test_accuracy: row.get(6)?,
                 mean_staleness: row.get(7)?,
                 samples_per_second: row.get(8)?,
+                bytes: BytesMoved { steps: row.count(0)?, payload: row.count(1)?, wire: row.count(2)? },
                 learner_samples: learner_columns
                     .iter()
                     .map(|&(_, i, name)| row.parse(i, name))
@@ -260,12 +282,18 @@ struct Row<'a> {
     line: usize,
     fields: &'a [&'a str],
     at: &'a [usize; METRICS_COLUMNS.len()],
+    bytes_at: &'a [Option<usize>; BYTES_COLUMNS.len()],
 }
 
 impl Row<'_> {
     /// Column `METRICS_COLUMNS[c]`.
     fn get<T: FromStr>(&self, c: usize) -> Result<T, RuntimeError> {
         self.parse(self.at[c], METRICS_COLUMNS[c])
+    }
+
+    /// Column `BYTES_COLUMNS[c]`, 0 when the file has no such column.
+    fn count(&self, c: usize) -> Result<u64, RuntimeError> {
+        self.bytes_at[c].map_or(Ok(0), |i| self.parse(i, BYTES_COLUMNS[c]))
     }
 
     /// Field `i`, of the column `name`.
@@ -302,6 +330,7 @@ mod tests {
             mean_staleness: 1.5,
             samples_per_second: 100.0,
             learner_samples,
+            bytes: BytesMoved { steps: 8, payload: 8 << 20, wire: 9 << 20 },
         };
         let rows = vec![row(1.0, vec![64, 32, 0]), row(2.0, vec![128, 96, 32])];
         let config = Config::load(None, &[]).unwrap();
@@ -318,12 +347,15 @@ mod tests {
             wall_seconds: 2.0,
             final_test_accuracy: 0.9,
             final_train_loss: 0.5,
+            bytes: BytesMoved { steps: 8, payload: 8 << 20, wire: 9 << 20 },
         };
         run.record(&config, &report).unwrap();
         let text = std::fs::read_to_string(dir.path().join("metrics.csv")).unwrap();
         let header = text.lines().next().unwrap();
         assert!(
-            header.ends_with(",samples_per_second,samples_learner_0,samples_learner_1,samples_learner_2")
+            header.ends_with(
+                ",samples_per_second,steps,payload_bytes,wire_bytes,samples_learner_0,samples_learner_1,samples_learner_2"
+            )
         );
         assert_eq!(parse_metrics(Path::new("m.csv"), &text).unwrap(), rows);
         // Columns are matched by name, in learner order, wherever they stand.

@@ -9,6 +9,7 @@
 //! - [`wire`]: the messages (rkyv) and their validated views.
 //! - [`kind`]: message kinds, and the roles that send and receive each.
 //! - [`floats`]: float payloads shared without copying.
+//! - [`payload`]: payload codecs (`f32`, `bf16`, `fp16`, `int8`) and error feedback.
 //! - [`frame`]: the frame header, checked before any allocation.
 //! - [`faults`]: link fault rules and the seeded dice that apply them.
 //! - [`relay`]: a UDP relay that applies fault rules between two real nodes.
@@ -22,6 +23,9 @@ pub mod floats;
 pub mod frame;
 pub mod ids;
 pub mod kind;
+// rkyv generates public archived and resolver types whose fields carry no docs.
+#[allow(missing_docs)]
+pub mod payload;
 pub mod quic;
 pub mod relay;
 pub mod tls;
@@ -34,5 +38,6 @@ pub use faults::{Fate, FaultDice, FaultWindow, LinkFaults};
 pub use floats::Floats;
 pub use ids::{Clock, LearnerId, Role, ShardId, Staleness};
 pub use kind::Kind;
+pub use payload::{Codec, Codecs, Encoding, Payload};
 pub use relay::{Relay, RelayControl, RelayHandle, RelayLimits, RelayRules};
 pub use wire::{DropReason, Inbound, Msg, Outcome};

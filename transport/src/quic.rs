@@ -143,6 +143,11 @@ impl QuicSettings {
         let mut ack = quinn::AckFrequencyConfig::default();
         ack.ack_eliciting_threshold(VarInt::from_u32(ACK_AFTER));
         t.ack_frequency_config(Some(ack));
+        // Payloads go out whole, one stream after the other, as they were written, rather than
+        // interleaved packet by packet: a receiver assembles one payload at a time, and the
+        // first payload is complete as soon as its bytes could be. Control messages are not
+        // held up: their stream has a higher priority than every payload's.
+        t.send_fairness(false);
         t.stream_receive_window(VarInt::from_u32(self.stream_window))
             .receive_window(VarInt::from_u32(self.connection_window))
             .send_window(u64::from(self.connection_window))
@@ -178,6 +183,9 @@ impl Traffic {
         self.received.load(Ordering::Relaxed)
     }
 }
+
+/// The send priority of the control stream, above the payload streams' (0).
+const CONTROL_PRIORITY: i32 = 1;
 
 /// Error code sent when closing a stream that carried a bad frame.
 const BAD_FRAME: u32 = 1;
@@ -373,7 +381,9 @@ impl Peer {
         } else {
             let mut control = self.control.lock().await;
             if control.is_none() {
-                *control = Some(conn.open_uni().await.map_err(|e| err(&e))?);
+                let stream = conn.open_uni().await.map_err(|e| err(&e))?;
+                stream.set_priority(CONTROL_PRIORITY).map_err(|e| err(&e))?;
+                *control = Some(stream);
             }
             let stream = control.as_mut().expect("opened above");
             if let Err(e) = stream.write_chunk(frame).await {
@@ -411,6 +421,12 @@ impl Peer {
     #[must_use]
     pub fn path_mtu(&self) -> u16 {
         self.link.conn.stats().path.current_mtu
+    }
+
+    /// The connection's statistics: packets, losses, congestion events, round-trip time.
+    #[must_use]
+    pub fn stats(&self) -> quinn::ConnectionStats {
+        self.link.conn.stats()
     }
 
     /// Close the connection with `reason`.

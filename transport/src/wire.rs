@@ -13,6 +13,7 @@ use rkyv::{Archive, Deserialize, Serialize};
 
 use crate::floats::AsFloatVec;
 use crate::frame::{HEADER_LEN, Header};
+use crate::payload::{ArchivedPayload, Codec, Encoding, Payload};
 use crate::{Clock, Floats, Kind, LearnerId, Role, ShardId, Staleness, TransportError};
 
 /// Why a gradient (or an exchange) was not applied.
@@ -161,6 +162,10 @@ pub enum Msg {
         steps: u64,
         /// Sum of minibatch losses.
         loss_sum: f64,
+        /// Payload bytes sent and received.
+        payload_bytes: u64,
+        /// Frame bytes sent and received.
+        wire_bytes: u64,
     },
     /// Learner → scheduler: all steps done, or failed.
     LearnerDone {
@@ -223,9 +228,8 @@ pub enum Msg {
         seq: u64,
         /// Their clock.
         clock: Clock,
-        /// The values.
-        #[rkyv(with = AsFloatVec)]
-        values: Floats,
+        /// The values, encoded with the job's weights codec.
+        values: Payload,
     },
     /// Learner → shard: a gradient slice.
     Push {
@@ -235,18 +239,20 @@ pub enum Msg {
         seq: u64,
         /// The clock of the weights it was computed on.
         computed_on: Clock,
-        /// The values.
-        #[rkyv(with = AsFloatVec)]
-        values: Floats,
+        /// The values, encoded with the job's gradients codec.
+        values: Payload,
+        /// The learner's next pull rides on the push: its step …
+        next_seq: u64,
+        /// … and whether it is the learner's last.
+        last: bool,
     },
     /// Learner → center shard (EASGD family): x^i, DOWNPOUR's accumulated update, or
     /// MDOWNPOUR's gradient for the shard's range; answered with `Weights` (the center).
     Exchange {
         /// Who.
         learner: LearnerId,
-        /// The values.
-        #[rkyv(with = AsFloatVec)]
-        values: Floats,
+        /// The values, encoded with the job's codec for their kind.
+        values: Payload,
     },
 }
 
@@ -295,14 +301,14 @@ impl Msg {
 
     /// About the size of the archived body: the payload and room for the rest.
     fn body_size_hint(&self) -> usize {
-        let floats = match self {
-            Self::Weights { values, .. }
-            | Self::Push { values, .. }
-            | Self::Exchange { values, .. }
-            | Self::Snapshot { values, .. } => values.len(),
+        let bytes = match self {
+            Self::Weights { values, .. } | Self::Push { values, .. } | Self::Exchange { values, .. } => {
+                values.bytes()
+            }
+            Self::Snapshot { values, .. } => 4 * values.len(),
             _ => 0,
         };
-        floats * 4 + 256
+        bytes + 256
     }
 }
 
@@ -325,7 +331,14 @@ pub fn samples() -> Vec<Msg> {
         Msg::Ready,
         Msg::Start,
         Msg::Stop,
-        Msg::Progress { learner: LearnerId(1), samples: 256, steps: 8, loss_sum: 3.5 },
+        Msg::Progress {
+            learner: LearnerId(1),
+            samples: 256,
+            steps: 8,
+            loss_sum: 3.5,
+            payload_bytes: 1 << 20,
+            wire_bytes: 1 << 21,
+        },
         Msg::LearnerDone { error: Some("out of memory".into()) },
         Msg::Records {
             gradients: vec![
@@ -357,8 +370,40 @@ pub fn samples() -> Vec<Msg> {
             seq: 9,
             computed_on: Clock(5),
             values: (0..777).map(|i| i as f32).collect::<Vec<f32>>().into(),
+            next_seq: 10,
+            last: false,
         },
         Msg::Exchange { learner: LearnerId(3), values: vec![0.25; 333].into() },
+    ]
+}
+
+/// Payload messages with every codec: the compressed cases of the wire tests and the fuzzer's
+/// seeds.
+#[must_use]
+pub fn compressed_samples() -> Vec<Msg> {
+    let values: Floats = (0..700).map(|i| (i as f32 - 350.0) * 0.01).collect::<Vec<f32>>().into();
+    let enc = |codec| Encoding { codec, block: 64 }.encode(&values, None);
+    vec![
+        Msg::Push {
+            learner: LearnerId(1),
+            seq: 4,
+            computed_on: Clock(2),
+            values: enc(Codec::Int8),
+            next_seq: 5,
+            last: false,
+        },
+        Msg::Push {
+            learner: LearnerId(1),
+            seq: 5,
+            computed_on: Clock(3),
+            values: enc(Codec::Fp16),
+            next_seq: 6,
+            last: true,
+        },
+        Msg::Weights { shard: ShardId(0), seq: 2, clock: Clock(9), values: enc(Codec::Bf16) },
+        Msg::Weights { shard: ShardId(1), seq: 3, clock: Clock(9), values: enc(Codec::Int8) },
+        Msg::Exchange { learner: LearnerId(2), values: enc(Codec::Fp16) },
+        Msg::Exchange { learner: LearnerId(2), values: enc(Codec::Bf16) },
     ]
 }
 
@@ -375,10 +420,12 @@ pub enum Inbound {
         seq: u64,
         /// Their clock.
         clock: Clock,
-        /// The values.
+        /// The values, decoded.
         values: Floats,
+        /// The codec they travelled with.
+        codec: Codec,
     },
-    /// A gradient slice from a learner.
+    /// A gradient slice from a learner, and the pull that rides on it.
     Push {
         /// The learner.
         learner: LearnerId,
@@ -386,15 +433,23 @@ pub enum Inbound {
         seq: u64,
         /// The clock it was computed on.
         computed_on: Clock,
-        /// The values.
+        /// The values, decoded.
         values: Floats,
+        /// The codec they travelled with.
+        codec: Codec,
+        /// The step of the pull it carries.
+        next_seq: u64,
+        /// Whether that pull is the learner's last.
+        last: bool,
     },
     /// Values for an elastic exchange from a learner.
     Exchange {
         /// The learner.
         learner: LearnerId,
-        /// The values.
+        /// The values, decoded.
         values: Floats,
+        /// The codec they travelled with.
+        codec: Codec,
     },
     /// A shard's weights for the scheduler.
     Snapshot {
@@ -422,17 +477,22 @@ impl Inbound {
                 shard: ShardId(shard.0.to_native()),
                 seq: seq.to_native(),
                 clock: Clock(clock.0.to_native()),
-                values: Floats::in_frame(buf, values),
+                codec: values.codec(),
+                values: decode_payload(kind, buf, values)?,
             },
-            ArchivedMsg::Push { learner, seq, computed_on, values } => Self::Push {
+            ArchivedMsg::Push { learner, seq, computed_on, values, next_seq, last } => Self::Push {
                 learner: LearnerId(learner.0.to_native()),
                 seq: seq.to_native(),
                 computed_on: Clock(computed_on.0.to_native()),
-                values: Floats::in_frame(buf, values),
+                codec: values.codec(),
+                values: decode_payload(kind, buf, values)?,
+                next_seq: next_seq.to_native(),
+                last: *last,
             },
             ArchivedMsg::Exchange { learner, values } => Self::Exchange {
                 learner: LearnerId(learner.0.to_native()),
-                values: Floats::in_frame(buf, values),
+                codec: values.codec(),
+                values: decode_payload(kind, buf, values)?,
             },
             ArchivedMsg::Snapshot { request, clock, values } => Self::Snapshot {
                 request: request.to_native(),
@@ -466,6 +526,17 @@ impl Inbound {
     }
 }
 
+/// The `f32` values of a validated payload: a view into the frame for `f32`, decoded into a
+/// buffer of their own for a compressed payload (whose scales are checked first).
+fn decode_payload(kind: Kind, buf: &Arc<AlignedVec>, p: &ArchivedPayload) -> Result<Floats, TransportError> {
+    match p {
+        ArchivedPayload::F32(values) => Ok(Floats::in_frame(buf, values)),
+        compressed => rkyv::deserialize::<Payload, BoxedError>(compressed)
+            .map_err(|e| TransportError::BadFrame(format!("{kind:?} payload: {e}")))?
+            .decode(),
+    }
+}
+
 /// Decode one whole frame (header and body) from bytes, as a receiver would; for tests and
 /// the fuzzer.
 pub fn decode_frame(bytes: &[u8], max_body: u32) -> Result<Inbound, TransportError> {
@@ -496,7 +567,7 @@ mod tests {
 
     #[test]
     fn a_frame_body_is_the_message_archived_on_its_own() {
-        for msg in samples() {
+        for msg in samples().into_iter().chain(compressed_samples()) {
             let frame = msg.encode().unwrap();
             let alone = rkyv::to_bytes::<BoxedError>(&msg).unwrap();
             assert_eq!(&frame[HEADER_LEN..], &alone[..], "{:?}", msg.kind());
@@ -505,26 +576,30 @@ mod tests {
 
     #[test]
     fn every_message_round_trips() {
-        for msg in samples() {
+        for msg in samples().into_iter().chain(compressed_samples()) {
             let bytes = msg.encode().unwrap();
             let back = decode_frame(&bytes, MAX).unwrap();
             assert_eq!(back.kind(), msg.kind());
             match (&back, &msg) {
                 (Inbound::Control(m), _) => assert_eq!(m, &msg),
                 (
-                    Inbound::Weights { shard, seq, clock, values },
+                    Inbound::Weights { shard, seq, clock, values, codec },
                     Msg::Weights { shard: s, seq: q, clock: c, values: v },
                 ) => {
-                    assert_eq!((shard, seq, clock, &values[..]), (s, q, c, &v[..]));
+                    assert_eq!(*codec, v.codec());
+                    assert_eq!((shard, seq, clock, &values[..]), (s, q, c, &v.clone().decode().unwrap()[..]));
                 }
                 (
-                    Inbound::Push { learner, seq, computed_on, values },
-                    Msg::Push { learner: l, seq: q, computed_on: c, values: v },
+                    Inbound::Push { learner, seq, computed_on, values, codec, next_seq, last },
+                    Msg::Push { learner: l, seq: q, computed_on: c, values: v, next_seq: n, last: t },
                 ) => {
-                    assert_eq!((learner, seq, computed_on, &values[..]), (l, q, c, &v[..]));
+                    assert_eq!(*codec, v.codec());
+                    assert_eq!((learner, seq, computed_on, next_seq, last), (l, q, c, n, t));
+                    assert_eq!(&values[..], &v.clone().decode().unwrap()[..]);
                 }
-                (Inbound::Exchange { learner, values }, Msg::Exchange { learner: l, values: v }) => {
-                    assert_eq!((learner, &values[..]), (l, &v[..]));
+                (Inbound::Exchange { learner, values, codec }, Msg::Exchange { learner: l, values: v }) => {
+                    assert_eq!(*codec, v.codec());
+                    assert_eq!((learner, &values[..]), (l, &v.clone().decode().unwrap()[..]));
                 }
                 (
                     Inbound::Snapshot { request, clock, values },
@@ -544,6 +619,8 @@ mod tests {
             seq: 1,
             computed_on: Clock(0),
             values: vec![3.0; 4096].into(),
+            next_seq: 2,
+            last: false,
         }
         .encode()
         .unwrap();
@@ -564,11 +641,17 @@ mod tests {
 
     #[test]
     fn bad_frames_are_rejected_with_a_reason() {
-        let good =
-            Msg::Push { learner: LearnerId(1), seq: 1, computed_on: Clock(2), values: vec![1.0; 64].into() }
-                .encode()
-                .unwrap()
-                .to_vec();
+        let good = Msg::Push {
+            learner: LearnerId(1),
+            seq: 1,
+            computed_on: Clock(2),
+            values: vec![1.0; 64].into(),
+            next_seq: 2,
+            last: false,
+        }
+        .encode()
+        .unwrap()
+        .to_vec();
         assert!(rejected(&good[..10], MAX).contains("truncated header"));
         assert!(rejected(&good[..good.len() - 3], MAX).contains("truncated"));
         assert!(rejected(&good, 100).contains("exceeds"));

@@ -51,11 +51,13 @@ async fn messages_arrive_intact_and_control_stays_in_order() {
             seq: 1,
             computed_on: Clock(7),
             values: grad.clone().into(),
+            next_seq: 0,
+            last: false,
         })
         .await
         .unwrap();
     match next(&mut rx).await {
-        Inbound::Push { learner, seq, computed_on, values } => {
+        Inbound::Push { learner, seq, computed_on, values, .. } => {
             assert_eq!((learner.0, seq, computed_on.0), (0, 1, 7));
             assert_eq!(&values[..], &grad[..]);
         }
@@ -72,10 +74,17 @@ async fn messages_arrive_intact_and_control_stays_in_order() {
     // Every frame is counted once on each side, header and body.
     let pulls = 50 * Msg::Pull { learner: LearnerId(0), seq: 1, last: false }.encode().unwrap().len() as u64;
     let hello = Msg::Hello { learner: LearnerId(0) }.encode().unwrap().len() as u64;
-    let push = Msg::Push { learner: LearnerId(0), seq: 1, computed_on: Clock(7), values: grad.into() }
-        .encode()
-        .unwrap()
-        .len() as u64;
+    let push = Msg::Push {
+        learner: LearnerId(0),
+        seq: 1,
+        computed_on: Clock(7),
+        values: grad.into(),
+        next_seq: 0,
+        last: false,
+    }
+    .encode()
+    .unwrap()
+    .len() as u64;
     assert_eq!(learner.traffic().sent(), hello + push + pulls);
     assert_eq!(received.received(), learner.traffic().sent());
     assert_eq!(learner.traffic().received(), 0);
@@ -135,11 +144,17 @@ async fn bad_frames_close_their_stream_only() {
     let mut rx = accept.await.unwrap().incoming(16);
     assert!(matches!(next(&mut rx).await, Inbound::Control(Msg::Heartbeat)));
 
-    let good =
-        Msg::Push { learner: LearnerId(0), seq: 1, computed_on: Clock(1), values: vec![1.0; 8].into() }
-            .encode()
-            .unwrap()
-            .to_vec();
+    let good = Msg::Push {
+        learner: LearnerId(0),
+        seq: 1,
+        computed_on: Clock(1),
+        values: vec![1.0; 8].into(),
+        next_seq: 0,
+        last: false,
+    }
+    .encode()
+    .unwrap()
+    .to_vec();
     let header = |kind: Kind, body_len: u32| Header { kind, body_len }.encode().to_vec();
     let mut truncated = good.clone();
     truncated.truncate(good.len() - 5);
@@ -173,6 +188,8 @@ async fn bad_frames_close_their_stream_only() {
             seq: 1,
             computed_on: Clock(3),
             values: vec![2.0; 8].into(),
+            next_seq: 0,
+            last: false,
         })
         .await
         .unwrap();
@@ -213,6 +230,8 @@ fn endpoints_outlive_the_runtimes_that_use_them() {
                 seq: 1,
                 computed_on: Clock(2),
                 values: vec![0.5; 4096].into(),
+                next_seq: 0,
+                last: false,
             })
             .await
             .unwrap();

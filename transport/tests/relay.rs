@@ -226,6 +226,8 @@ async fn quic_works_through_a_lossy_relay() {
             seq: 1,
             computed_on: Clock(1),
             values: grad.clone().into(),
+            next_seq: 0,
+            last: false,
         })
         .await
         .unwrap();

@@ -23,7 +23,9 @@ pub enum LearnerEvent {
     },
     /// Every shard has answered: compute a gradient on the assembled weights.
     Compute,
-    /// Send this shard its slice of the gradient, computed on its weights `computed_on`.
+    /// Send this shard its slice of the gradient, computed on its weights `computed_on`, and
+    /// with it, in the same message, the pull of the next step: one message and one round
+    /// trip per step. The shard takes the push, then the pull.
     Push {
         /// The destination.
         shard: ShardId,
@@ -31,9 +33,20 @@ pub enum LearnerEvent {
         computed_on: Clock,
         /// The step, so that the shard applies each gradient once.
         seq: u64,
+        /// The pull that rides on the push.
+        pull: NextPull,
     },
     /// The learner has done all its steps and its last gradient has been applied.
     Finished,
+}
+
+/// The pull of the next step, carried by a push.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NextPull {
+    /// The step it is for.
+    pub seq: u64,
+    /// Whether it is the learner's last pull.
+    pub last: bool,
 }
 
 /// The learner loop's state.
@@ -119,12 +132,17 @@ impl LearnerCore {
             return Vec::new();
         }
         let (last, seq) = (self.steps_done >= self.steps_total, self.seq());
+        let pull = NextPull { seq, last };
         (self.received.iter().zip(&self.pushed).enumerate())
             .filter(|(_, (answer, _))| answer.is_none())
-            .flat_map(|(s, (_, pushed))| {
+            .map(|(s, (_, pushed))| {
                 let shard = ShardId(s as u32);
-                let push = pushed.map(|computed_on| LearnerEvent::Push { shard, computed_on, seq: seq - 1 });
-                push.into_iter().chain([LearnerEvent::Pull { shard, last, seq }])
+                match pushed {
+                    Some(computed_on) => {
+                        LearnerEvent::Push { shard, computed_on: *computed_on, seq: seq - 1, pull }
+                    }
+                    None => LearnerEvent::Pull { shard, last, seq },
+                }
             })
             .collect()
     }
@@ -161,7 +179,8 @@ impl LearnerCore {
         Ok(vec![LearnerEvent::Compute])
     }
 
-    /// The gradient is computed: push it to every shard, then pull again or finish.
+    /// The gradient is computed: push it to every shard, each push carrying the next pull (the
+    /// last one after the last step).
     pub fn on_computed(&mut self) -> Result<Vec<LearnerEvent>, CoreError> {
         if !self.computing {
             return Err(CoreError::Protocol(format!("{} finished a computation it never started", self.id)));
@@ -169,17 +188,18 @@ impl LearnerCore {
         self.computing = false;
         let seq = self.seq();
         self.steps_done += 1;
+        let pull = NextPull { seq: self.seq(), last: self.steps_done >= self.steps_total };
         self.pushed.clone_from(&self.received);
-        let mut events: Vec<LearnerEvent> = self
-            .received
-            .iter_mut()
-            .enumerate()
+        Ok((self.received.iter_mut().enumerate())
             .filter_map(|(s, c)| {
-                c.take().map(|computed_on| LearnerEvent::Push { shard: ShardId(s as u32), computed_on, seq })
+                c.take().map(|computed_on| LearnerEvent::Push {
+                    shard: ShardId(s as u32),
+                    computed_on,
+                    seq,
+                    pull,
+                })
             })
-            .collect();
-        events.extend(self.pull_all(self.steps_done >= self.steps_total));
-        Ok(events)
+            .collect())
     }
 }
 
@@ -191,32 +211,39 @@ mod tests {
     fn loop_pulls_computes_pushes_and_finishes() {
         let mut l = LearnerCore::new(LearnerId(3), 2, 2);
         let pull = |s, last, seq| LearnerEvent::Pull { shard: ShardId(s), last, seq };
+        let push = |s, c, seq, last| LearnerEvent::Push {
+            shard: ShardId(s),
+            computed_on: Clock(c),
+            seq,
+            pull: NextPull { seq: seq + 1, last },
+        };
         assert_eq!(l.on_start(), vec![pull(0, false, 1), pull(1, false, 1)]);
         assert_eq!(l.on_weights(ShardId(1), Clock(5), 1).unwrap(), vec![]);
         assert!(matches!(l.on_weights(ShardId(1), Clock(5), 1), Err(CoreError::Duplicate(_))), "twice");
         assert_eq!(l.on_retry(), vec![pull(0, false, 1)], "only the shard that has not answered");
         assert_eq!(l.on_weights(ShardId(0), Clock(4), 1).unwrap(), vec![LearnerEvent::Compute]);
         assert_eq!(l.on_retry(), vec![], "nothing to retry while computing");
-        let ev = l.on_computed().unwrap();
-        assert_eq!(ev[0], LearnerEvent::Push { shard: ShardId(0), computed_on: Clock(4), seq: 1 });
-        assert_eq!(ev[1], LearnerEvent::Push { shard: ShardId(1), computed_on: Clock(5), seq: 1 });
-        assert_eq!(&ev[2..], &[pull(0, false, 2), pull(1, false, 2)]);
+        assert_eq!(
+            l.on_computed().unwrap(),
+            vec![push(0, 4, 1, false), push(1, 5, 1, false)],
+            "each push carries the next step's pull: one message per shard"
+        );
         assert!(l.on_weights(ShardId(0), Clock(5), 1).is_err(), "a late answer to step 1");
-        let push = |s, c| LearnerEvent::Push { shard: ShardId(s), computed_on: Clock(c), seq: 1 };
         assert_eq!(
             l.on_retry(),
-            vec![push(0, 4), pull(0, false, 2), push(1, 5), pull(1, false, 2)],
-            "the last push again, then the pull"
+            vec![push(0, 4, 1, false), push(1, 5, 1, false)],
+            "the last push and pull again"
         );
         l.on_weights(ShardId(0), Clock(6), 2).unwrap();
+        assert_eq!(l.on_retry(), vec![push(1, 5, 1, false)], "only where no answer came");
         l.on_weights(ShardId(1), Clock(6), 2).unwrap();
-        let last = l.on_computed().unwrap();
-        assert_eq!(&last[2..], &[pull(0, true, 3), pull(1, true, 3)], "the last pushes, then a last pull");
-        assert_eq!(l.steps_done(), 2);
         assert_eq!(
-            l.on_retry()[..2],
-            [LearnerEvent::Push { shard: ShardId(0), computed_on: Clock(6), seq: 2 }, pull(0, true, 3)]
+            l.on_computed().unwrap(),
+            vec![push(0, 6, 2, true), push(1, 6, 2, true)],
+            "the last pushes carry the last pull"
         );
+        assert_eq!(l.steps_done(), 2);
+        assert_eq!(l.on_retry()[..1], [push(0, 6, 2, true)]);
         assert_eq!(l.on_weights(ShardId(0), Clock(7), 3).unwrap(), vec![]);
         assert_eq!(l.on_weights(ShardId(1), Clock(7), 3).unwrap(), vec![LearnerEvent::Finished]);
         assert!(l.on_computed().is_err());

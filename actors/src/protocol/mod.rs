@@ -34,7 +34,7 @@ pub use elastic::{
 };
 pub use elastic_worker::{ElasticWorker, LocalRule, WorkerEvent};
 pub use error::CoreError;
-pub use learner::{LearnerCore, LearnerEvent};
+pub use learner::{LearnerCore, LearnerEvent, NextPull};
 pub use modulation::LrModulation;
 pub use records::{GradientRecord, ShardEvent, ShardState, UpdateRecord, Weights};
 pub use rudra_transport::{DropReason, Outcome};

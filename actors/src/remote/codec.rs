@@ -4,13 +4,13 @@
 //! flow; a message a receiver does not take is [`Unexpected`], naming what it was.
 
 use rudra_transport::wire::{GradientReport, UpdateReport};
-use rudra_transport::{Clock, Inbound, Kind, LearnerId, Msg, ShardId};
+use rudra_transport::{Clock, Codec, Floats, Inbound, Kind, LearnerId, Msg, ShardId};
 
 use crate::messages::{
     Exchange, Heartbeat, LearnerDone, Membership, Progress, Pull, Push, Records, Served, StartLearner,
     StopLearner, StopShard,
 };
-use crate::protocol::{GradientRecord, UpdateRecord, Weights};
+use crate::protocol::{GradientRecord, NextPull, UpdateRecord, Weights};
 
 /// A message its receiver does not take from this peer: the connection misbehaves.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -84,8 +84,8 @@ impl ToWire for Heartbeat {
 
 impl ToWire for Progress {
     fn to_wire(self) -> Msg {
-        let Self { learner, samples, steps, loss_sum } = self;
-        Msg::Progress { learner, samples, steps, loss_sum }
+        let Self { learner, samples, steps, loss_sum, payload_bytes, wire_bytes } = self;
+        Msg::Progress { learner, samples, steps, loss_sum, payload_bytes, wire_bytes }
     }
 }
 
@@ -103,8 +103,8 @@ impl ToWire for Pull {
 
 impl ToWire for Push {
     fn to_wire(self) -> Msg {
-        let Self { learner, seq, computed_on, values } = self;
-        Msg::Push { learner, seq, computed_on, values }
+        let Self { learner, seq, computed_on, values, then } = self;
+        Msg::Push { learner, seq, computed_on, values, next_seq: then.seq, last: then.last }
     }
 }
 
@@ -116,8 +116,8 @@ impl ToWire for Exchange {
 
 impl ToWire for Served {
     fn to_wire(self) -> Msg {
-        let Weights { shard, clock, values } = self.weights;
-        Msg::Weights { shard, seq: self.seq, clock, values }
+        let Self { shard, clock, seq, values } = self;
+        Msg::Weights { shard, seq, clock, values }
     }
 }
 
@@ -178,9 +178,21 @@ pub enum FromLearner {
 /// Decode a message from learner `learner` to the scheduler; progress must be its own.
 pub fn from_learner(learner: LearnerId, m: Inbound) -> Result<FromLearner, Unexpected> {
     match m {
-        Inbound::Control(Msg::Progress { learner: l, samples, steps, loss_sum }) if l == learner => {
-            Ok(FromLearner::Progress(Progress { learner, samples, steps, loss_sum }))
-        }
+        Inbound::Control(Msg::Progress {
+            learner: l,
+            samples,
+            steps,
+            loss_sum,
+            payload_bytes,
+            wire_bytes,
+        }) if l == learner => Ok(FromLearner::Progress(Progress {
+            learner,
+            samples,
+            steps,
+            loss_sum,
+            payload_bytes,
+            wire_bytes,
+        })),
         Inbound::Control(Msg::Progress { learner: l, .. }) => {
             Err(Unexpected { what: format!("{learner} reported the progress of {l}") })
         }
@@ -225,40 +237,67 @@ pub enum LearnerData {
         /// After its last push.
         last: bool,
     },
-    /// A gradient.
-    Push(Push),
+    /// A gradient, and the pull it carries (whose answer goes to the learner's stand-in).
+    Push {
+        /// The learner's step.
+        seq: u64,
+        /// The clock of the weights it was computed on.
+        computed_on: Clock,
+        /// The gradient, decoded.
+        values: Floats,
+        /// The pull it carries.
+        next: NextPull,
+    },
     /// An elastic exchange's values (the center goes back to the learner's stand-in).
-    Exchange(rudra_transport::Floats),
+    Exchange(Floats),
 }
 
-/// Decode a message from learner `learner` (the one its connection said hello as) to a shard
-/// holding `range_len` values: anything but its own pulls, and its own pushes and exchanges of
-/// exactly that length, is refused before the shard sees it.
+/// What a shard takes from a learner's data connection: payloads of its range's length, in the
+/// job's codecs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DataPolicy {
+    /// Values in the shard's range.
+    pub range_len: usize,
+    /// The codec of pushes (the job's gradients codec).
+    pub push: Codec,
+    /// The codec of exchanges (the gradients codec for DOWNPOUR and MDOWNPOUR, whose
+    /// exchanges add up like gradients; the weights codec for EASGD's parameters).
+    pub exchange: Codec,
+}
+
+/// Decode a message from learner `learner` (the one its connection said hello as) to a shard:
+/// anything but its own pulls, and its own pushes and exchanges of exactly the shard's length in
+/// the job's codec (`policy`), is refused before the shard sees it.
 pub fn from_learner_data(
     learner: LearnerId,
-    range_len: usize,
+    policy: &DataPolicy,
     m: Inbound,
 ) -> Result<LearnerData, Unexpected> {
+    let kind = m.kind();
+    let refuse = |what: String| Err(Unexpected { what: format!("{kind:?} {what}") });
     match m {
         Inbound::Control(Msg::Pull { learner: l, seq, last }) if l == learner => {
             Ok(LearnerData::Pull { seq, last })
         }
-        Inbound::Push { learner: l, seq, computed_on, values }
-            if l == learner && values.len() == range_len =>
-        {
-            Ok(LearnerData::Push(Push { learner, seq, computed_on, values }))
-        }
-        Inbound::Exchange { learner: l, values } if l == learner && values.len() == range_len => {
-            Ok(LearnerData::Exchange(values))
+        Inbound::Push { learner: l, .. } | Inbound::Exchange { learner: l, .. } if l != learner => {
+            refuse(format!("that is not {learner}'s own"))
         }
         Inbound::Push { ref values, .. } | Inbound::Exchange { ref values, .. }
-            if values.len() != range_len =>
+            if values.len() != policy.range_len =>
         {
-            Err(Unexpected {
-                what: format!("{:?} of {} values to a shard of {range_len}", m.kind(), values.len()),
-            })
+            refuse(format!("of {} values to a shard of {}", values.len(), policy.range_len))
         }
-        other => Err(Unexpected { what: format!("{:?} that is not {learner}'s own", other.kind()) }),
+        Inbound::Push { codec, .. } if codec != policy.push => {
+            refuse(format!("in {codec}; this job sends gradients in {}", policy.push))
+        }
+        Inbound::Exchange { codec, .. } if codec != policy.exchange => {
+            refuse(format!("in {codec}; this job sends exchanges in {}", policy.exchange))
+        }
+        Inbound::Push { seq, computed_on, values, next_seq, last, .. } => {
+            Ok(LearnerData::Push { seq, computed_on, values, next: NextPull { seq: next_seq, last } })
+        }
+        Inbound::Exchange { values, .. } => Ok(LearnerData::Exchange(values)),
+        _ => refuse(format!("that is not {learner}'s own")),
     }
 }
 
@@ -282,11 +321,14 @@ pub fn to_learner(m: Inbound) -> Result<ToLearner, Unexpected> {
     }
 }
 
-/// Decode a shard's answer to a learner: weights.
-pub fn served(m: Inbound) -> Result<Served, Unexpected> {
+/// Decode a shard's answer to a learner: weights, in the job's weights codec (`codec`).
+pub fn served(m: Inbound, codec: Codec) -> Result<Served, Unexpected> {
     match m {
-        Inbound::Weights { shard, seq, clock, values } => {
-            Ok(Served { weights: Weights { shard, clock, values }, seq })
+        Inbound::Weights { codec: c, .. } if c != codec => {
+            Err(Unexpected { what: format!("weights in {c}; this job sends weights in {codec}") })
+        }
+        Inbound::Weights { shard, seq, clock, values, .. } => {
+            Ok(Served { shard, clock, seq, values: values.into() })
         }
         other => Err(Unexpected::kind(other.kind(), "a shard sends a learner")),
     }
@@ -296,8 +338,8 @@ pub fn served(m: Inbound) -> Result<Served, Unexpected> {
 mod tests {
     use super::*;
     use crate::protocol::{DropReason, Outcome};
-    use rudra_transport::Staleness;
     use rudra_transport::wire::decode_frame;
+    use rudra_transport::{Encoding, Staleness};
 
     /// `m` as its receiver sees it: encoded, framed and validated.
     fn over_the_wire(m: Msg) -> Inbound {
@@ -332,15 +374,55 @@ mod tests {
     #[test]
     fn a_learner_may_send_only_its_own_messages_of_the_shards_length() {
         let me = LearnerId(0);
-        let push =
-            |learner, n| Msg::Push { learner, seq: 1, computed_on: Clock(0), values: vec![1.0; n].into() };
-        assert!(matches!(from_learner_data(me, 4, over_the_wire(push(me, 4))), Ok(LearnerData::Push(_))));
-        assert!(from_learner_data(me, 4, over_the_wire(push(me, 3))).unwrap_err().what.contains("3 values"));
-        assert!(from_learner_data(me, 4, over_the_wire(push(LearnerId(1), 4))).is_err());
+        let push = |learner, n| Msg::Push {
+            learner,
+            seq: 1,
+            computed_on: Clock(0),
+            values: vec![1.0; n].into(),
+            next_seq: 2,
+            last: true,
+        };
+        let policy = DataPolicy { range_len: 4, push: Codec::F32, exchange: Codec::Bf16 };
+        let data = |m| from_learner_data(me, &policy, over_the_wire(m));
+        assert!(matches!(
+            data(push(me, 4)),
+            Ok(LearnerData::Push { seq: 1, next: NextPull { seq: 2, last: true }, .. })
+        ));
+        assert!(data(push(me, 3)).unwrap_err().what.contains("3 values"));
+        assert!(data(push(LearnerId(1), 4)).unwrap_err().what.contains("not learner-0's own"));
+        let bf16 =
+            |values: Vec<f32>| Encoding { codec: Codec::Bf16, block: 256 }.encode(&values.into(), None);
+        assert!(matches!(
+            data(Msg::Exchange { learner: me, values: bf16(vec![1.0; 4]) }),
+            Ok(LearnerData::Exchange(_))
+        ));
+        let f32_exchange = Msg::Exchange { learner: me, values: vec![1.0; 4].into() };
+        assert!(data(f32_exchange).unwrap_err().what.contains("in f32; this job sends exchanges in bf16"));
+        let bf16_push = Msg::Push {
+            learner: me,
+            seq: 1,
+            computed_on: Clock(0),
+            values: bf16(vec![1.0; 4]),
+            next_seq: 2,
+            last: false,
+        };
+        assert!(data(bf16_push).unwrap_err().what.contains("in bf16; this job sends gradients in f32"));
+        let weights = |values| Msg::Weights { shard: ShardId(0), seq: 1, clock: Clock(3), values };
+        assert!(served(over_the_wire(weights(vec![1.0; 4].into())), Codec::F32).is_ok());
+        assert!(
+            served(over_the_wire(weights(bf16(vec![1.0; 4]))), Codec::F32).unwrap_err().what.contains("bf16")
+        );
         let pull = Msg::Pull { learner: LearnerId(1), seq: 1, last: false };
-        assert!(from_learner_data(me, 4, over_the_wire(pull)).is_err());
-        assert!(from_learner_data(me, 4, over_the_wire(Msg::Heartbeat)).is_err());
-        let progress = Msg::Progress { learner: LearnerId(3), samples: 1, steps: 1, loss_sum: 0.0 };
+        assert!(data(pull).is_err());
+        assert!(data(Msg::Heartbeat).is_err());
+        let progress = Msg::Progress {
+            learner: LearnerId(3),
+            samples: 1,
+            steps: 1,
+            loss_sum: 0.0,
+            payload_bytes: 0,
+            wire_bytes: 0,
+        };
         assert!(from_learner(me, over_the_wire(progress)).is_err(), "someone else's progress");
         assert_eq!(to_learner(over_the_wire(Msg::Start)), Ok(ToLearner::Start));
         assert!(to_shard(over_the_wire(Msg::Start)).is_err());

@@ -106,18 +106,30 @@ pub struct Minibatches {
     stream: BatchStream,
     x: Vec<f32>,
     y: Vec<u8>,
+    /// `x` and `y` already hold the next minibatch.
+    prepared: bool,
 }
 
 impl Minibatches {
     /// The minibatches of `stream` over `data`.
     #[must_use]
     pub fn new(data: Arc<Dataset>, stream: BatchStream) -> Self {
-        Self { data, stream, x: Vec::new(), y: Vec::new() }
+        Self { data, stream, x: Vec::new(), y: Vec::new(), prepared: false }
+    }
+
+    /// Gather the next minibatch now (while a learner waits for its weights, say), so that
+    /// [`Self::next_batch`] hands it over at once. Preparing twice prepares one minibatch.
+    pub fn prepare(&mut self) {
+        if !self.prepared {
+            self.data.gather(self.stream.next_batch(), &mut self.x, &mut self.y);
+            self.prepared = true;
+        }
     }
 
     /// The next minibatch: features (row-major) and labels.
     pub fn next_batch(&mut self) -> (&[f32], &[u8]) {
-        self.data.gather(self.stream.next_batch(), &mut self.x, &mut self.y);
+        self.prepare();
+        self.prepared = false;
         (&self.x, &self.y)
     }
 }
@@ -127,6 +139,23 @@ mod tests {
     use std::collections::HashSet;
 
     use super::*;
+
+    #[test]
+    fn a_prepared_minibatch_is_the_next_one() {
+        let labels = (0..20).map(|i| i % 10).collect();
+        let data = Arc::new(Dataset::new(2, 10, (0..40).map(|i| i as f32).collect(), labels).unwrap());
+        let stream = || BatchStream::new(Partition::split(20, 1, 3).remove(0), 4, 3, 0);
+        let (mut plain, mut early) =
+            (Minibatches::new(Arc::clone(&data), stream()), Minibatches::new(data, stream()));
+        for step in 0..12 {
+            if step % 3 == 0 {
+                early.prepare();
+                early.prepare();
+            }
+            let (a, b) = (plain.next_batch().0.to_vec(), early.next_batch().0.to_vec());
+            assert_eq!(a, b, "step {step}");
+        }
+    }
 
     #[test]
     fn partitions_are_disjoint_equal_and_seeded() {

@@ -6,11 +6,14 @@
 //! - [`protocols`]: every protocol with its defaults: final test accuracy and throughput.
 //! - [`training`]: training throughput of in-process clusters against a bare SGD loop.
 //! - [`agreement`]: ⟨σ⟩ of the simulator against the local runtime on the same settings.
+//! - [`cluster`]: the peers' workload as processes over loopback QUIC, per payload codec,
+//!   against the same run in memory.
 //! - [`simulator`]: events per second of the simulator with 10,000 virtual learners.
 //! - [`transport`]: QUIC push and pull of 4 MiB payloads against TCP loopback and memcpy,
 //!   and validate-and-view of a received frame against copying it.
 
 pub mod agreement;
+pub mod cluster;
 pub mod compute;
 pub mod protocols;
 pub mod simulator;

@@ -157,7 +157,15 @@ async fn quic(
     peer.send(&pull).await?;
     rx.recv().await.ok_or_else(|| io("no weights"))?;
     let push_rate = mb_per_s(push.len() * frames, start.elapsed().as_secs_f64());
-    tracing::debug!(mtu = peer.path_mtu(), "path MTU after the pushes");
+    let stats = peer.stats();
+    tracing::debug!(
+        mtu = peer.path_mtu(),
+        lost = stats.path.lost_packets,
+        sent = stats.path.sent_packets,
+        congestion_events = stats.path.congestion_events,
+        cwnd = stats.path.cwnd,
+        "after the pushes"
+    );
     let start = Instant::now();
     for _ in 1..frames {
         peer.send(&pull).await?;
@@ -178,9 +186,15 @@ async fn quic(
 
 /// Nanoseconds to validate a `floats`-float push body and view its payload, and to copy it.
 fn view_and_copy(floats: usize) -> Result<(f64, f64), RuntimeError> {
-    let frame =
-        Msg::Push { learner: LearnerId(0), seq: 1, computed_on: Clock(0), values: vec![1.5; floats].into() }
-            .encode()?;
+    let frame = Msg::Push {
+        learner: LearnerId(0),
+        seq: 1,
+        computed_on: Clock(0),
+        values: vec![1.5; floats].into(),
+        next_seq: 0,
+        last: false,
+    }
+    .encode()?;
     let mut body = AlignedVec::new();
     body.extend_from_slice(&frame[HEADER_LEN..]);
     let body = Arc::new(body);
@@ -211,9 +225,15 @@ pub fn run(frames: usize, repeats: usize) -> Result<Vec<BenchRow>, RuntimeError>
     certs.init()?;
     certs.issue("shard-0")?;
     certs.issue("learner-0")?;
-    let push =
-        Msg::Push { learner: LearnerId(0), seq: 1, computed_on: Clock(0), values: vec![0.25; FLOATS].into() }
-            .encode()?;
+    let push = Msg::Push {
+        learner: LearnerId(0),
+        seq: 1,
+        computed_on: Clock(0),
+        values: vec![0.25; FLOATS].into(),
+        next_seq: 0,
+        last: false,
+    }
+    .encode()?;
     let weights =
         Msg::Weights { shard: ShardId(0), seq: 1, clock: Clock(0), values: vec![0.5; FLOATS].into() }
             .encode()?;

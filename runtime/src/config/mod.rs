@@ -14,13 +14,15 @@ use std::time::Duration;
 pub use data::{DataSource, DatasetKind};
 pub use raw::{
     RawCheckpoint, RawCluster, RawCompute, RawConfig, RawCrash, RawFaults, RawLinkRule, RawPartition,
-    RawProtocol, RawSlow, RawTraining,
+    RawProtocol, RawSlow, RawTraining, RawTransport,
 };
 use rudra_actors::checkpoint::Checkpoints;
 use rudra_actors::faults::{FaultPlan, Liveness};
 use rudra_actors::protocol::{LrModulation, LrSchedule, SyncRule};
 use rudra_actors::{ClusterSpec, ElasticMethod, ElasticSpec, InvalidSetting, Models, ProtocolSpec};
 use rudra_compute::{Device, DeviceKind, ModelSpec};
+use rudra_transport::payload::MAX_BLOCK;
+use rudra_transport::{Codec, Codecs, Encoding};
 
 use crate::RuntimeError;
 use crate::simulate::Simulation;
@@ -233,6 +235,25 @@ fn check_every_protocol_key(raw: &RawConfig) -> Result<(), RuntimeError> {
     Ok(())
 }
 
+/// `[transport]`: the codecs of gradients and weights.
+fn codecs(t: &RawTransport) -> Result<Codecs, RuntimeError> {
+    let block = t.codec_block;
+    if !(1..=MAX_BLOCK).contains(&block) {
+        return Err(invalid(
+            "transport.codec_block",
+            format!("is {block}; it must be between 1 and {MAX_BLOCK}"),
+        ));
+    }
+    let encoding = |key, name: &str| {
+        let codec = one_of(key, name, &Codec::ALL, Codec::as_str)?;
+        Ok::<_, RuntimeError>(Encoding { codec, block })
+    };
+    Ok(Codecs {
+        gradients: encoding("transport.gradient_codec", &t.gradient_codec)?,
+        weights: encoding("transport.weight_codec", &t.weight_codec)?,
+    })
+}
+
 /// The one of `all` named `name`, or an error for `key` listing the names.
 fn one_of<T: Copy>(
     key: &'static str,
@@ -330,6 +351,7 @@ impl TryFrom<RawConfig> for Config {
             },
             seed: t.seed,
             evals_per_epoch: t.evals_per_epoch,
+            codecs: codecs(&raw.transport)?,
         };
         if t.batch_size > MAX_BATCH {
             return Err(invalid("training.batch_size", format!("is {}; at most {MAX_BATCH}", t.batch_size)));

@@ -30,6 +30,27 @@ pub struct RawConfig {
     /// `[checkpoint]`: the shards' checkpoints.
     #[serde(default)]
     pub checkpoint: RawCheckpoint,
+    /// `[transport]`: how payloads travel.
+    #[serde(default)]
+    pub transport: RawTransport,
+}
+
+/// `[transport]`
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawTransport {
+    /// `f32 | bf16 | fp16 | int8`: gradients and what adds up like them.
+    pub gradient_codec: String,
+    /// `f32 | bf16 | fp16 | int8`: weights and centers.
+    pub weight_codec: String,
+    /// Values per scale of `fp16` and `int8`.
+    pub codec_block: u32,
+}
+
+impl Default for RawTransport {
+    fn default() -> Self {
+        Self { gradient_codec: "f32".into(), weight_codec: "f32".into(), codec_block: 256 }
+    }
 }
 
 /// `[checkpoint]`

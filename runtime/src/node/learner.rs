@@ -16,7 +16,7 @@ use rudra_actors::roles::{LearnerPeers, LearnerRun, start_learner};
 use rudra_actors::{InvalidSetting, Models, TrainingData};
 use rudra_compute::Device;
 use rudra_transport::quic::{Peer, QuicEndpoint};
-use rudra_transport::{LearnerId, Msg, Role, ShardId};
+use rudra_transport::{Codec, LearnerId, Msg, Role, ShardId};
 use tokio::sync::mpsc;
 
 use super::join::join;
@@ -68,7 +68,8 @@ pub fn run_learner(
             peer.send(&Msg::Hello { learner: LearnerId(welcome.id) }).await?;
             let remote = RemotePeer::new(peer.clone(), ShardId(s as u32)).start();
             links.push(ShardLink::of(range, &remote));
-            connections.push(ShardConnection { peer, addr, name: name.clone(), remote });
+            let weights = spec.codecs.weights.codec;
+            connections.push(ShardConnection { peer, addr, name: name.clone(), remote, weights });
         }
         let to_sched = RemotePeer::new(sched.clone(), ShardId(0)).start();
         let me = LearnerId(welcome.id);
@@ -79,6 +80,7 @@ pub fn run_learner(
             faults: config.faults.clone(),
             born: Instant::now(),
             incarnation,
+            traffic: Some(ep.traffic()),
         };
         let arbiter = Arbiter::new();
         let peers = LearnerPeers { shards: links, scheduler: SchedulerLink::of(&to_sched) };
@@ -145,6 +147,8 @@ struct ShardConnection {
     /// The shard's stand-in: the learner's pulls and pushes leave through it, and the shard's
     /// answers are handed to it to pass on.
     remote: Addr<RemotePeer>,
+    /// The job's weights codec: answers in another are refused.
+    weights: Codec,
 }
 
 /// Hand the shard's answers to its stand-in; when the connection is lost (the shard restarted,
@@ -161,7 +165,7 @@ async fn keep_shard(
     loop {
         let mut inbox = c.peer.incoming(8);
         while let Some(m) = inbox.recv().await {
-            match codec::served(m) {
+            match codec::served(m, c.weights) {
                 Ok(served) => c.remote.do_send(Arrived(served)),
                 Err(e) => tracing::warn!("from {}: {e}", c.name),
             }

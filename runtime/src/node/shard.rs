@@ -10,9 +10,9 @@ use actix::prelude::*;
 use rudra_actors::Models;
 use rudra_actors::checkpoint::Checkpoints;
 use rudra_actors::faults::{Crash, Node};
-use rudra_actors::messages::{Exchange, Pull, Snapshot, StopShard};
+use rudra_actors::messages::{Exchange, Pull, Push, Snapshot, StopShard};
 use rudra_actors::metrics::Metrics;
-use rudra_actors::remote::codec::{self, LearnerData, ToShard};
+use rudra_actors::remote::codec::{self, DataPolicy, LearnerData, ToShard};
 use rudra_actors::remote::{AnswerSnapshot, RemotePeer};
 use rudra_actors::roles::{ShardStart, crash_and_restart, start_shard};
 use rudra_actors::shard::ShardActor;
@@ -56,7 +56,11 @@ pub fn run_shard(opts: &NodeOptions, models: Option<Models>) -> Result<(), Runti
         }
         let policy = LearnerPolicy {
             names: Arc::new(welcome.learners.clone()),
-            range_len: config.cluster.shard_ranges(models.param_count())[id.index()].len(),
+            data: DataPolicy {
+                range_len: config.cluster.shard_ranges(models.param_count())[id.index()].len(),
+                push: config.cluster.codecs.gradients.codec,
+                exchange: config.cluster.exchange_encoding().codec,
+            },
             metrics,
         };
         actix::spawn(accept_learners(ep.clone(), shard.clone(), policy));
@@ -132,8 +136,8 @@ fn shard_checkpoints(opts: &NodeOptions, config: &Config, job: &str) -> Option<C
 struct LearnerPolicy {
     /// `names[l]`: the certificate learner `l` must connect with.
     names: Arc<Vec<String>>,
-    /// Values in this shard's range: the length of every push.
-    range_len: usize,
+    /// What a learner may send: payloads of this shard's length, in the job's codecs.
+    data: DataPolicy,
     /// Where connected learners are counted.
     metrics: Option<Arc<Metrics>>,
 }
@@ -171,16 +175,20 @@ async fn serve_learner(peer: Peer, shard: Addr<ShardActor>, policy: LearnerPolic
     };
     let _alive = policy.metrics.as_ref().map(Metrics::learner_connected);
     let reply = RemotePeer::new(peer.clone(), ShardId(0)).start().recipient();
-    // A push travels on its own stream and a pull on the control stream, so a pull may overtake
-    // the push before it: the shard orders them by their sequence numbers.
+    // A push travels on its own stream with the pull it carries, and a lone pull (a learner's
+    // first, or a retry) on the control stream, so a pull may overtake the push before it: the
+    // shard orders them by their sequence numbers.
     while let Some(m) = rx.recv().await {
-        match codec::from_learner_data(learner, policy.range_len, m) {
+        match codec::from_learner_data(learner, &policy.data, m) {
             Ok(LearnerData::Pull { seq, last }) => {
                 shard.do_send(Pull { learner, seq, last, reply_to: reply.clone() });
             }
-            Ok(LearnerData::Push(push)) => shard.do_send(push),
+            Ok(LearnerData::Push { seq, computed_on, values, next }) => {
+                let then = Pull { learner, seq: next.seq, last: next.last, reply_to: reply.clone() };
+                shard.do_send(Push { learner, seq, computed_on, values: values.into(), then });
+            }
             Ok(LearnerData::Exchange(values)) => {
-                shard.do_send(Exchange { learner, values, reply_to: reply.clone() });
+                shard.do_send(Exchange { learner, values: values.into(), reply_to: reply.clone() });
             }
             Err(why) => {
                 tracing::warn!(peer = peer.name(), "rejected {why}; closing the connection");
@@ -202,7 +210,7 @@ mod tests {
     use rudra_actors::roles::start_tracker;
     use rudra_transport::quic::QuicSettings;
     use rudra_transport::tls::CertDir;
-    use rudra_transport::{Clock, LearnerId};
+    use rudra_transport::{Clock, Codec, Encoding, LearnerId};
 
     use super::*;
 
@@ -252,11 +260,17 @@ mod tests {
             let learners: BTreeSet<_> = [LearnerId(0), LearnerId(1)].into();
             let core = SgdShard::new(cfg, vec![1.0; 4], learners);
             let tracker = start_tracker(None);
-            let shard =
-                ShardActor::new(ShardCore::Sgd(core), tracker.clone().recipient(), None, None).start();
+            let shard = ShardActor::new(
+                ShardCore::Sgd(core),
+                tracker.clone().recipient(),
+                None,
+                None,
+                Encoding::default(),
+            )
+            .start();
             let policy = LearnerPolicy {
                 names: Arc::new(vec!["learner-0".into(), "learner-1".into()]),
-                range_len: 4,
+                data: DataPolicy { range_len: 4, push: Codec::F32, exchange: Codec::F32 },
                 metrics: None,
             };
             actix::spawn(accept_learners(ep.clone(), shard.clone(), policy));
@@ -273,6 +287,8 @@ mod tests {
                 seq: 1,
                 computed_on: Clock(0),
                 values: vec![1.0; n].into(),
+                next_seq: 2,
+                last: false,
             };
             let cases: Vec<(&str, &str, u32, Vec<Msg>)> = vec![
                 ("hello as another learner", "learner-1", 0, vec![]),
@@ -299,10 +315,9 @@ mod tests {
                 assert_eq!((now.clock, &now.values), (before.clock, &before.values), "{what}");
             }
 
-            // The well-behaved learner's connection was never disturbed: its push is applied.
+            // The well-behaved learner's connection was never disturbed: its push is applied, and
+            // the pull it carries answered.
             good.send(&push(0, 4)).await.expect("sent");
-            // The next step's pull may overtake the push: the shard answers it once the push is in.
-            good.send(&Msg::Pull { learner: LearnerId(0), seq: 2, last: false }).await.expect("sent");
             let served = tokio::time::timeout(WITHIN, weights.recv()).await.expect("weights in time");
             let Some(Inbound::Weights { clock, values, .. }) = served else { panic!("expected weights") };
             // 2-softsync with λ = 2 applies every gradient: θ − 0.5 · 1.
@@ -312,12 +327,15 @@ mod tests {
             // weights and the clock do not move, and the learner's next push applies.
             for (seq, bad) in [(2, f32::NAN), (3, f32::INFINITY)] {
                 let values = vec![1.0, bad, 1.0, 1.0].into();
-                good.send(&Msg::Push { learner: LearnerId(0), seq, computed_on: Clock(1), values })
-                    .await
-                    .expect("sent");
-                good.send(&Msg::Pull { learner: LearnerId(0), seq: seq + 1, last: false })
-                    .await
-                    .expect("sent");
+                let m = Msg::Push {
+                    learner: LearnerId(0),
+                    seq,
+                    computed_on: Clock(1),
+                    values,
+                    next_seq: seq + 1,
+                    last: false,
+                };
+                good.send(&m).await.expect("sent");
                 let served = tokio::time::timeout(WITHIN, weights.recv()).await.expect("weights in time");
                 let Some(Inbound::Weights { clock, values, .. }) = served else { panic!("expected weights") };
                 assert_eq!((clock, &values[..]), (Clock(1), &[0.5; 4][..]), "{bad} changed nothing");
@@ -327,10 +345,11 @@ mod tests {
                 seq: 4,
                 computed_on: Clock(1),
                 values: vec![1.0; 4].into(),
+                next_seq: 5,
+                last: false,
             })
             .await
             .expect("sent");
-            good.send(&Msg::Pull { learner: LearnerId(0), seq: 5, last: false }).await.expect("sent");
             let served = tokio::time::timeout(WITHIN, weights.recv()).await.expect("weights in time");
             let Some(Inbound::Weights { clock, values, .. }) = served else { panic!("expected weights") };
             assert_eq!((clock, &values[..]), (Clock(2), &[0.0; 4][..]), "a finite push applies again");

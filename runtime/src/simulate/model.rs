@@ -125,6 +125,8 @@ impl Network {
                     seq: 1,
                     computed_on: Clock(0),
                     values: vec![0.0; len].into(),
+                    next_seq: 0,
+                    last: false,
                 }
                 .encode()?
                 .len();

@@ -189,6 +189,7 @@ impl SimSummary {
             final_test_accuracy: report.test.map_or(f64::NAN, |t| t.1),
             final_train_loss: final_loss,
             diverged: report.diverged(),
+            bytes: rudra_actors::BytesMoved::default(),
         };
         let mut run = Summary::new(config, &run);
         run.protocol.clone_from(&report.protocol);

@@ -5,7 +5,7 @@ use rudra_transport::Floats;
 use std::ops::Range;
 use std::sync::Arc;
 
-use rudra_actors::protocol::{LearnerCore, LearnerEvent, SgdShard, ShardEvent, Weights};
+use rudra_actors::protocol::{LearnerCore, LearnerEvent, NextPull, SgdShard, ShardEvent, Weights};
 use rudra_transport::{Clock, LearnerId, ShardId};
 
 use super::driver::{Engine, Message, ShardReport, World};
@@ -39,6 +39,8 @@ pub enum SgdMsg {
         seq: u64,
         /// The whole gradient, shared by the pushes to every shard.
         grad: Arc<Vec<f32>>,
+        /// The pull it carries.
+        pull: NextPull,
     },
     /// Shard → learner: weights.
     Weights {
@@ -113,9 +115,9 @@ impl SgdWorld {
                 LearnerEvent::Pull { shard, last, seq } => {
                     eng.send(SgdMsg::Pull { learner, shard, last, seq })
                 }
-                LearnerEvent::Push { shard, computed_on, seq } => {
+                LearnerEvent::Push { shard, computed_on, seq, pull } => {
                     let grad = me.grad.clone().ok_or_else(|| internal("a push without a gradient"))?;
-                    eng.send(SgdMsg::Push { learner, shard, computed_on, seq, grad });
+                    eng.send(SgdMsg::Push { learner, shard, computed_on, seq, grad, pull });
                 }
                 LearnerEvent::Compute => {
                     let weights: Vec<Floats> = me.weights.iter_mut().filter_map(Option::take).collect();
@@ -166,10 +168,16 @@ impl World for SgdWorld {
                     (if last { core.on_last_pull(learner, seq) } else { core.on_pull(learner, seq) })?;
                 Self::carry_out_shard(eng, events);
             }
-            SgdMsg::Push { learner, shard, computed_on, seq, grad } => {
+            SgdMsg::Push { learner, shard, computed_on, seq, grad, pull } => {
                 let range = self.ranges[shard.index()].clone();
-                let events = self.shards[shard.index()].on_push(learner, seq, computed_on, &grad[range])?;
+                let core = &mut self.shards[shard.index()];
+                let mut events = core.on_push(learner, seq, computed_on, &grad[range])?;
                 drop(grad);
+                events.extend(if pull.last {
+                    core.on_last_pull(learner, pull.seq)
+                } else {
+                    core.on_pull(learner, pull.seq)
+                }?);
                 Self::carry_out_shard(eng, events);
             }
             SgdMsg::Weights { learner, weights, seq } => {

@@ -1,0 +1,181 @@
+//! The distributed path against the in-memory run, on the peers' workload: MNIST, the MLP
+//! 784-256-10, μ = 32, plain SGD at 0.1 (no modulation), async with λ = 2 and one shard, two
+//! epochs. The same settings run in one process (in memory) and as four `rudra-node` processes
+//! (scheduler, shard, two learners) over loopback QUIC with mutual TLS, once per payload codec;
+//! each reports samples/s, its ratio to the in-memory run, and the time to 96% test accuracy.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rudra_actors::TrainingData;
+use rudra_transport::tls::CertDir;
+
+use super::{BenchRow, median};
+use crate::local::{ProgressMode, run_local};
+use crate::summary::RecordedRun;
+use crate::{Config, RuntimeError};
+
+/// The workload's settings, over whatever configuration the bench was given.
+const WORKLOAD: [&str; 12] = [
+    "protocol.kind=async",
+    "protocol.lr_modulation=none",
+    "cluster.learners=2",
+    "cluster.shards=1",
+    "training.model=mlp",
+    "training.hidden=[256]",
+    "training.batch_size=32",
+    "training.learning_rate=0.1",
+    "training.lr_decay=1.0",
+    "training.epochs=2",
+    "training.evals_per_epoch=8",
+    "training.target_accuracy=0.96",
+];
+
+/// The codecs compared across processes: (gradients, weights).
+const CODECS: [(&str, &str); 3] = [("f32", "f32"), ("bf16", "bf16"), ("int8", "bf16")];
+
+/// A run's throughput and its time to the target accuracy (NaN if never reached).
+type Measured = (f64, f64);
+
+fn bench_error(what: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::Config(format!("cluster benchmark: {what}"))
+}
+
+/// The workload's settings, then the caller's `base` (`--set` flags), then `codec`'s.
+fn workload(base: &[String], codec: (&str, &str)) -> Vec<String> {
+    let mut sets: Vec<String> = WORKLOAD.iter().map(|s| (*s).to_owned()).collect();
+    sets.extend(base.iter().cloned());
+    sets.push(format!("transport.gradient_codec={}", codec.0));
+    sets.push(format!("transport.weight_codec={}", codec.1));
+    sets
+}
+
+fn measured(run: &RecordedRun) -> Measured {
+    (run.summary.samples_per_second, run.summary.time_to_target.unwrap_or(f64::NAN))
+}
+
+/// The workload in one process, in memory.
+fn in_memory(config: &Config, data: &TrainingData, dir: &Path) -> Result<Measured, RuntimeError> {
+    let report = run_local(config, data.clone(), None, ProgressMode::Quiet, None)?;
+    Ok(measured(&RecordedRun::of(dir, config, &report)))
+}
+
+/// Kills the processes of a run that fails, so none outlives the benchmark.
+struct Processes(Vec<(&'static str, Child)>);
+
+impl Drop for Processes {
+    fn drop(&mut self) {
+        for (_, c) in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The workload as four processes over loopback QUIC: the scheduler's run directory is
+/// `dir/run`.
+fn processes(
+    file: Option<&Path>,
+    sets: &[String],
+    certs: &Path,
+    dir: &Path,
+) -> Result<Measured, RuntimeError> {
+    let exe = std::env::current_exe().map_err(bench_error)?;
+    let port =
+        std::net::UdpSocket::bind("127.0.0.1:0").and_then(|s| s.local_addr()).map_err(bench_error)?.port();
+    let addr = format!("127.0.0.1:{port}");
+    let certs = certs.to_str().ok_or_else(|| bench_error("the certificate path is not UTF-8"))?;
+    let node = |args: &[&str]| {
+        let mut c = Command::new(&exe);
+        c.args(args).current_dir(dir).env("RUST_LOG", "warn").stdin(Stdio::null()).stdout(Stdio::null());
+        c
+    };
+    let mut children = Processes(Vec::new());
+    for name in ["shard-0", "learner-0", "learner-1"] {
+        let role = if name.starts_with("shard") { "shard" } else { "learner" };
+        let child = node(&["--role", role, "--name", name, "--scheduler", &addr, "--certs", certs])
+            .spawn()
+            .map_err(bench_error)?;
+        children.0.push((name, child));
+    }
+    let run = dir.join("run");
+    let mut scheduler = node(&["--role", "scheduler", "--listen", &addr, "--certs", certs]);
+    scheduler.arg("--out").arg(&run);
+    if let Some(f) = file {
+        scheduler.arg("--config").arg(f);
+    }
+    for s in sets {
+        scheduler.args(["--set", s]);
+    }
+    children.0.push(("scheduler", scheduler.spawn().map_err(bench_error)?));
+    let limit = Duration::from_secs(600);
+    let start = Instant::now();
+    for (name, child) in &mut children.0 {
+        loop {
+            if let Some(status) = child.try_wait().map_err(bench_error)? {
+                if !status.success() {
+                    return Err(bench_error(format!("{name} exited with {status}")));
+                }
+                break;
+            }
+            if start.elapsed() > limit {
+                return Err(bench_error(format!("the processes did not finish within {limit:?}")));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    Ok(measured(&RecordedRun::read(&run)?))
+}
+
+/// Measure the in-memory run and the process runs `repeats` times, interleaved.
+pub fn run(file: Option<&Path>, base: &[String], repeats: usize) -> Result<Vec<BenchRow>, RuntimeError> {
+    let memory_config = Config::load(file, &workload(base, ("f32", "f32")))?;
+    let data = memory_config.data.load()?;
+    let tmp = tempfile::tempdir().map_err(bench_error)?;
+    let cert_dir = tmp.path().join("certs");
+    let certs = CertDir::new(&cert_dir);
+    certs.init()?;
+    for name in ["scheduler", "shard-0", "learner-0", "learner-1"] {
+        certs.issue(name)?;
+    }
+    let settings: Vec<(String, Option<(&str, &str)>)> = std::iter::once(("in memory, f32".to_owned(), None))
+        .chain(
+            CODECS
+                .iter()
+                .map(|&(g, w)| (format!("4 processes over QUIC, gradients {g}, weights {w}"), Some((g, w)))),
+        )
+        .collect();
+    let mut results: Vec<(Vec<f64>, Vec<f64>)> = vec![(Vec::new(), Vec::new()); settings.len()];
+    for round in 0..repeats.max(1) {
+        for (i, (name, codec)) in settings.iter().enumerate() {
+            let dir: PathBuf = tmp.path().join(format!("r{round}-{i}"));
+            std::fs::create_dir_all(&dir).map_err(bench_error)?;
+            let (sps, to_target) = match codec {
+                None => in_memory(&memory_config, &data, &dir)?,
+                Some(c) => processes(file, &workload(base, *c), &cert_dir, &dir)?,
+            };
+            tracing::info!(round, "{name}: {sps:.0} samples/s, {to_target:.2} s to 96%");
+            results[i].0.push(sps);
+            results[i].1.push(to_target);
+        }
+    }
+    let memory = median(results[0].0.clone());
+    let mut rows = Vec::new();
+    for ((name, _), (sps, to_target)) in settings.into_iter().zip(results) {
+        let sps = median(sps);
+        rows.push(BenchRow {
+            name: format!("{name}: samples/s"),
+            value: sps,
+            unit: "samples/s",
+            ratio: Some((sps / memory, "in memory".into())),
+        });
+        rows.push(BenchRow {
+            name: format!("{name}: time to 96%"),
+            value: median(to_target),
+            unit: "s",
+            ratio: None,
+        });
+    }
+    Ok(rows)
+}
