@@ -342,9 +342,17 @@ fn max_abs(values: impl Iterator<Item = f32>) -> f32 {
 /// Append the `int8` codes of `values` (one block) to `out`: round(v / s) to nearest even; the
 /// block's scale s.
 fn quantize(values: impl Iterator<Item = f32> + Clone, out: &mut Vec<i8>) -> f32 {
+    // Adding 1.5 · 2^23 to a number below 2^22 in magnitude rounds it to an integer, to nearest
+    // even, and leaves that integer in the low bits of the sum: additions and bit operations,
+    // which vectorise where rounding and saturating conversions do not.
+    const ROUND: f32 = 12_582_912.0;
     let s = max_abs(values.clone()) / 127.0;
     let inv = if s > 0.0 { 1.0 / s } else { 0.0 };
-    out.extend(values.map(|v| (v * inv).round_ties_even().clamp(-127.0, 127.0) as i8));
+    let start = out.len();
+    out.resize(start + values.clone().count(), 0);
+    for (q, v) in out[start..].iter_mut().zip(values) {
+        *q = ((v * inv).clamp(-127.0, 127.0) + ROUND).to_bits() as u8 as i8;
+    }
     s
 }
 
@@ -408,6 +416,15 @@ mod tests {
                 assert_eq!(from_bf16(reference.to_bits()).to_bits(), reference.to_f32().to_bits());
             }
         }
+    }
+
+    #[test]
+    fn int8_rounds_to_nearest_even() {
+        let v: Floats = vec![127.0, 0.5, 1.5, 2.5, -0.5, -1.5, 2.49, -126.51].into();
+        let Payload::Int8 { values, .. } = Encoding { codec: Codec::Int8, block: 8 }.encode(&v, None) else {
+            panic!()
+        };
+        assert_eq!(values, vec![127, 0, 2, 2, 0, -2, 2, -127]);
     }
 
     #[test]

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rudra_actors::TrainingData;
 use rudra_actors::protocol::{LrModulation, SyncRule};
+use rudra_actors::{ElasticMethod, ElasticSpec, TrainingData};
 use rudra_compute::{BatchStream, CpuBackend, Dataset, Device, Minibatches, Model, ModelSpec, Partition};
 
 use super::{BenchRow, median};
@@ -66,21 +66,42 @@ fn bare_sgd(config: &Config, data: &TrainingData, steps: usize) -> Result<f64, R
     )
 }
 
-/// A cluster shape: λ, shards, protocol.
-type Shape = (u32, u32, SyncRule);
+/// A cluster shape: λ, shards, and the protocol: an SGD rule, or a method of the EASGD family
+/// with its τ.
+type Shape = (u32, u32, Protocol);
+
+/// The protocol of a measured cluster.
+#[derive(Clone, Copy, Debug)]
+enum Protocol {
+    Sgd(SyncRule),
+    Elastic(ElasticMethod, u64),
+}
 
 /// The cluster of `config` with `learners`, `shards` and `rule`, each learner doing `steps`
 /// steps (one epoch over a training subset sized for that).
 fn cluster(
     config: &Config,
     data: &TrainingData,
-    (learners, shards, rule): Shape,
+    (learners, shards, protocol): Shape,
     steps: usize,
 ) -> Result<f64, RuntimeError> {
     let mut c = config.clone();
     c.cluster.learners = learners;
     c.cluster.shards = shards;
-    c.cluster.protocol.rule = rule;
+    match protocol {
+        Protocol::Sgd(rule) => c.cluster.protocol.rule = rule,
+        Protocol::Elastic(method, tau) => {
+            let beta = 0.9;
+            c.cluster.protocol.elastic = Some(ElasticSpec {
+                method,
+                tau,
+                alpha: beta / learners as f32,
+                beta,
+                momentum: 0.0,
+                lr_decay_gamma: 0.0,
+            });
+        }
+    }
     c.cluster.epochs = 1;
     let examples = steps * c.cluster.batch_size * learners as usize;
     let data =
@@ -102,11 +123,19 @@ pub fn run(
     let lambda = c.learners;
     let settings: Vec<(String, Option<Shape>)> = vec![
         ("bare SGD loop (1 thread)".into(), None),
-        ("local λ=1, 1 shard".into(), Some((1, 1, SyncRule::Softsync { n: 1 }))),
-        ("local λ=2, 1 shard, async".into(), Some((2, 1, SyncRule::Softsync { n: 2 }))),
+        ("local λ=1, 1 shard".into(), Some((1, 1, Protocol::Sgd(SyncRule::Softsync { n: 1 })))),
+        (
+            "local λ=1, 1 shard, EASGD τ=10".into(),
+            Some((1, 1, Protocol::Elastic(ElasticMethod::Easgd { sync: false }, 10))),
+        ),
+        (
+            "local λ=1, 1 shard, DOWNPOUR τ=1".into(),
+            Some((1, 1, Protocol::Elastic(ElasticMethod::Downpour, 1))),
+        ),
+        ("local λ=2, 1 shard, async".into(), Some((2, 1, Protocol::Sgd(SyncRule::Softsync { n: 2 })))),
         (
             format!("local λ={lambda}, {} shards, {:?}", c.shards, c.protocol.rule),
-            Some((lambda, c.shards, c.protocol.rule)),
+            Some((lambda, c.shards, Protocol::Sgd(c.protocol.rule))),
         ),
     ];
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); settings.len()];
@@ -122,14 +151,16 @@ pub fn run(
         }
     }
     let medians: Vec<f64> = samples.into_iter().map(median).collect();
+    // The EASGD family is measured against async SGD with the same learner and shard.
     Ok(settings
         .into_iter()
         .zip(&medians)
-        .map(|((name, _), &m)| BenchRow {
-            name,
-            value: m,
-            unit: "samples/s",
-            ratio: Some((m / medians[0], "bare SGD loop".into())),
+        .map(|((name, shape), &m)| {
+            let ratio = match shape {
+                Some((_, _, Protocol::Elastic(..))) => (m / medians[1], "local λ=1 (async SGD)".into()),
+                _ => (m / medians[0], "bare SGD loop".into()),
+            };
+            BenchRow { name, value: m, unit: "samples/s", ratio: Some(ratio) }
         })
         .collect())
 }
