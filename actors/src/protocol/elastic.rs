@@ -556,7 +556,10 @@ mod tests {
         let mut d = CenterShard::new(ShardId(0), CenterRule::Downpour, vec![1.0], both());
         let events = d.on_exchange(L1, &[-0.25]).unwrap();
         let update = UpdateRecord { shard: ShardId(0), clock: Clock(1), gradients: 1 };
-        assert!(events.iter().any(|e| matches!(e, ShardEvent::Update(u) if *u == update)), "every exchange is an update");
+        assert!(
+            events.iter().any(|e| matches!(e, ShardEvent::Update(u) if *u == update)),
+            "every exchange is an update"
+        );
         assert_eq!(replies(events), vec![(L1, vec![0.75])], "DOWNPOUR answers with the new center");
         let mut m =
             CenterShard::new(ShardId(0), CenterRule::MDownpour { momentum: 0.5, lr: 0.1 }, vec![1.0], both());

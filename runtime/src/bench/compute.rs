@@ -85,7 +85,10 @@ fn gemm_rows(repeats: usize) -> Result<Vec<BenchRow>, RuntimeError> {
     };
     Ok(vec![
         row(format!("sgemm {GEMM_SIZE}³ numpy, 1 thread"), one),
-        row(format!("sgemm {GEMM_SIZE}³ cpu backend ({}), 1 thread", rudra_compute::cpu::gemm_kernels()), cpu),
+        row(
+            format!("sgemm {GEMM_SIZE}³ cpu backend ({}), 1 thread", rudra_compute::cpu::gemm_kernels()),
+            cpu,
+        ),
         row(format!("sgemm {GEMM_SIZE}³ numpy, all threads"), all),
     ])
 }
