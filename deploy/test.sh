@@ -15,8 +15,8 @@
 #    checkpoint volume, updates_lost <= checkpoint.every_updates), docker restart of the
 #    scheduler (no failover yet: every other container exits non-zero within 60 s, none hangs).
 #
-# Every docker step is bounded by `timeout`; a trap removes the containers, networks and
-# volumes whatever happens. What each run wrote is kept in target/container-checks/.
+# Every docker step is bounded by `timeout`; a trap removes the containers, networks, volumes
+# and the image whatever happens (the engine keeps the base image for the next time). What each run wrote is kept in target/container-checks/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 binary=${1:-target/debug/rudra-node}
@@ -39,6 +39,7 @@ cleanup() {
     docker ps -aq --filter "name=^${project}" | xargs -r docker rm -f >/dev/null 2>&1
     docker network rm "$net" >/dev/null 2>&1
     docker volume rm -f "${project}_ca" "${project}_trust" >/dev/null 2>&1
+    docker rmi -f "$image" >/dev/null 2>&1
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -119,7 +120,7 @@ refusals() {
     at 5
     local expired
     expired=$(timeout 30 docker run --rm --network none -v "${project}_ca:/var/lib/rudra/ca" "$image" \
-        cert token --dir /var/lib/rudra/ca --role learner --ttl 0s)
+        cert token --dir /var/lib/rudra/ca --role learner --ttl 0s) || fail "no expired token"
     sleep 1.1
     local shard_token
     shard_token=$(sed -n 's/^SHARD_TOKEN=//p' "$work/env")
@@ -138,22 +139,22 @@ refusals() {
 
 kill_learner() {
     at 30
-    docker kill "${project}_learner_2" >/dev/null
+    docker kill "${project}_learner_2" >/dev/null || fail "docker kill"
     echo "killed ${project}_learner_2 at $(progress)%"
 }
 
 disconnect_learner() {
     at 15
-    learner_name "${project}_learner_3" >"$work/disconnected"
-    docker network disconnect "$net" "${project}_learner_3"
+    learner_name "${project}_learner_3" >"$work/disconnected" || fail "no name for ${project}_learner_3"
+    docker network disconnect "$net" "${project}_learner_3" || fail "docker network disconnect"
     echo "disconnected $(cat "$work/disconnected") (${project}_learner_3) at $(progress)% for 10 s"
     sleep 10
-    docker network connect "$net" "${project}_learner_3"
+    docker network connect "$net" "${project}_learner_3" || fail "docker network connect"
 }
 
 restart_shard() {
     at 40
-    timeout 30 docker restart -t 1 "${project}_shard-1_1" >/dev/null
+    timeout 30 docker restart -t 1 "${project}_shard-1_1" >/dev/null || fail "docker restart of a shard"
     echo "restarted ${project}_shard-1_1 at $(progress)%"
 }
 
@@ -165,7 +166,7 @@ restart_scheduler() {
     others=$(docker ps --filter "label=com.docker.compose.project=$project" --format '{{.Names}}' \
         | grep -v scheduler | sort)
     since=$(date +%s)
-    timeout 30 docker restart -t 1 "${project}_scheduler_1" >/dev/null
+    timeout 30 docker restart -t 1 "${project}_scheduler_1" >/dev/null || fail "docker restart of the scheduler"
     echo "restarted ${project}_scheduler_1 at $(progress)%; every other container must exit non-zero within ${bound} s" \
         | tee "$out/scheduler-restarted.txt"
     local pending=$others
@@ -175,10 +176,13 @@ restart_scheduler() {
         for c in $pending; do
             read -r restarts status code < <(docker inspect -f '{{.RestartCount}} {{.State.Status}} {{.State.ExitCode}}' "$c")
             if [ "$restarts" -gt 0 ] || { [ "$status" = exited ] && [ "$code" != 0 ]; }; then
-                # A container started again shows its new state: its exit is in the engine's events.
-                code=$(timeout 10 docker events --since "$since" --until "$(date +%s)" --filter "container=$c" \
-                    --filter event=die --format '{{.Actor.Attributes.exitCode}}' | head -1)
-                [ "${code:-0}" != 0 ] || fail "$c exited 0 though its run was cut short"
+                if [ "$status" != exited ]; then
+                    # Started again by its policy: its exit is among the engine's events (to the
+                    # next second, as --until counts whole seconds).
+                    code=$(timeout 10 docker events --since "$since" --until "$(($(date +%s) + 1))" \
+                        --filter "container=$c" --filter event=die --format '{{.Actor.Attributes.exitCode}}' | head -1)
+                fi
+                [ "${code:-0}" != 0 ] || fail "$c exited ${code:-0} though its run was cut short"
                 echo "$c exited with code $code after $(($(date +%s) - since)) s" | tee -a "$out/scheduler-restarted.txt"
             elif [ "$status" = exited ]; then
                 fail "$c exited 0 though its run was cut short"

@@ -65,14 +65,17 @@ pub(super) async fn identity(opts: &NodeOptions, role: Role) -> Result<Identity,
     let Some(token) = opts.token.as_deref().filter(|t| !t.is_empty()) else {
         // Hand-issued certificates: the name the node was given, or the role's first.
         let name = known.unwrap_or_else(|| format!("{}-0", role.as_str()));
-        return certs.identity(&name).map_err(|e| {
-            RuntimeError::Invalid(InvalidSetting::new(
+        if !certs.has_identity(&name) {
+            return Err(RuntimeError::Invalid(InvalidSetting::new(
                 "--token",
                 format!(
-                    "{e}; or enrol with a join token (--token or RUDRA_TOKEN, from `rudra-node cert token`)"
+                    "no certificate for {name} ({name}.pem, {name}.key) in {} and no join token: enrol with \
+                     --token (RUDRA_TOKEN) from `rudra-node cert token`, or issue one with `rudra-node cert issue`",
+                    opts.certs.display()
                 ),
-            ))
-        });
+            )));
+        }
+        return Ok(certs.identity(&name)?);
     };
     let ca_path = opts.ca.clone().unwrap_or_else(|| opts.certs.join("ca.pem"));
     let ca_pem = std::fs::read_to_string(&ca_path).map_err(|e| {
@@ -217,7 +220,15 @@ impl Registrar {
         let turns = Arc::new(Semaphore::new(CONCURRENT));
         actix::spawn(async move {
             loop {
-                let Ok((stream, peer)) = listener.accept().await else { continue };
+                let (stream, peer) = match listener.accept().await {
+                    Ok(accepted) => accepted,
+                    // Out of file descriptors and the like: let the moment pass.
+                    Err(e) => {
+                        tracing::warn!("enrolment: {e}");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
                 let Ok(turn) = Arc::clone(&turns).acquire_owned().await else { return };
                 let registrar = Arc::clone(&self);
                 tokio::task::spawn_blocking(move || {
