@@ -3,7 +3,9 @@
 //! [`Metrics`] is a small registry shared by the actors of one node. Series are created once
 //! (a `DashMap` from metric and label to an atomic) and the actors keep handles to them, so
 //! recording a gradient or an update is a few atomic additions and takes no lock. Whoever
-//! serves the node's `/metrics` calls [`Metrics::render`].
+//! serves the node's `/metrics` calls [`Metrics::render`], which reads every value once and
+//! encodes them with the Prometheus project's Rust client (`prometheus-client`) as a
+//! collector of constant metrics.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -16,12 +18,19 @@
 //! # drop(shard);
 //! ```
 
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Instant;
 
 use dashmap::DashMap;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeGaugeValue, EncodeMetric, NoLabelSet, prometheus_text,
+};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
 use rudra_transport::quic::Traffic;
 use rudra_transport::{Clock, LearnerId, ShardId};
 
@@ -41,33 +50,33 @@ enum Family {
 }
 
 impl Family {
-    /// Name, type, help text and label of the family.
-    fn describe(self) -> (&'static str, &'static str, &'static str, &'static str) {
+    /// Name (a counter's without the `_total` the encoder appends), type, help text and label.
+    fn describe(self) -> (&'static str, MetricType, &'static str, &'static str) {
         match self {
             Self::ShardClock => (
                 "rudra_shard_clock",
-                "gauge",
+                MetricType::Gauge,
                 "Updates applied by the shard so far: the clock of its weights.",
                 "shard",
             ),
             Self::GradientsApplied => {
-                ("rudra_gradients_applied_total", "counter", "Gradients the shard applied.", "shard")
+                ("rudra_gradients_applied", MetricType::Counter, "Gradients the shard applied.", "shard")
             }
             Self::GradientsDropped => (
-                "rudra_gradients_dropped_total",
-                "counter",
+                "rudra_gradients_dropped",
+                MetricType::Counter,
                 "Gradients the shard dropped (too stale, of a past round, rolled back, lapsed, non-finite).",
                 "shard",
             ),
             Self::GradientsNonFinite => (
-                "rudra_gradients_non_finite_total",
-                "counter",
+                "rudra_gradients_non_finite",
+                MetricType::Counter,
                 "Gradients (or exchanges) the shard dropped for holding NaN or ±Inf.",
                 "shard",
             ),
             Self::LearnerSamples => (
-                "rudra_learner_samples_total",
-                "counter",
+                "rudra_learner_samples",
+                MetricType::Counter,
                 "Training examples the learner processed.",
                 "learner",
             ),
@@ -183,92 +192,146 @@ impl Metrics {
         self.traffic.lock().unwrap_or_else(PoisonError::into_inner).push(traffic);
     }
 
-    /// Every metric in the Prometheus text exposition format (version 0.0.4).
+    /// Every metric in the Prometheus text exposition format (version 0.0.4, see
+    /// [`CONTENT_TYPE`]), encoded by the Prometheus project's client library from the values
+    /// read at this moment.
     #[must_use]
     pub fn render(&self) -> String {
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(self.read()));
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_text::encode(&mut out, &registry);
+        out
+    }
+
+    /// The values of every series, read once.
+    fn read(&self) -> Reading {
         let mut series: Vec<((Family, u32), u64)> =
             self.series.iter().map(|e| (*e.key(), e.value().load(Ordering::Acquire))).collect();
         series.sort_unstable();
-        let mut out = String::new();
+        // Read after the applied counters: a shard counts σ before it counts the gradient, so
+        // the histogram holds at least every gradient counted above.
+        let buckets = self.staleness.buckets.each_ref().map(|b| b.load(Ordering::Relaxed));
+        let sum = self.staleness.sum.load(Ordering::Relaxed);
+        let updates =
+            series.iter().filter(|((f, _), _)| *f == Family::ShardClock).map(|(_, v)| *v).max().unwrap_or(0);
+        let updates_per_second = self.first_update.get().map_or(0.0, |(at, first)| {
+            let secs = at.elapsed().as_secs_f64();
+            if secs > 0.0 { updates.saturating_sub(*first) as f64 / secs } else { 0.0 }
+        });
+        let traffic = self
+            .traffic
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .fold((0, 0), |(s, r), t| (s + t.sent(), r + t.received()));
+        Reading {
+            series,
+            buckets,
+            sum,
+            updates_per_second,
+            learners_alive: self.learners_alive.load(Ordering::Relaxed),
+            traffic,
+            payload_bytes: self.payload_bytes.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// The content type of [`Metrics::render`]'s text.
+pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
+
+/// Every value of a [`Metrics`] registry at one moment: what one scrape encodes.
+#[derive(Debug)]
+struct Reading {
+    /// Labelled series, sorted by family and label.
+    series: Vec<((Family, u32), u64)>,
+    /// Staleness histogram buckets (not cumulative) and the sum of σ.
+    buckets: [u64; STALENESS_BUCKETS.len() + 1],
+    sum: u64,
+    updates_per_second: f64,
+    learners_alive: u64,
+    /// Frame bytes sent and received.
+    traffic: (u64, u64),
+    /// Payload bytes the learners reported.
+    payload_bytes: u64,
+}
+
+impl Reading {
+    /// `family`'s descriptor and its series, one per label value.
+    fn labelled(&self, encoder: &mut DescriptorEncoder, family: Family) -> std::fmt::Result {
+        let (name, kind, help, label) = family.describe();
+        let mut metric = encoder.encode_descriptor(name, help, None, kind)?;
+        for ((_, id), value) in self.series.iter().filter(|((f, _), _)| *f == family) {
+            let labels = [(label, id.to_string())];
+            let series = metric.encode_family(&labels)?;
+            match kind {
+                MetricType::Counter => ConstCounter::new(*value).encode(series)?,
+                _ => ConstGauge::new(*value).encode(series)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+fn gauge<N: EncodeGaugeValue>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    value: N,
+) -> std::fmt::Result {
+    ConstGauge::new(value).encode(encoder.encode_descriptor(name, help, None, MetricType::Gauge)?)
+}
+
+fn counter(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: u64) -> std::fmt::Result {
+    ConstCounter::new(value).encode(encoder.encode_descriptor(name, help, None, MetricType::Counter)?)
+}
+
+impl Collector for Reading {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        let e = &mut encoder;
         for family in [
             Family::ShardClock,
             Family::GradientsApplied,
             Family::GradientsDropped,
             Family::GradientsNonFinite,
         ] {
-            labelled(&mut out, family, &series);
+            self.labelled(e, family)?;
         }
-        // Read after the applied counters: a shard counts σ before it counts the gradient, so
-        // the histogram holds at least every gradient counted above.
-        let buckets = self.staleness.buckets.each_ref().map(|b| b.load(Ordering::Relaxed));
-        let count: u64 = buckets.iter().sum();
-        let sum = self.staleness.sum.load(Ordering::Relaxed);
-        header(&mut out, "rudra_staleness", "histogram", "Staleness σ of applied gradients, in updates.");
-        let mut below = 0;
-        for (le, n) in STALENESS_BUCKETS.iter().map(ToString::to_string).chain(["+Inf".into()]).zip(buckets) {
-            below += n;
-            let _ = writeln!(out, "rudra_staleness_bucket{{le=\"{le}\"}} {below}");
-        }
-        let _ = writeln!(out, "rudra_staleness_sum {sum}\nrudra_staleness_count {count}");
-        let mean = if count == 0 { 0.0 } else { sum as f64 / count as f64 };
-        gauge(&mut out, "rudra_staleness_mean", "Mean staleness ⟨σ⟩ of applied gradients.", mean);
-        let updates =
-            series.iter().filter(|((f, _), _)| *f == Family::ShardClock).map(|(_, v)| *v).max().unwrap_or(0);
-        let rate = self.first_update.get().map_or(0.0, |(at, first)| {
-            let secs = at.elapsed().as_secs_f64();
-            if secs > 0.0 { updates.saturating_sub(*first) as f64 / secs } else { 0.0 }
-        });
+        let count: u64 = self.buckets.iter().sum();
+        let bounds = STALENESS_BUCKETS.iter().map(|&le| le as f64).chain([f64::INFINITY]);
+        let buckets: Vec<(f64, u64)> = bounds.zip(self.buckets).collect();
+        let help = "Staleness σ of applied gradients, in updates.";
+        e.encode_descriptor("rudra_staleness", help, None, MetricType::Histogram)?
+            .encode_histogram::<NoLabelSet>(self.sum as f64, count, &buckets, None)?;
+        let mean = if count == 0 { 0.0 } else { self.sum as f64 / count as f64 };
+        gauge(e, "rudra_staleness_mean", "Mean staleness ⟨σ⟩ of applied gradients.", mean)?;
         gauge(
-            &mut out,
+            e,
             "rudra_updates_per_second",
             "Updates per second of the most advanced shard since the first update seen.",
-            rate,
-        );
-        let alive = self.learners_alive.load(Ordering::Relaxed);
+            self.updates_per_second,
+        )?;
         gauge(
-            &mut out,
+            e,
             "rudra_learners_alive",
             "Learners joined and not finished (scheduler), or connected (shard).",
-            alive as f64,
-        );
-        labelled(&mut out, Family::LearnerSamples, &series);
-        let (sent, received) = self
-            .traffic
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-            .fold((0, 0), |(s, r), t| (s + t.sent(), r + t.received()));
-        for (name, help, value) in [
-            ("rudra_transport_sent_bytes_total", "Frame bytes this node sent over QUIC.", sent),
-            ("rudra_transport_received_bytes_total", "Frame bytes this node received over QUIC.", received),
-            (
-                "rudra_payload_bytes_total",
-                "Payload bytes (values and scales, as encoded) the learners sent and received.",
-                self.payload_bytes.load(Ordering::Relaxed),
-            ),
-        ] {
-            header(&mut out, name, "counter", help);
-            let _ = writeln!(out, "{name} {value}");
-        }
-        out
-    }
-}
-
-fn header(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-}
-
-fn gauge(out: &mut String, name: &str, help: &str, value: f64) {
-    header(out, name, "gauge", help);
-    let _ = writeln!(out, "{name} {value}");
-}
-
-/// `family`'s header and its series among `series` (sorted), one line per label value.
-fn labelled(out: &mut String, family: Family, series: &[((Family, u32), u64)]) {
-    let (name, kind, help, label) = family.describe();
-    header(out, name, kind, help);
-    for ((_, id), value) in series.iter().filter(|((f, _), _)| *f == family) {
-        let _ = writeln!(out, "{name}{{{label}=\"{id}\"}} {value}");
+            self.learners_alive,
+        )?;
+        self.labelled(e, Family::LearnerSamples)?;
+        counter(e, "rudra_transport_sent_bytes", "Frame bytes this node sent over QUIC.", self.traffic.0)?;
+        counter(
+            e,
+            "rudra_transport_received_bytes",
+            "Frame bytes this node received over QUIC.",
+            self.traffic.1,
+        )?;
+        counter(
+            e,
+            "rudra_payload_bytes",
+            "Payload bytes (values and scales, as encoded) the learners sent and received.",
+            self.payload_bytes,
+        )
     }
 }
 
@@ -368,9 +431,9 @@ mod tests {
             "rudra_staleness_bucket{le=\"4\"} 2",
             "rudra_staleness_bucket{le=\"256\"} 2",
             "rudra_staleness_bucket{le=\"+Inf\"} 3",
-            "rudra_staleness_sum 303",
+            "rudra_staleness_sum 303.0",
             "rudra_staleness_count 3",
-            "rudra_staleness_mean 101",
+            "rudra_staleness_mean 101.0",
             "rudra_learners_alive 4",
             "rudra_learner_samples_total{learner=\"1\"} 96",
             "rudra_transport_sent_bytes_total 0",

@@ -177,8 +177,15 @@ impl SchedulerActor {
                     self.note("detected", format!("{l} lost"));
                 }
                 SchedulerEvent::Rejoined(l) => {
-                    tracing::info!(learner = %l, "learner rejoined");
-                    self.note("detected", format!("{l} rejoined"));
+                    // Noted with the clock it rejoins at, once the tracker has said what it is.
+                    let seconds = self.born.elapsed().as_secs_f64();
+                    let stats = self.members.stats.send(GetStats);
+                    ctx.spawn(stats.into_actor(self).map(move |stats, act, _| {
+                        let clock = stats.map(|s| format!(" at clock {}", s.updates)).unwrap_or_default();
+                        tracing::info!(learner = %l, "learner rejoined{clock}");
+                        let what = format!("{l} rejoined{clock}");
+                        act.timeline.push(TimelineEntry { seconds, kind: "detected", what });
+                    }));
                 }
                 SchedulerEvent::Diverged(d) => {
                     tracing::error!(

@@ -12,45 +12,65 @@ use clap::{Parser, Subcommand, ValueEnum};
     about = "Rudra parameter-server runtime",
     after_help = "Run one node of a distributed cluster with --role (no subcommand):\n  \
         rudra-node --role scheduler --config FILE --listen 0.0.0.0:7070 --certs certs [--out DIR] [--metrics-addr ADDR]\n  \
-        rudra-node --role shard --scheduler HOST:7070 --certs certs [--name shard-0] [--listen ADDR] [--resume DIR] [--metrics-addr ADDR]\n  \
-        rudra-node --role learner --scheduler HOST:7070 --certs certs [--name learner-0]"
+        rudra-node --role shard --scheduler HOST:7070 --certs certs [--name shard-0] [--listen ADDR] [--advertise HOST:PORT] [--resume DIR]\n  \
+        rudra-node --role learner --scheduler HOST:7070 --certs certs [--name learner-0] [--token TOKEN --ca ca.pem]\n\n\
+        Every node flag can also come from a RUDRA_* variable (shown with each flag). Without --name a shard or\n\
+        learner takes its ordinal: JOB_COMPLETION_INDEX (an Indexed Job) or a host name ending in -N (a StatefulSet pod).\n\n\
+        Exit codes: 0 finished; 2 bad configuration, flags, input or join token (permanent: do not restart);\n\
+        3 the run diverged (its results are written); any other code is worth a restart."
 )]
 pub(crate) struct Cli {
     /// Log line format.
-    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "RUDRA_LOG_FORMAT")]
     pub(crate) log_format: LogFormat,
     /// Run one node of a distributed cluster in this process.
-    #[arg(long, value_enum)]
+    #[arg(long, value_enum, env = "RUDRA_ROLE")]
     pub(crate) role: Option<RoleArg>,
-    /// Node name, selecting the certificate certs/NAME.pem (default: scheduler, shard-0, learner-0).
-    #[arg(long)]
+    /// Node name, selecting the certificate certs/NAME.pem (default: scheduler; for a shard or
+    /// learner its ordinal, else the name the scheduler assigns at enrolment, else ROLE-0).
+    #[arg(long, env = "RUDRA_NAME")]
     pub(crate) name: Option<String>,
-    /// Certificate directory (from `rudra-node cert`).
-    #[arg(long, default_value = "certs")]
+    /// Certificate directory (from `rudra-node cert`; an enrolled node keeps its certificate
+    /// here).
+    #[arg(long, default_value = "certs", env = "RUDRA_CERTS")]
     pub(crate) certs: PathBuf,
-    /// Address to listen on (default: 0.0.0.0:7070 for the scheduler, any port for a shard).
-    #[arg(long)]
+    /// Address to listen on (default: 0.0.0.0:7070 for the scheduler, UDP for nodes and TCP
+    /// for enrolment; for a shard the interface that reaches the scheduler, any port).
+    #[arg(long, env = "RUDRA_LISTEN")]
     pub(crate) listen: Option<SocketAddr>,
-    /// The scheduler's address (shards and learners).
-    #[arg(long)]
-    pub(crate) scheduler: Option<SocketAddr>,
+    /// The scheduler's address, HOST:PORT (shards and learners); a DNS name is looked up at
+    /// every attempt until --connect-timeout.
+    #[arg(long, env = "RUDRA_SCHEDULER", value_name = "HOST:PORT")]
+    pub(crate) scheduler: Option<String>,
+    /// A shard: the address learners reach it at, HOST:PORT (e.g. a stable DNS name); default
+    /// its listen address.
+    #[arg(long, env = "RUDRA_ADVERTISE", value_name = "HOST:PORT")]
+    pub(crate) advertise: Option<String>,
     /// How long to keep trying to reach peers and to wait for nodes to join, e.g. 60s, 5m.
-    #[arg(long, default_value = "60s")]
+    #[arg(long, default_value = "60s", env = "RUDRA_CONNECT_TIMEOUT")]
     pub(crate) connect_timeout: humantime::Duration,
-    /// Serve this node's metrics in the Prometheus text format at http://ADDR/metrics
-    /// (scheduler and shards), e.g. 127.0.0.1:9100.
-    #[arg(long, value_name = "ADDR")]
+    /// Serve this node's metrics at http://ADDR/metrics (Prometheus text format) and its
+    /// health at /healthz and /readyz, e.g. 0.0.0.0:9100.
+    #[arg(long, value_name = "ADDR", env = "RUDRA_METRICS_ADDR")]
     pub(crate) metrics_addr: Option<SocketAddr>,
     /// A shard: continue from the checkpoint in DIR (`DIR/shard-N.safetensors`) and keep
     /// writing checkpoints there. A shard that rejoins a running job resumes even without it,
     /// from `checkpoint.dir` or `checkpoints/`.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", env = "RUDRA_RESUME")]
     pub(crate) resume: Option<PathBuf>,
+    /// A shard or learner without a certificate: enrol with this join token (from
+    /// `rudra-node cert token`); the scheduler signs a certificate for it.
+    #[arg(long, env = "RUDRA_TOKEN", hide_env_values = true)]
+    pub(crate) token: Option<String>,
+    /// The CA certificate an enrolling node checks the scheduler against (default
+    /// CERTS/ca.pem).
+    #[arg(long, value_name = "FILE", env = "RUDRA_CA")]
+    pub(crate) ca: Option<PathBuf>,
     /// The run configuration (scheduler).
     #[command(flatten)]
     pub(crate) config: ConfigArgs,
     /// Run directory (scheduler; default: `runs/<timestamp>-<protocol>`).
-    #[arg(long)]
+    #[arg(long, env = "RUDRA_OUT")]
     pub(crate) out: Option<PathBuf>,
     #[command(subcommand)]
     pub(crate) command: Option<Command>,
@@ -61,6 +81,16 @@ pub(crate) enum RoleArg {
     Scheduler,
     Shard,
     Learner,
+}
+
+impl From<RoleArg> for rudra_transport::Role {
+    fn from(role: RoleArg) -> Self {
+        match role {
+            RoleArg::Scheduler => Self::Scheduler,
+            RoleArg::Shard => Self::Shard,
+            RoleArg::Learner => Self::Learner,
+        }
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -89,7 +119,7 @@ pub(crate) enum LogFormat {
 #[derive(clap::Args)]
 pub(crate) struct ConfigArgs {
     /// TOML configuration file (default: the built-in configs/default.toml).
-    #[arg(long)]
+    #[arg(long, env = "RUDRA_CONFIG")]
     pub(crate) config: Option<PathBuf>,
     /// Override one key, e.g. `--set protocol.kind=hardsync` (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
@@ -98,7 +128,8 @@ pub(crate) struct ConfigArgs {
 
 #[derive(Subcommand)]
 pub(crate) enum Command {
-    /// Make the cluster's certificates: `cert init` once, then `cert issue` per node.
+    /// Make the cluster's certificates: `cert init` once, then `cert issue` per node, or join
+    /// tokens (`cert token`, `cert secret`) with which nodes enrol.
     Cert {
         #[command(subcommand)]
         action: CertAction,
@@ -247,5 +278,44 @@ pub(crate) enum CertAction {
         /// Node name.
         #[arg(long)]
         name: String,
+    },
+    /// Print a join token: a node of ROLE presenting it to the scheduler (which holds the CA
+    /// in DIR) gets a certificate, until the token expires or its uses are taken.
+    Token {
+        /// Certificate directory holding the CA's key.
+        #[arg(long)]
+        dir: PathBuf,
+        /// The role it admits: shard or learner.
+        #[arg(long, value_enum)]
+        role: RoleArg,
+        /// How long it is valid, e.g. 1h, 30m.
+        #[arg(long, default_value = "1h")]
+        ttl: humantime::Duration,
+        /// How many nodes may enrol with it (a node that restarts without its certificate
+        /// enrols again).
+        #[arg(long, default_value_t = 1)]
+        uses: u32,
+    },
+    /// Write Kubernetes Secret manifests: NAME-ca (ca.pem, ca.key: the scheduler's) and
+    /// NAME-join (ca.pem and a shard and a learner join token: every node's).
+    Secret {
+        /// Certificate directory holding the CA.
+        #[arg(long)]
+        dir: PathBuf,
+        /// How long the tokens are valid.
+        #[arg(long, default_value = "24h")]
+        ttl: humantime::Duration,
+        /// Enrolments each token allows (every pod that starts without its certificate takes one).
+        #[arg(long, default_value_t = 100)]
+        uses: u32,
+        /// Prefix of the Secrets' names.
+        #[arg(long, default_value = "rudra")]
+        name: String,
+        /// Namespace of the Secrets (default: none, kubectl's current one).
+        #[arg(long)]
+        namespace: Option<String>,
+        /// Write here instead of standard output.
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
 }

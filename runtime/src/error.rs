@@ -97,8 +97,9 @@ impl RuntimeError {
         Self::Diverged { diverged, hint }
     }
 
-    /// The process exit code: 0 is success; 2 bad configuration or input data (do not
-    /// restart: it fails again the same way); 3 a run that diverged; 1 any other failure.
+    /// The process exit code: 0 is success; 2 bad configuration, input data or join token (do
+    /// not restart: it fails again the same way); 3 a run that diverged; 1 any other failure
+    /// (worth a restart).
     #[must_use]
     pub fn exit_code(&self) -> i32 {
         match self {
@@ -111,7 +112,8 @@ impl RuntimeError {
                 | ComputeError::Shape(_)
                 | ComputeError::Unavailable { .. },
             )
-            | Self::Input { .. } => 2,
+            | Self::Input { .. }
+            | Self::Transport(rudra_transport::TransportError::Refused(_)) => 2,
             Self::Actor(_)
             | Self::Compute(_)
             | Self::Transport(_)

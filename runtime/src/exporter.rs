@@ -1,25 +1,31 @@
-//! `--metrics-addr`: a node's [`Metrics`] served at `/metrics` in the Prometheus text format
-//! by a minimal HTTP/1.1 responder on tokio (one request per connection).
+//! `--metrics-addr`: a node's HTTP endpoint for whoever watches it, served by actix-web:
+//!
+//! - `/metrics`: the node's [`Metrics`] in the Prometheus text format (encoded by
+//!   `prometheus-client`);
+//! - `/healthz`: 200 while the node's event loop turns (liveness), 503 once it has stalled;
+//! - `/readyz`: 200 once the node has joined and serves its peers (readiness), 503 before.
+//!
+//! `GET` and `HEAD` are answered; other methods get 405, other paths 404. The server runs on a
+//! thread of its own, so a node busy training still answers, and stops with the node.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
-use rudra_actors::metrics::Metrics;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use actix_web::http::header::ContentType;
+use actix_web::{App, HttpResponse, HttpServer, web};
+use rudra_actors::InvalidSetting;
+use rudra_actors::metrics::{CONTENT_TYPE, Metrics};
 
 use crate::RuntimeError;
-use rudra_actors::InvalidSetting;
 
-/// The largest request head read; longer requests are answered 431.
-const MAX_HEAD: usize = 8 << 10;
-/// A client that has not sent its request head by then is hung up on.
-const READ_TIMEOUT: Duration = Duration::from_secs(5);
-/// The content type of the text exposition format.
-const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+/// How often a serving node proves its event loop turns.
+const TICK: Duration = Duration::from_secs(1);
+/// `/healthz` fails once the event loop has not turned for this long.
+const STALLED: Duration = Duration::from_secs(15);
 
-/// A bound metrics endpoint, not yet serving.
+/// A bound endpoint, not yet serving.
 #[derive(Debug)]
 pub struct MetricsEndpoint {
     listener: std::net::TcpListener,
@@ -36,7 +42,6 @@ impl MetricsEndpoint {
             ))
         };
         let listener = std::net::TcpListener::bind(addr).map_err(invalid)?;
-        listener.set_nonblocking(true).map_err(invalid)?;
         let addr = listener.local_addr().map_err(invalid)?;
         Ok(Self { listener, addr })
     }
@@ -46,133 +51,156 @@ impl MetricsEndpoint {
         addr.map(Self::bind).transpose()
     }
 
-    /// Serve a fresh registry until the runtime stops; returns it for the node's actors to
-    /// record into. Must be called inside a tokio runtime (an actix `System` is one).
-    pub fn start(self) -> Result<Arc<Metrics>, RuntimeError> {
-        let listener = TcpListener::from_std(self.listener).map_err(|e| {
+    /// Serve a fresh registry until the returned [`Serving`] is dropped. Must be called inside
+    /// an actix `System`: its event loop is the one `/healthz` watches.
+    pub fn start(self) -> Result<Serving, RuntimeError> {
+        let metrics = Arc::new(Metrics::new());
+        let health = Health::new();
+        let state = web::Data::new(State { metrics: Arc::clone(&metrics), health: health.clone() });
+        let server = HttpServer::new(move || {
+            App::new()
+                .app_data(state.clone())
+                .service(endpoint("/metrics", render_metrics))
+                .service(endpoint("/healthz", healthz))
+                .service(endpoint("/readyz", readyz))
+                .default_service(web::to(|| async {
+                    HttpResponse::NotFound().body("not found; try /metrics, /healthz or /readyz\n")
+                }))
+        })
+        .workers(1)
+        .disable_signals()
+        .shutdown_timeout(0)
+        .listen(self.listener)
+        .map_err(|e| {
             RuntimeError::Invalid(InvalidSetting::new(
                 "--metrics-addr",
                 format!("cannot serve on {}: {e}", self.addr),
             ))
-        })?;
-        let metrics = Arc::new(Metrics::new());
-        tracing::info!("serving metrics at http://{}/metrics", self.addr);
-        tokio::spawn(serve(listener, Arc::clone(&metrics)));
-        Ok(metrics)
-    }
-}
-
-async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
-    loop {
-        match listener.accept().await {
-            Ok((stream, _)) => {
-                tokio::spawn(answer(stream, Arc::clone(&metrics)));
+        })?
+        .run();
+        let handle = server.handle();
+        actix::spawn(server);
+        let ticks = Arc::clone(&health.0);
+        let ticker = actix::spawn(async move {
+            let mut interval = tokio::time::interval(TICK);
+            loop {
+                interval.tick().await;
+                ticks.tick();
             }
-            // Out of file descriptors and the like: let the moment pass.
-            Err(e) => {
-                tracing::warn!("metrics endpoint: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
+        });
+        tracing::info!("serving /metrics, /healthz and /readyz at http://{}", self.addr);
+        Ok(Serving { metrics, health, handle, ticker })
     }
 }
 
-async fn answer(mut stream: TcpStream, metrics: Arc<Metrics>) {
-    let Ok(Ok(head)) = tokio::time::timeout(READ_TIMEOUT, read_head(&mut stream)).await else {
-        return;
-    };
-    let response = respond(head.as_deref(), &metrics);
-    // A client that went away needs no answer.
-    let _ = stream.write_all(&response).await;
-    let _ = stream.shutdown().await;
-}
-
-/// The request head up to its blank line; `None` if it exceeds [`MAX_HEAD`].
-async fn read_head(stream: &mut TcpStream) -> std::io::Result<Option<Vec<u8>>> {
-    let mut head = Vec::with_capacity(1024);
-    let mut buf = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        if head.len() > MAX_HEAD {
-            return Ok(None);
-        }
-        let n = stream.read(&mut buf).await?;
-        if n == 0 {
-            break;
-        }
-        head.extend_from_slice(&buf[..n]);
-    }
-    Ok(Some(head))
-}
-
-/// The whole response to a request head (`None`: too long).
-fn respond(head: Option<&[u8]>, metrics: &Metrics) -> Vec<u8> {
-    let Some(head) = head else {
-        return reply("431 Request Header Fields Too Large", "", "the request head is too long\n");
-    };
-    let line = head.split(|&b| b == b'\n').next().unwrap_or_default();
-    let line = String::from_utf8_lossy(line);
-    let mut parts = line.split_whitespace();
-    let (Some(method), Some(target), Some(version)) = (parts.next(), parts.next(), parts.next()) else {
-        return reply("400 Bad Request", "", "expected an HTTP/1.1 request line\n");
-    };
-    if !version.starts_with("HTTP/1.") {
-        return reply("505 HTTP Version Not Supported", "", "only HTTP/1.x is spoken here\n");
-    }
-    let path = target.split('?').next().unwrap_or_default();
-    let response = match (method, path) {
-        ("GET" | "HEAD", "/metrics") => {
-            let body = metrics.render();
-            let mut r = reply_head("200 OK", CONTENT_TYPE, "", body.len());
-            if method == "GET" {
-                r.extend_from_slice(body.as_bytes());
-            }
-            return r;
-        }
-        ("GET" | "HEAD", _) => ("404 Not Found", "", "not found; the metrics are at /metrics\n"),
-        _ => ("405 Method Not Allowed", "Allow: GET, HEAD\r\n", "only GET and HEAD are served\n"),
-    };
-    reply(response.0, response.1, response.2)
-}
-
-/// A plain-text response with `body`; `extra` holds further header lines.
-fn reply(status: &str, extra: &str, body: &str) -> Vec<u8> {
-    let mut r = reply_head(status, "text/plain; charset=utf-8", extra, body.len());
-    r.extend_from_slice(body.as_bytes());
-    r
-}
-
-fn reply_head(status: &str, content_type: &str, extra: &str, len: usize) -> Vec<u8> {
-    format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {len}\r\n{extra}Connection: close\r\n\r\n"
+/// A resource answering `GET` and `HEAD` with `handler`, 405 otherwise.
+fn endpoint<F, R>(path: &str, handler: F) -> actix_web::Resource
+where
+    F: actix_web::Handler<(web::Data<State>,), Output = R> + Clone + 'static,
+    R: actix_web::Responder + 'static,
+{
+    web::resource(path).route(web::get().to(handler.clone())).route(web::head().to(handler)).default_service(
+        web::to(|| async {
+            HttpResponse::MethodNotAllowed()
+                .insert_header(("Allow", "GET, HEAD"))
+                .body("only GET and HEAD are served\n")
+        }),
     )
-    .into_bytes()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+struct State {
+    metrics: Arc<Metrics>,
+    health: Health,
+}
 
-    fn status(head: Option<&str>) -> String {
-        let r = respond(head.map(str::as_bytes), &Metrics::new());
-        let text = String::from_utf8(r).unwrap();
-        text.lines().next().unwrap().to_owned()
+async fn render_metrics(state: web::Data<State>) -> HttpResponse {
+    HttpResponse::Ok().content_type(CONTENT_TYPE).body(state.metrics.render())
+}
+
+async fn healthz(state: web::Data<State>) -> HttpResponse {
+    let since = state.health.0.since_tick();
+    if since < STALLED {
+        HttpResponse::Ok().content_type(ContentType::plaintext()).body("alive\n")
+    } else {
+        HttpResponse::ServiceUnavailable()
+            .content_type(ContentType::plaintext())
+            .body(format!("the node's event loop has not turned for {since:.0?}\n"))
+    }
+}
+
+async fn readyz(state: web::Data<State>) -> HttpResponse {
+    if state.health.is_ready() {
+        HttpResponse::Ok().content_type(ContentType::plaintext()).body("ready\n")
+    } else {
+        HttpResponse::ServiceUnavailable()
+            .content_type(ContentType::plaintext())
+            .body("not ready: the node has not joined its cluster yet\n")
+    }
+}
+
+/// What `/healthz` and `/readyz` report.
+#[derive(Clone, Debug)]
+struct Health(Arc<HealthState>);
+
+#[derive(Debug)]
+struct HealthState {
+    ready: AtomicBool,
+    /// Milliseconds after `born` of the event loop's last tick.
+    last_tick_ms: AtomicU64,
+    born: Instant,
+}
+
+impl HealthState {
+    fn tick(&self) {
+        self.last_tick_ms.store(self.born.elapsed().as_millis() as u64, Ordering::Relaxed);
     }
 
-    #[test]
-    fn requests_get_the_metrics_or_a_clear_status() {
-        let ok = respond(Some(b"GET /metrics?x=1 HTTP/1.1\r\nHost: a\r\n\r\n"), &Metrics::new());
-        let ok = String::from_utf8(ok).unwrap();
-        let (head, body) = ok.split_once("\r\n\r\n").unwrap();
-        assert!(head.starts_with("HTTP/1.1 200 OK") && head.contains(CONTENT_TYPE), "{head}");
-        assert!(head.contains(&format!("Content-Length: {}", body.len())), "{head}");
-        assert!(body.contains("# TYPE rudra_staleness histogram"), "{body}");
-        let head_only = respond(Some(b"HEAD /metrics HTTP/1.1\r\n\r\n"), &Metrics::new());
-        assert!(String::from_utf8(head_only).unwrap().ends_with("\r\n\r\n"));
-        assert_eq!(status(Some("GET / HTTP/1.1\r\n\r\n")), "HTTP/1.1 404 Not Found");
-        assert_eq!(status(Some("POST /metrics HTTP/1.1\r\n\r\n")), "HTTP/1.1 405 Method Not Allowed");
-        assert_eq!(status(Some("garbage\r\n\r\n")), "HTTP/1.1 400 Bad Request");
-        assert_eq!(status(Some("GET /metrics SPDY/3\r\n\r\n")), "HTTP/1.1 505 HTTP Version Not Supported");
-        assert_eq!(status(Some("")), "HTTP/1.1 400 Bad Request");
-        assert_eq!(status(None), "HTTP/1.1 431 Request Header Fields Too Large");
+    fn since_tick(&self) -> Duration {
+        self.born.elapsed().saturating_sub(Duration::from_millis(self.last_tick_ms.load(Ordering::Relaxed)))
+    }
+}
+
+impl Health {
+    fn new() -> Self {
+        Self(Arc::new(HealthState {
+            ready: AtomicBool::new(false),
+            last_tick_ms: AtomicU64::new(0),
+            born: Instant::now(),
+        }))
+    }
+
+    fn is_ready(&self) -> bool {
+        self.0.ready.load(Ordering::Relaxed)
+    }
+}
+
+/// A serving endpoint: the registry the node records into, and its readiness. Dropping it
+/// stops the server.
+#[derive(Debug)]
+pub struct Serving {
+    metrics: Arc<Metrics>,
+    health: Health,
+    handle: actix_web::dev::ServerHandle,
+    ticker: tokio::task::JoinHandle<()>,
+}
+
+impl Serving {
+    /// The registry this endpoint serves.
+    #[must_use]
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Say on `/readyz` whether the node has joined and serves its peers.
+    pub fn set_ready(&self, ready: bool) {
+        self.health.0.ready.store(ready, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        // The stop command is sent at once; nothing needs to wait for it to complete.
+        drop(self.handle.stop(false));
+        self.ticker.abort();
     }
 }

@@ -12,6 +12,7 @@
 //! - `exporter`: `--metrics-addr`, the Prometheus endpoint of a node.
 //! - `rundir`: the run directory, written from the run as recorded.
 //! - `summary`: `summary.json` and `metrics.csv`, both ways, and a recorded run.
+//! - [`secret`]: the CA and join tokens as Kubernetes Secret manifests.
 //! - [`checkpoint`]: `checkpoint.safetensors`, written and read, and its test accuracy.
 //! - [`plot`]: the PNG plots of a run and of a comparison.
 //! - [`report`]: the comparison table of several runs.
@@ -30,6 +31,7 @@ pub mod node;
 pub mod plot;
 pub mod report;
 mod rundir;
+pub mod secret;
 pub mod simulate;
 mod summary;
 

@@ -3,6 +3,7 @@
 use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::Arc;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use rudra_actors::{Cluster, RunEvent, RunReport, TrainingData};
@@ -48,8 +49,10 @@ pub fn run_local(
         .with_checkpoints(config.checkpoints(run_dir, &rudra_actors::checkpoint::new_job_id()));
     let endpoint = MetricsEndpoint::bind_if(metrics_addr)?;
     actix::System::new().block_on(async move {
-        if let Some(endpoint) = endpoint {
-            cluster = cluster.with_metrics(endpoint.start()?);
+        let serving = endpoint.map(MetricsEndpoint::start).transpose()?;
+        if let Some(serving) = &serving {
+            cluster = cluster.with_metrics(Arc::clone(serving.metrics()));
+            serving.set_ready(true);
         }
         let (tx, rx) = mpsc::unbounded_channel();
         let handle = cluster.observe(tx).start()?;

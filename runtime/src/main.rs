@@ -3,26 +3,32 @@
 mod cli;
 
 use std::io::IsTerminal;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 use cli::{CertAction, Cli, Command, ConfigArgs, LogFormat, RoleArg, Suite, Transport};
 use rudra_actors::{InvalidSetting, RunReport};
 use rudra_runtime::checkpoint::describe;
 use rudra_runtime::local::{ProgressMode, run_local};
 use rudra_runtime::node::{NodeOptions, run_learner, run_loopback, run_scheduler, run_shard};
-use rudra_runtime::{Checkpoint, Config, RunDir, RuntimeError, bench, experiment, report, simulate};
+use rudra_runtime::{Checkpoint, Config, RunDir, RuntimeError, bench, experiment, report, secret, simulate};
 use rudra_transport::tls::CertDir;
-use rudra_transport::{LinkFaults, Relay, RelayRules};
+use rudra_transport::{LinkFaults, Relay, RelayRules, Role};
+
+/// What is logged when `RUST_LOG` is unset: `info`, but only warnings from the HTTP server's
+/// workers (their start and stop).
+const DEFAULT_LOG: &str = "info,actix_server=warn";
 
 /// Log to stderr at `RUST_LOG` (default `info`) as text (coloured on a terminal) or JSON lines.
 fn init_tracing(format: LogFormat) {
     let (filter, refused) = match tracing_subscriber::EnvFilter::try_from_default_env() {
         Ok(filter) => (filter, None),
+        Err(_) if std::env::var_os("RUST_LOG").is_none() => {
+            (tracing_subscriber::EnvFilter::new(DEFAULT_LOG), None)
+        }
         Err(e) => {
-            (tracing_subscriber::EnvFilter::new("info"), std::env::var("RUST_LOG").ok().map(|v| (v, e)))
+            (tracing_subscriber::EnvFilter::new(DEFAULT_LOG), std::env::var("RUST_LOG").ok().map(|v| (v, e)))
         }
     };
     let builder = tracing_subscriber::fmt()
@@ -45,19 +51,22 @@ fn main() -> ExitCode {
         // SAFETY: no other thread exists yet.
         unsafe { std::env::set_var("NODEVICE_SELECT", "1") };
     }
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    // A role from the environment (a container's RUDRA_ROLE) does not stop a subcommand run
+    // in the same container, such as `cert token`.
+    let role_from_env = matches.value_source("role") == Some(clap::parser::ValueSource::EnvVariable);
+    let mut cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    if cli.command.is_some() && role_from_env {
+        cli.role = None;
+    }
     init_tracing(cli.log_format);
-    let result = match (cli.command, cli.role) {
+    stop_on_signals();
+    let result = match (cli.command.take(), cli.role) {
         (Some(command), None) => run(command),
-        (None, Some(role)) => run_node(
-            role,
-            cli.name,
-            cli.certs,
-            (cli.listen, cli.scheduler, cli.connect_timeout.into(), cli.metrics_addr),
-            cli.resume,
-            cli.config,
-            cli.out,
-        ),
+        (None, Some(role)) => run_node(role, node_options(role, &cli), cli.config, cli.out),
         (Some(_), Some(_)) => {
             Err(RuntimeError::Config("--role runs a node; give it without a subcommand".into()))
         }
@@ -83,6 +92,24 @@ fn run(command: Command) -> Result<(), RuntimeError> {
             CertDir::new(&dir).issue(&name)?;
             println!("issued {}", dir.join(format!("{name}.pem")).display());
             Ok(())
+        }
+        Command::Cert { action: CertAction::Token { dir, role, ttl, uses } } => {
+            let token = CertDir::new(&dir).authority()?.tokens().mint(role.into(), ttl.into(), uses)?;
+            println!("{token}");
+            Ok(())
+        }
+        Command::Cert { action: CertAction::Secret { dir, ttl, uses, name, namespace, out } } => {
+            let manifest =
+                secret::manifest(&CertDir::new(&dir), ttl.into(), uses, &name, namespace.as_deref())?;
+            match out {
+                Some(path) => {
+                    std::fs::write(&path, manifest).map_err(|source| RuntimeError::Io { path, source })
+                }
+                None => {
+                    print!("{manifest}");
+                    Ok(())
+                }
+            }
         }
         Command::Local { config, out, transport, metrics_addr } => {
             let config = Config::load(config.config.as_deref(), &config.set)?;
@@ -234,72 +261,88 @@ fn finish(dir: &RunDir, config: &Config, report: &RunReport) -> Result<(), Runti
     }
 }
 
+/// Stop at once on SIGTERM or SIGINT, as a crash would (exit code 128 + the signal), even as
+/// a container's first process, which the kernel otherwise shields from both: peers find the
+/// node gone, and an engine restarts it if its policy says so.
+fn stop_on_signals() {
+    let watch = || -> std::io::Result<()> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_io().build()?;
+        let (mut term, mut int) = runtime.block_on(async {
+            Ok::<_, std::io::Error>((signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?))
+        })?;
+        std::thread::Builder::new().name("signals".into()).spawn(move || {
+            let (name, code) = runtime.block_on(async {
+                tokio::select! {
+                    _ = term.recv() => ("SIGTERM", 143),
+                    _ = int.recv() => ("SIGINT", 130),
+                }
+            });
+            tracing::warn!("stopped by {name}");
+            std::process::exit(code);
+        })?;
+        Ok(())
+    };
+    if let Err(e) = watch() {
+        tracing::warn!("cannot watch for SIGTERM and SIGINT: {e}");
+    }
+}
+
+/// A shard's or learner's ordinal: `JOB_COMPLETION_INDEX` (a Kubernetes Indexed Job), or the
+/// number ending `HOSTNAME` such as `shard-1` (a StatefulSet's pod; container engines set
+/// `HOSTNAME`, shells do not export it).
+fn ordinal() -> Option<u32> {
+    let var = |name| std::env::var(name).ok().filter(|v: &String| !v.trim().is_empty());
+    if let Some(index) = var("JOB_COMPLETION_INDEX") {
+        return index.trim().parse().ok();
+    }
+    let host = var("HOSTNAME")?;
+    let (_, n) = host.trim().rsplit_once('-')?;
+    n.parse().ok()
+}
+
+/// The node options of `cli` for `role`; a shard's or learner's name defaults to its ordinal.
+fn node_options(role: RoleArg, cli: &Cli) -> NodeOptions {
+    let ordinal = || ordinal().map(|n| format!("{}-{n}", Role::from(role).as_str()));
+    let name = match role {
+        RoleArg::Scheduler => cli.name.clone(),
+        RoleArg::Shard | RoleArg::Learner => cli.name.clone().or_else(ordinal),
+    };
+    NodeOptions {
+        listen: cli.listen,
+        scheduler: cli.scheduler.clone(),
+        advertise: cli.advertise.clone(),
+        connect_timeout: cli.connect_timeout.into(),
+        metrics_addr: cli.metrics_addr,
+        resume: cli.resume.clone(),
+        token: cli.token.clone(),
+        ca: cli.ca.clone(),
+        ..NodeOptions::new(name, cli.certs.clone())
+    }
+}
+
 /// One node of a distributed cluster.
 fn run_node(
     role: RoleArg,
-    name: Option<String>,
-    certs: PathBuf,
-    (listen, scheduler, connect_timeout, metrics_addr): (
-        Option<SocketAddr>,
-        Option<SocketAddr>,
-        std::time::Duration,
-        Option<SocketAddr>,
-    ),
-    resume: Option<PathBuf>,
+    mut opts: NodeOptions,
     config: ConfigArgs,
     out: Option<PathBuf>,
 ) -> Result<(), RuntimeError> {
-    if role != RoleArg::Shard && resume.is_some() {
-        return Err(RuntimeError::Invalid(InvalidSetting::new(
-            "--resume",
-            "only a shard resumes from a checkpoint",
-        )));
+    if role != RoleArg::Shard && (opts.resume.is_some() || opts.advertise.is_some()) {
+        let flag = if opts.resume.is_some() { "--resume" } else { "--advertise" };
+        return Err(RuntimeError::Invalid(InvalidSetting::new(flag, "only a shard takes it")));
     }
-    if role == RoleArg::Learner && metrics_addr.is_some() {
-        return Err(RuntimeError::Invalid(InvalidSetting::new(
-            "--metrics-addr",
-            "learners serve no metrics; give it to the scheduler or a shard",
-        )));
-    }
-    let default_name = match role {
-        RoleArg::Scheduler => "scheduler",
-        RoleArg::Shard => "shard-0",
-        RoleArg::Learner => "learner-0",
-    };
-    let listen = listen.unwrap_or_else(|| match (role, scheduler) {
-        (RoleArg::Scheduler, _) => SocketAddr::from(([0, 0, 0, 0], 7070)),
-        // A shard listens on the interface that reaches the scheduler, on any port.
-        (_, Some(s)) => SocketAddr::new(local_ip_towards(s), 0),
-        (_, None) => SocketAddr::from(([0, 0, 0, 0], 0)),
-    });
-    let opts = NodeOptions {
-        name: name.unwrap_or_else(|| default_name.into()),
-        certs,
-        listen,
-        scheduler,
-        connect_timeout,
-        metrics_addr,
-        resume,
-        checkpoints: None,
-    };
     match role {
         RoleArg::Scheduler => {
             let config = Config::load(config.config.as_deref(), &config.set)?;
             let data = config.data.load()?;
             let dir = RunDir::create(out.as_deref(), config.protocol_name())?;
             dir.write_config(&config)?;
+            opts.run_dir = Some(dir.path().to_owned());
             let report = run_scheduler(&config, (data, None), &opts, ProgressMode::detect())?;
             finish(&dir, &config, &report)
         }
         RoleArg::Shard => run_shard(&opts, None),
         RoleArg::Learner => run_learner(&opts, None, None),
     }
-}
-
-/// The local address this host uses to reach `peer` (no packet is sent).
-fn local_ip_towards(peer: SocketAddr) -> std::net::IpAddr {
-    let unspecified = SocketAddr::from(([0, 0, 0, 0], 0));
-    std::net::UdpSocket::bind(unspecified)
-        .and_then(|s| s.connect(peer).and_then(|()| s.local_addr()))
-        .map_or(unspecified.ip(), |a| a.ip())
 }

@@ -68,8 +68,9 @@ impl RunDir {
     }
 
     /// Everything a finished run leaves: `metrics.csv`, `checkpoint.safetensors`,
-    /// `summary.json` and the plots, drawn from the run as recorded (a plot that cannot be
-    /// drawn is a warning: the run itself succeeded). Returns the run as recorded.
+    /// `summary.json`, `timeline.json` (membership changes and faults, in order) and the plots,
+    /// drawn from the run as recorded (a plot that cannot be drawn is a warning: the run itself
+    /// succeeded). Returns the run as recorded.
     pub fn record(&self, config: &Config, report: &RunReport) -> Result<RecordedRun, RuntimeError> {
         let run = RecordedRun::of(&self.path, config, report);
         self.write_file("metrics.csv", &metrics_csv(&run.metrics))?;
@@ -77,6 +78,9 @@ impl RunDir {
         let json =
             serde_json::to_string_pretty(&run.summary).map_err(|e| RuntimeError::Config(e.to_string()))?;
         self.write_file("summary.json", &json)?;
+        let timeline = serde_json::to_string_pretty(&report.timeline)
+            .map_err(|e| RuntimeError::Config(e.to_string()))?;
+        self.write_file("timeline.json", &timeline)?;
         if let Err(e) = crate::plot::draw_run(&run) {
             tracing::warn!("the run's plots were not drawn: {e}");
         }

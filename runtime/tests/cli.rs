@@ -200,3 +200,48 @@ fn a_run_whose_plots_cannot_be_drawn_warns_and_succeeds() {
         .collect();
     assert!(pngs.is_empty(), "no half-drawn plots: {pngs:?}");
 }
+
+/// A node configured the way container engines do it: every flag from a `RUDRA_*` variable,
+/// its name from an Indexed Job's index or a StatefulSet pod's host name.
+#[test]
+fn node_flags_come_from_the_environment_and_names_from_ordinals() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().to_str().unwrap();
+    let stderr = |o: &Output| String::from_utf8_lossy(&o.stderr).into_owned();
+    // A role from the environment does not stop a subcommand in the same container.
+    let o = node(&["cert", "init", "--dir", certs], &[("RUDRA_ROLE", "learner")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let base = [("RUDRA_CERTS", certs), ("RUDRA_SCHEDULER", "scheduler.invalid:7070"), ("HOSTNAME", "")];
+    for (env, expected) in [
+        (vec![("RUDRA_ROLE", "learner"), ("JOB_COMPLETION_INDEX", "7")], "learner-7.pem"),
+        (vec![("RUDRA_ROLE", "shard"), ("HOSTNAME", "shard-3")], "shard-3.pem"),
+        (vec![("RUDRA_ROLE", "shard"), ("RUDRA_NAME", "shard-5"), ("HOSTNAME", "shard-3")], "shard-5.pem"),
+        (vec![("RUDRA_ROLE", "learner")], "learner-0.pem"),
+    ] {
+        let o = node(&[], &[&base[..], &env].concat());
+        assert_eq!(o.status.code(), Some(2), "{env:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(expected) && stderr(&o).contains("--token"), "{env:?}: {}", stderr(&o));
+    }
+    let o = node(&[], &[("RUDRA_ROLE", "learner"), ("RUDRA_RESUME", "checkpoints")]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--resume") && stderr(&o).contains("only a shard"), "{}", stderr(&o));
+    let o = node(&[], &[("RUDRA_ROLE", "planner")]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    // A DNS name that never resolves is retried until --connect-timeout, then the node gives up.
+    let o = node(
+        &[],
+        &[
+            ("RUDRA_ROLE", "learner"),
+            ("RUDRA_TOKEN", "rudra1.learner.1.1.0000000000000000.00000000000000000000000000000000"),
+            ("RUDRA_CA", &format!("{certs}/ca.pem")),
+            ("RUDRA_SCHEDULER", "scheduler.invalid:7070"),
+            ("RUDRA_CONNECT_TIMEOUT", "1s"),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(1), "worth a restart: {}", stderr(&o));
+    assert!(
+        stderr(&o).contains("gave up reaching the scheduler at scheduler.invalid:7070"),
+        "{}",
+        stderr(&o)
+    );
+}

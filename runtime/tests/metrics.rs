@@ -89,6 +89,20 @@ fn check(s: &Scrape) {
     assert_eq!(single(s, "rudra_transport_received_bytes_total"), 0.0);
 }
 
+/// A `METHOD PATH` request to `addr`: the status code and the body.
+fn request(addr: std::net::SocketAddr, method: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).expect("the endpoint answers");
+    let head =
+        format!("{method} {path} HTTP/1.1\r\nHost: rudra\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
+    stream.write_all(head.as_bytes()).expect("sent");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("an answer");
+    let (head, body) = response.split_once("\r\n\r\n").expect("a head and a body");
+    let code = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).expect("a status code");
+    (code, body.to_owned())
+}
+
 #[test]
 fn a_local_run_serves_prometheus_metrics_while_it_trains() {
     let addr = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port");
@@ -104,6 +118,12 @@ fn a_local_run_serves_prometheus_metrics_while_it_trains() {
         .expect("rudra-node starts");
     let mut node = Node(child);
     let first = scrape_until(&mut node.0, addr, |s| clock(s) > 0.0);
+    // Beside the metrics: liveness and readiness probes, and clear answers to anything else.
+    assert_eq!(request(addr, "GET", "/healthz"), (200, "alive\n".to_owned()));
+    assert_eq!(request(addr, "GET", "/readyz"), (200, "ready\n".to_owned()));
+    assert_eq!(request(addr, "HEAD", "/readyz"), (200, String::new()));
+    assert_eq!(request(addr, "GET", "/").0, 404);
+    assert_eq!(request(addr, "POST", "/metrics").0, 405);
     let second = scrape_until(&mut node.0, addr, |s| clock(s) > clock(&first));
     check(&first);
     check(&second);

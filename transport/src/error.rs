@@ -24,6 +24,10 @@ pub enum TransportError {
         /// What is wrong and what to use instead.
         problem: String,
     },
+    /// The scheduler refused to enrol this node (a bad, expired, replayed or wrong-role join
+    /// token); running again with the same token fails the same way.
+    #[error("enrolment refused: {0}")]
+    Refused(String),
     /// A message could not be serialized.
     #[error("cannot encode message: {0}")]
     Encode(String),

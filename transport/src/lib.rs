@@ -15,8 +15,11 @@
 //! - [`relay`]: a UDP relay that applies fault rules between two real nodes.
 //! - [`quic`]: QUIC endpoints and authenticated peers.
 //! - [`tls`]: the cluster CA, node certificates, mutual-TLS settings.
+//! - [`token`]: join tokens, minted and checked with the CA key.
+//! - [`enrol`]: a node gets its certificate from the scheduler with a join token.
 //! - [`error`]: the crate's error type.
 
+pub mod enrol;
 pub mod error;
 pub mod faults;
 pub mod floats;
@@ -29,6 +32,7 @@ pub mod payload;
 pub mod quic;
 pub mod relay;
 pub mod tls;
+pub mod token;
 // rkyv generates public archived and resolver types whose fields carry no docs.
 #[allow(missing_docs)]
 pub mod wire;

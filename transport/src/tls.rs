@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose,
+    BasicConstraints, CertificateParams, CertificateSigningRequestParams, DnType, ExtendedKeyUsagePurpose,
+    IsCa, Issuer, KeyPair, KeyUsagePurpose,
 };
 use rustls::RootCertStore;
 use rustls::crypto::CryptoProvider;
@@ -19,12 +19,13 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 
+use crate::token::TokenKey;
 use crate::{Role, TransportError};
 
 /// ALPN protocol id of Rudra's QUIC connections.
 pub const ALPN: &[u8] = b"rudra/1";
 
-fn tls_err(what: &str, e: impl std::fmt::Display) -> TransportError {
+pub(crate) fn tls_err(what: &str, e: impl std::fmt::Display) -> TransportError {
     TransportError::Tls(format!("{what}: {e}"))
 }
 
@@ -75,6 +76,12 @@ impl CertDir {
         Self { dir: dir.into() }
     }
 
+    /// The directory.
+    #[must_use]
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     fn path(&self, file: &str) -> PathBuf {
         self.dir.join(file)
     }
@@ -102,38 +109,143 @@ impl CertDir {
 
     /// Issue `NAME.pem` / `NAME.key` for node `name`, signed by the CA.
     pub fn issue(&self, name: &str) -> Result<(), TransportError> {
-        check_name(name)?;
-        let ca_key = KeyPair::from_pem(&read(&self.path("ca.key"))?).map_err(|e| tls_err("CA key", e))?;
-        let issuer =
-            Issuer::from_ca_cert_pem(&read(&self.path("ca.pem"))?, ca_key).map_err(|e| tls_err("CA", e))?;
-        let mut params =
-            CertificateParams::new(vec![name.to_owned()]).map_err(|e| tls_err("node parameters", e))?;
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.use_authority_key_identifier_extension = true;
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages =
-            vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
-        let key = KeyPair::generate().map_err(|e| tls_err("node key", e))?;
-        let cert = params.signed_by(&key, &issuer).map_err(|e| tls_err("node certificate", e))?;
-        write_private(&self.path(&format!("{name}.key")), &key.serialize_pem())?;
+        let (cert, key) = self.authority()?.issue(name)?;
+        write_private(&self.path(&format!("{name}.key")), &key)?;
         let pem = self.path(&format!("{name}.pem"));
-        fs::write(&pem, cert.pem()).map_err(|e| io_err(&pem, e))
+        fs::write(&pem, cert).map_err(|e| io_err(&pem, e))
+    }
+
+    /// The CA, ready to sign: needs `ca.pem` and `ca.key`.
+    pub fn authority(&self) -> Result<Authority, TransportError> {
+        let ca_pem = read(&self.path("ca.pem"))?;
+        Authority::new(&ca_pem, &read(&self.path("ca.key"))?)
+    }
+
+    /// Whether the directory holds the CA's key (this node can sign certificates).
+    #[must_use]
+    pub fn has_ca_key(&self) -> bool {
+        self.path("ca.key").is_file()
+    }
+
+    /// Whether node `name`'s certificate and key are here.
+    #[must_use]
+    pub fn has_identity(&self, name: &str) -> bool {
+        self.path(&format!("{name}.pem")).is_file() && self.path(&format!("{name}.key")).is_file()
+    }
+
+    /// The CA certificate (`ca.pem`).
+    pub fn ca_pem(&self) -> Result<String, TransportError> {
+        read(&self.path("ca.pem"))
+    }
+
+    /// Keep `identity` here (`ca.pem`, `NAME.pem`, `NAME.key`) so that the node finds it when
+    /// it starts again.
+    pub fn save(&self, identity: &Identity) -> Result<(), TransportError> {
+        fs::create_dir_all(&self.dir).map_err(|e| io_err(&self.dir, e))?;
+        let pem = |ders: &[CertificateDer<'_>]| -> String {
+            ders.iter().map(|d| pem_block("CERTIFICATE", d.as_ref())).collect()
+        };
+        let name = identity.name();
+        write_private(
+            &self.path(&format!("{name}.key")),
+            &pem_block("PRIVATE KEY", identity.key.secret_der()),
+        )?;
+        for (file, contents) in
+            [(format!("{name}.pem"), pem(&identity.chain)), ("ca.pem".into(), pem(&identity.ca))]
+        {
+            let path = self.path(&file);
+            fs::write(&path, contents).map_err(|e| io_err(&path, e))?;
+        }
+        Ok(())
     }
 
     /// Load node `name`'s identity.
     pub fn identity(&self, name: &str) -> Result<Identity, TransportError> {
-        let role = check_name(name)?;
-        let certs = |file: &str| -> Result<Vec<CertificateDer<'static>>, TransportError> {
-            CertificateDer::pem_slice_iter(read(&self.path(file))?.as_bytes())
-                .collect::<Result<_, _>>()
-                .map_err(|e| tls_err(file, e))
-        };
-        let ca = certs("ca.pem")?;
-        let chain = certs(&format!("{name}.pem"))?;
         let key_file = format!("{name}.key");
-        let key = PrivateKeyDer::from_pem_slice(read(&self.path(&key_file))?.as_bytes())
-            .map_err(|e| tls_err(&key_file, e))?;
-        Ok(Identity { name: name.to_owned(), role, ca, chain, key: Arc::new(key) })
+        Identity::from_pem(
+            name,
+            &read(&self.path("ca.pem"))?,
+            &read(&self.path(&format!("{name}.pem")))?,
+            &read(&self.path(&key_file))?,
+        )
+    }
+}
+
+/// `der` as a PEM block of `label`.
+fn pem_block(label: &str, der: &[u8]) -> String {
+    let config = pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF);
+    pem::encode_config(&pem::Pem::new(label, der), config)
+}
+
+/// The cluster CA, able to sign: what the scheduler enrols nodes with.
+pub struct Authority {
+    issuer: Issuer<'static, KeyPair>,
+    ca_pem: String,
+    tokens: TokenKey,
+}
+
+impl std::fmt::Debug for Authority {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Authority(..)")
+    }
+}
+
+/// The certificate parameters of node `name`: named by its one DNS name, for client and
+/// server authentication.
+fn node_params(name: &str) -> Result<CertificateParams, TransportError> {
+    check_name(name)?;
+    let mut params =
+        CertificateParams::new(vec![name.to_owned()]).map_err(|e| tls_err("node parameters", e))?;
+    params.distinguished_name.push(DnType::CommonName, name);
+    params.use_authority_key_identifier_extension = true;
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages =
+        vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+    Ok(params)
+}
+
+impl Authority {
+    /// The CA of `ca_pem` with its key `ca_key_pem`.
+    pub fn new(ca_pem: &str, ca_key_pem: &str) -> Result<Self, TransportError> {
+        let key = KeyPair::from_pem(ca_key_pem).map_err(|e| tls_err("CA key", e))?;
+        let tokens = TokenKey::from_ca_key(&key.serialize_der());
+        let issuer = Issuer::from_ca_cert_pem(ca_pem, key).map_err(|e| tls_err("CA", e))?;
+        Ok(Self { issuer, ca_pem: ca_pem.to_owned(), tokens })
+    }
+
+    /// The CA certificate.
+    #[must_use]
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
+    /// The key that mints and checks this cluster's join tokens.
+    #[must_use]
+    pub fn tokens(&self) -> &TokenKey {
+        &self.tokens
+    }
+
+    /// A new key and a certificate for node `name`: `(certificate PEM, key PEM)`.
+    pub fn issue(&self, name: &str) -> Result<(String, String), TransportError> {
+        let key = KeyPair::generate().map_err(|e| tls_err("node key", e))?;
+        let cert =
+            node_params(name)?.signed_by(&key, &self.issuer).map_err(|e| tls_err("node certificate", e))?;
+        Ok((cert.pem(), key.serialize_pem()))
+    }
+
+    /// Node `name`'s identity, issued now and held in memory.
+    pub fn identity(&self, name: &str) -> Result<Identity, TransportError> {
+        let (cert, key) = self.issue(name)?;
+        Identity::from_pem(name, &self.ca_pem, &cert, &key)
+    }
+
+    /// A certificate for the key of `csr_pem` (whose signature proves the requester holds it),
+    /// naming node `name`: whatever names the request asked for are ignored.
+    pub fn sign_request(&self, csr_pem: &str, name: &str) -> Result<String, TransportError> {
+        let mut csr = CertificateSigningRequestParams::from_pem(csr_pem)
+            .map_err(|e| tls_err("certificate signing request", e))?;
+        csr.params = node_params(name)?;
+        Ok(csr.signed_by(&self.issuer).map_err(|e| tls_err("node certificate", e))?.pem())
     }
 }
 
@@ -149,13 +261,46 @@ pub struct Identity {
 
 /// ring's TLS 1.3 suites with AES-128-GCM first: every byte between nodes is sealed and
 /// opened once, and ten AES rounds cost less than AES-256's fourteen.
-fn provider() -> Arc<CryptoProvider> {
+pub(crate) fn provider() -> Arc<CryptoProvider> {
     let mut provider = rustls::crypto::ring::default_provider();
     provider.cipher_suites.sort_by_key(|s| s.suite() != rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
     Arc::new(provider)
 }
 
 impl Identity {
+    /// Node `name`'s identity from PEM text: the CA certificate, its certificate chain, its key.
+    pub fn from_pem(
+        name: &str,
+        ca_pem: &str,
+        chain_pem: &str,
+        key_pem: &str,
+    ) -> Result<Self, TransportError> {
+        let role = check_name(name)?;
+        let certs = |what: &str, pem: &str| -> Result<Vec<CertificateDer<'static>>, TransportError> {
+            CertificateDer::pem_slice_iter(pem.as_bytes())
+                .collect::<Result<_, _>>()
+                .map_err(|e| tls_err(what, e))
+        };
+        let ca = certs("ca.pem", ca_pem)?;
+        let chain = certs(&format!("{name}.pem"), chain_pem)?;
+        let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
+            .map_err(|e| tls_err(&format!("{name}.key"), e))?;
+        Ok(Identity { name: name.to_owned(), role, ca, chain, key: Arc::new(key) })
+    }
+
+    /// TLS 1.3 server settings for enrolment: this node's certificate, no client certificate
+    /// asked (the client has none yet; it proves itself with a join token), ALPN `alpn`.
+    pub fn enrol_server_config(&self, alpn: &[u8]) -> Result<rustls::ServerConfig, TransportError> {
+        let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(|e| tls_err("TLS versions", e))?
+            .with_no_client_auth()
+            .with_single_cert(self.chain.clone(), self.key.clone_key())
+            .map_err(|e| tls_err("server certificate", e))?;
+        cfg.alpn_protocols = vec![alpn.to_vec()];
+        Ok(cfg)
+    }
+
     /// A secret of this node's own, the same in every process that runs with its certificate
     /// and key, and telling nothing about the key: the key's SHA-256 under a label of its own.
     #[must_use]

@@ -5,12 +5,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use rudra_actors::InvalidSetting;
 use rudra_transport::quic::{Peer, QuicEndpoint};
 use rudra_transport::{Inbound, Msg, Role};
 use tokio::sync::mpsc;
 
-use super::{NodeOptions, connect_with_retry, expect, net};
+use super::{NodeOptions, advertised, connect_with_retry, expect, net, scheduler_addr};
 use crate::{Config, RuntimeError};
 
 /// A node that has joined the scheduler.
@@ -133,16 +132,12 @@ pub(super) async fn join(
     opts: &NodeOptions,
     role: Role,
 ) -> Result<(Peer, mpsc::Receiver<Inbound>, Welcome), RuntimeError> {
-    let addr = opts.scheduler.ok_or_else(|| {
-        RuntimeError::Invalid(InvalidSetting::new(
-            "--scheduler",
-            "shards and learners need the scheduler's address",
-        ))
-    })?;
+    let addr = scheduler_addr(opts)?;
     let sched = connect_with_retry(ep, addr, "scheduler", opts.connect_timeout).await?;
     let mut rx = sched.incoming(256);
-    let data_addr = if role == Role::Shard { ep.local_addr()?.to_string() } else { String::new() };
-    sched.send(&Msg::Join { role, name: opts.name.clone(), data_addr }).await?;
+    let data_addr = if role == Role::Shard { advertised(opts, ep).await? } else { String::new() };
+    let name = ep.identity().name().to_owned();
+    sched.send(&Msg::Join { role, name, data_addr }).await?;
     let Inbound::Control(Msg::Welcome {
         id,
         config_toml,
@@ -152,7 +147,7 @@ pub(super) async fn join(
         learner_names,
         job,
         incarnation,
-    }) = expect(&mut rx, "the welcome", Duration::from_secs(3600)).await?
+    }) = expect(&mut rx, "the welcome", opts.connect_timeout).await?
     else {
         return Err(net("the scheduler did not answer the join with a welcome"));
     };

@@ -2,7 +2,6 @@
 //! over stand-ins for them, train when told, stop when told. A lost connection to a shard or to
 //! the scheduler is made again (within `--connect-timeout`).
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
@@ -20,8 +19,10 @@ use rudra_transport::{Codec, LearnerId, Msg, Role, ShardId};
 use tokio::sync::mpsc;
 
 use super::join::join;
+use super::scheduler::{serve_metrics, set_ready};
 use super::{NodeOptions, connect_with_retry, endpoint, hang_up, net};
 use crate::RuntimeError;
+use crate::exporter::MetricsEndpoint;
 
 /// Run a learner: join, connect to every shard, train when told, stop when told. It trains on
 /// `data` when given, else on the dataset the run configuration names, with a model of `models`
@@ -34,8 +35,10 @@ pub fn run_learner(
     models: Option<Models>,
 ) -> Result<(), RuntimeError> {
     let opts = opts.clone();
+    let exporter = MetricsEndpoint::bind_if(opts.metrics_addr)?;
     actix::System::new().block_on(async move {
-        let ep = endpoint(&opts, Role::Learner)?;
+        let ep = endpoint(&opts, Role::Learner).await?;
+        let serving = serve_metrics(exporter, &ep)?;
         let (mut sched, mut rx, welcome) = join(&ep, &opts, Role::Learner).await?;
         let (config, incarnation) = (&welcome.config, welcome.incarnation);
         let data = match data {
@@ -63,13 +66,12 @@ pub fn run_learner(
         for (s, ((addr, name), range)) in
             welcome.shards.iter().zip(spec.shard_ranges(models.param_count())).enumerate()
         {
-            let addr: SocketAddr = addr.parse().map_err(|e| net(format!("shard address {addr:?}: {e}")))?;
             let peer = connect_with_retry(&ep, addr, name, opts.connect_timeout).await?;
             peer.send(&Msg::Hello { learner: LearnerId(welcome.id) }).await?;
             let remote = RemotePeer::new(peer.clone(), ShardId(s as u32)).start();
             links.push(ShardLink::of(range, &remote));
             let weights = spec.codecs.weights.codec;
-            connections.push(ShardConnection { peer, addr, name: name.clone(), remote, weights });
+            connections.push(ShardConnection { peer, addr: addr.clone(), name: name.clone(), remote, weights });
         }
         let to_sched = RemotePeer::new(sched.clone(), ShardId(0)).start();
         let me = LearnerId(welcome.id);
@@ -97,6 +99,7 @@ pub fn run_learner(
             }
         };
         tokio::pin!(crashed);
+        set_ready(serving.as_ref());
         if incarnation == 0 {
             sched.send(&Msg::Ready).await?;
         } else {
@@ -111,6 +114,13 @@ pub fn run_learner(
                     None => {
                         tracing::warn!("lost the scheduler ({}); joining again", sched.closed().await);
                         match join(&ep, &opts, Role::Learner).await {
+                            Ok((_, _, again)) if again.job != welcome.job => {
+                                break Err(net(format!(
+                                    "the scheduler came back with another run (job {}, this learner was in {}); \
+                                     exiting so that this learner is started again for it",
+                                    again.job, welcome.job
+                                )));
+                            }
                             Ok((peer, inbox, _)) => {
                                 to_sched.do_send(Rebind(peer.clone()));
                                 (sched, rx) = (peer, inbox);
@@ -142,7 +152,8 @@ pub fn run_learner(
 /// A learner's connection to one shard.
 struct ShardConnection {
     peer: Peer,
-    addr: SocketAddr,
+    /// `HOST:PORT`, looked up again at every reconnection.
+    addr: String,
     name: String,
     /// The shard's stand-in: the learner's pulls and pushes leave through it, and the shard's
     /// answers are handed to it to pass on.
@@ -178,7 +189,7 @@ async fn keep_shard(
             Err(why) => tracing::warn!("lost {} ({why}); connecting again", c.name),
         }
         let again = async {
-            let peer = connect_with_retry(&ep, c.addr, &c.name, timeout).await?;
+            let peer = connect_with_retry(&ep, &c.addr, &c.name, timeout).await?;
             peer.send(&Msg::Hello { learner: me }).await?;
             Ok::<_, RuntimeError>(peer)
         };

@@ -3,7 +3,6 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::time::Duration;
 
 use rudra_actors::{RunReport, TrainingData};
 use rudra_transport::tls::CertDir;
@@ -39,14 +38,10 @@ pub fn run_loopback(
         .and_then(|s| s.local_addr())
         .map_err(|e| net(format!("no loopback port: {e}")))?;
     let opts = |name: &str, listen: SocketAddr| NodeOptions {
-        name: name.to_owned(),
-        certs: dir.path().to_owned(),
-        listen,
-        scheduler: Some(scheduler),
-        connect_timeout: Duration::from_secs(60),
-        metrics_addr: None,
-        resume: None,
+        listen: Some(listen),
+        scheduler: Some(scheduler.to_string()),
         checkpoints: config.checkpoint.dir.clone().or_else(|| run_dir.map(|d| d.join("checkpoints"))),
+        ..NodeOptions::new(Some(name.to_owned()), dir.path().to_owned())
     };
     let any = SocketAddr::from(([127, 0, 0, 1], 0));
     let mut nodes = Vec::new();

@@ -8,7 +8,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use actix::prelude::*;
 use rudra_actors::links::{LearnerHandle, Members, ShardHandle};
 use rudra_actors::messages::{Disconnected, Joined, ShardLost, ShardRestarted};
-use rudra_actors::metrics::Metrics;
 use rudra_actors::remote::codec::{self, FromLearner, FromShard};
 use rudra_actors::remote::{Rebind, RemotePeer, SnapshotReply};
 use rudra_actors::roles::{SchedulerRun, SchedulerSlot, start_scheduler, start_tracker};
@@ -20,9 +19,10 @@ use rudra_transport::quic::{Peer, QuicEndpoint};
 use rudra_transport::{Clock, LearnerId, Role, ShardId};
 use tokio::sync::mpsc;
 
+use super::enrol::Registrar;
 use super::join::{Invitation, Joiner, gather, read_join};
 use super::{HANG_UP, NodeOptions, endpoint, expect, hang_up, net};
-use crate::exporter::MetricsEndpoint;
+use crate::exporter::{MetricsEndpoint, Serving};
 use crate::local::{ProgressMode, show_progress};
 use crate::{Config, RuntimeError};
 
@@ -39,8 +39,13 @@ pub fn run_scheduler(
     let models = models.unwrap_or_else(|| config.models(Device::Cpu(CpuBackend)));
     let exporter = MetricsEndpoint::bind_if(opts.metrics_addr)?;
     actix::System::new().block_on(async move {
-        let ep = endpoint(&opts, Role::Scheduler)?;
-        let metrics = serve_metrics(exporter, &ep)?;
+        let ep = endpoint(&opts, Role::Scheduler).await?;
+        let serving = serve_metrics(exporter, &ep)?;
+        let metrics = serving.as_ref().map(|s| Arc::clone(s.metrics()));
+        if let Some(registrar) = Registrar::open(&opts, ep.identity())? {
+            registrar.serve(ep.local_addr()?)?;
+        }
+        set_ready(serving.as_ref());
         tracing::info!(
             "scheduler listening on {}; waiting for {} shards and {} learners",
             ep.local_addr()?,
@@ -121,12 +126,19 @@ pub fn run_scheduler(
 pub(super) fn serve_metrics(
     exporter: Option<MetricsEndpoint>,
     ep: &QuicEndpoint,
-) -> Result<Option<Arc<Metrics>>, RuntimeError> {
-    let metrics = exporter.map(MetricsEndpoint::start).transpose()?;
-    if let Some(m) = &metrics {
-        m.watch_traffic(ep.traffic());
+) -> Result<Option<Serving>, RuntimeError> {
+    let serving = exporter.map(MetricsEndpoint::start).transpose()?;
+    if let Some(s) = &serving {
+        s.metrics().watch_traffic(ep.traffic());
     }
-    Ok(metrics)
+    Ok(serving)
+}
+
+/// Say on `/readyz`, if served, that the node has joined and serves its peers.
+pub(super) fn set_ready(serving: Option<&Serving>) {
+    if let Some(s) = serving {
+        s.set_ready(true);
+    }
 }
 
 /// One node's place in the running job: its stand-in (which outlives any one connection),

@@ -22,7 +22,7 @@ use rudra_transport::{Inbound, Msg, Role, ShardId};
 use tokio::sync::mpsc;
 
 use super::join::join;
-use super::scheduler::serve_metrics;
+use super::scheduler::{serve_metrics, set_ready};
 use super::{NodeOptions, endpoint, expect, hang_up, net};
 use crate::exporter::MetricsEndpoint;
 use crate::{Config, RuntimeError};
@@ -34,8 +34,9 @@ pub fn run_shard(opts: &NodeOptions, models: Option<Models>) -> Result<(), Runti
     let opts = opts.clone();
     let exporter = MetricsEndpoint::bind_if(opts.metrics_addr)?;
     actix::System::new().block_on(async move {
-        let ep = endpoint(&opts, Role::Shard)?;
-        let metrics = serve_metrics(exporter, &ep)?;
+        let ep = endpoint(&opts, Role::Shard).await?;
+        let serving = serve_metrics(exporter, &ep)?;
+        let metrics = serving.as_ref().map(|s| Arc::clone(s.metrics()));
         let (sched, mut rx, welcome) = join(&ep, &opts, Role::Shard).await?;
         let (id, config) = (ShardId(welcome.id), &welcome.config);
         let models = models.unwrap_or_else(|| config.models(Device::Cpu(CpuBackend)));
@@ -64,6 +65,7 @@ pub fn run_shard(opts: &NodeOptions, models: Option<Models>) -> Result<(), Runti
             metrics,
         };
         actix::spawn(accept_learners(ep.clone(), shard.clone(), policy));
+        set_ready(serving.as_ref());
         let crash = config.faults.crash_of(Node::Shard(id)).filter(|_| !resume);
         let (failed_tx, mut failed) = mpsc::channel(1);
         if let Some(c) = crash {

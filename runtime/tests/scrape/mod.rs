@@ -11,12 +11,13 @@ use prometheus_parse::{Scrape, Value};
 fn get(addr: SocketAddr) -> Option<Scrape> {
     let mut stream = TcpStream::connect(addr).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: rudra\r\n\r\n").ok()?;
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: rudra\r\nConnection: close\r\n\r\n").ok()?;
     let mut response = String::new();
     stream.read_to_string(&mut response).ok()?;
     let (head, body) = response.split_once("\r\n\r\n")?;
     assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
-    assert!(head.contains("Content-Type: text/plain; version=0.0.4"), "{head}");
+    // Header names are case-insensitive.
+    assert!(head.to_ascii_lowercase().contains("content-type: text/plain; version=0.0.4"), "{head}");
     Some(Scrape::parse(body.lines().map(|l| Ok(l.to_owned()))).expect("a Prometheus text exposition"))
 }
 

@@ -1,0 +1,262 @@
+//! A node's identity, and the scheduler's enrolment service.
+//!
+//! A node uses the certificate in its `--certs` directory when it has one (issued by hand with
+//! `rudra-node cert issue`, or kept from an earlier enrolment). A shard or learner without one
+//! enrols: it makes a key, presents its join token to the scheduler over TLS (checking the
+//! scheduler's certificate against the CA it was given), and receives a certificate for the
+//! name the scheduler assigns; it keeps it in `--certs` so that a restart needs no new token.
+//! The scheduler, holding the CA key, issues its own certificate when it has none.
+//!
+//! The scheduler's side ([`Registrar`]) checks each token's MAC, expiry and role, counts its
+//! uses (in memory and in `enrolments.log` in the run directory, so a restarted scheduler still
+//! refuses a replayed token), assigns names, and logs every refusal with its reason.
+
+use std::collections::{BTreeSet, HashMap};
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use rudra_actors::InvalidSetting;
+use rudra_transport::enrol::{self, EnrolRequest, NodeKey};
+use rudra_transport::tls::{Authority, CertDir, Identity, check_name};
+use rudra_transport::token::TokenRefusal;
+use rudra_transport::{Role, TransportError};
+use tokio::sync::Semaphore;
+
+use super::{NodeOptions, resolve, retry, scheduler_addr};
+use crate::RuntimeError;
+
+/// How long one enrolment exchange may take, each way.
+const EXCHANGE: Duration = Duration::from_secs(10);
+/// Enrolments served at once; further connections wait for a turn.
+const CONCURRENT: usize = 16;
+/// The file, in the scheduler's run directory, that records every enrolment.
+const LEDGER: &str = "enrolments.log";
+
+/// The file in which an enrolled node remembers the name it was assigned.
+fn assigned_file(certs: &Path, role: Role) -> PathBuf {
+    certs.join(format!("{}.name", role.as_str()))
+}
+
+/// This node's identity: its certificate in `--certs`, or (the scheduler) one it issues
+/// itself with the CA, or (a shard or learner with a join token) one the scheduler signs.
+pub(super) async fn identity(opts: &NodeOptions, role: Role) -> Result<Identity, RuntimeError> {
+    let certs = CertDir::new(&opts.certs);
+    if role == Role::Scheduler {
+        let name = opts.name.clone().unwrap_or_else(|| "scheduler".into());
+        if certs.has_identity(&name) || !certs.has_ca_key() {
+            return Ok(certs.identity(&name)?);
+        }
+        let identity = certs.authority()?.identity(&name)?;
+        if let Err(e) = certs.save(&identity) {
+            tracing::info!("keeping the certificate this scheduler issued itself in memory only: {e}");
+        }
+        return Ok(identity);
+    }
+    let remembered = || std::fs::read_to_string(assigned_file(&opts.certs, role)).ok();
+    let known = opts.name.clone().or_else(|| remembered().map(|n| n.trim().to_owned()));
+    if let Some(name) = &known
+        && certs.has_identity(name)
+    {
+        return Ok(certs.identity(name)?);
+    }
+    let Some(token) = opts.token.as_deref().filter(|t| !t.is_empty()) else {
+        // Hand-issued certificates: the name the node was given, or the role's first.
+        let name = known.unwrap_or_else(|| format!("{}-0", role.as_str()));
+        if !certs.has_identity(&name) {
+            return Err(RuntimeError::Invalid(InvalidSetting::new(
+                "--token",
+                format!(
+                    "no certificate for {name} ({name}.pem, {name}.key) in {} and no join token: enrol with \
+                     --token (RUDRA_TOKEN) from `rudra-node cert token`, or issue one with `rudra-node cert issue`",
+                    opts.certs.display()
+                ),
+            )));
+        }
+        return Ok(certs.identity(&name)?);
+    };
+    let ca_path = opts.ca.clone().unwrap_or_else(|| opts.certs.join("ca.pem"));
+    let ca_pem = std::fs::read_to_string(&ca_path).map_err(|e| {
+        RuntimeError::Invalid(InvalidSetting::new(
+            "--ca",
+            format!("cannot read the CA certificate {}: {e}; enrolling needs it", ca_path.display()),
+        ))
+    })?;
+    let key = NodeKey::generate()?;
+    let request =
+        EnrolRequest { role, name: opts.name.clone(), token: token.to_owned(), csr: key.request()? };
+    let target = scheduler_addr(opts)?;
+    let (name, cert) =
+        retry(&format!("the scheduler at {target} (enrolling)"), opts.connect_timeout, || async {
+            let addr = resolve(target).await?;
+            let (ca, req) = (ca_pem.clone(), request.clone());
+            match tokio::task::spawn_blocking(move || enrol::enrol(addr, &ca, &req, EXCHANGE)).await {
+                Ok(Err(TransportError::Connection(why))) => Err(why),
+                // Refused, or a certificate: either is final.
+                Ok(done) => Ok(done),
+                Err(e) => Err(e.to_string()),
+            }
+        })
+        .await??;
+    let identity = Identity::from_pem(&name, &ca_pem, &cert, &key.pem())?;
+    tracing::info!(name, "enrolled: the scheduler signed a certificate for this node");
+    let keep = certs.save(&identity).and_then(|()| {
+        let file = assigned_file(&opts.certs, role);
+        std::fs::write(&file, &name).map_err(|e| TransportError::Tls(format!("{}: {e}", file.display())))
+    });
+    if let Err(e) = keep {
+        tracing::warn!(
+            "cannot keep the certificate in {} ({e}); a restart enrols again",
+            opts.certs.display()
+        );
+    }
+    Ok(identity)
+}
+
+/// Token uses and names given so far.
+#[derive(Debug, Default)]
+struct Ledger {
+    uses: HashMap<String, u32>,
+    names: BTreeSet<String>,
+    file: Option<PathBuf>,
+}
+
+impl Ledger {
+    /// The ledger kept in `file`, with what it already records.
+    fn open(file: Option<PathBuf>) -> Self {
+        let mut ledger = Self { file, ..Self::default() };
+        let text = ledger.file.as_ref().and_then(|f| std::fs::read_to_string(f).ok()).unwrap_or_default();
+        for line in text.lines() {
+            if let [id, name, ..] = line.split_whitespace().collect::<Vec<_>>()[..] {
+                *ledger.uses.entry(id.to_owned()).or_default() += 1;
+                ledger.names.insert(name.to_owned());
+            }
+        }
+        ledger
+    }
+
+    /// Count a use of token `id` by `name`.
+    fn record(&mut self, id: &str, name: &str) {
+        *self.uses.entry(id.to_owned()).or_default() += 1;
+        self.names.insert(name.to_owned());
+        let Some(file) = &self.file else { return };
+        let written = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(file)
+            .and_then(|mut f| writeln!(f, "{id} {name}").and_then(|()| f.sync_data()));
+        if let Err(e) = written {
+            tracing::warn!("cannot record the enrolment in {}: {e}", file.display());
+        }
+    }
+}
+
+/// The scheduler's enrolment service: signs certificates for nodes with valid join tokens.
+pub(super) struct Registrar {
+    authority: Authority,
+    tls: Arc<rustls::ServerConfig>,
+    ledger: Mutex<Ledger>,
+}
+
+impl Registrar {
+    /// The service of a scheduler whose `--certs` hold the CA key (`None` otherwise: nodes
+    /// then need hand-issued certificates), recording enrolments in `run_dir`.
+    pub(super) fn open(opts: &NodeOptions, identity: &Identity) -> Result<Option<Arc<Self>>, RuntimeError> {
+        let certs = CertDir::new(&opts.certs);
+        if !certs.has_ca_key() {
+            tracing::info!("no CA key in {}: nodes need certificates of their own", opts.certs.display());
+            return Ok(None);
+        }
+        let authority = certs.authority()?;
+        let tls = Arc::new(identity.enrol_server_config(enrol::ALPN)?);
+        let ledger = Ledger::open(opts.run_dir.as_ref().map(|d| d.join(LEDGER)));
+        Ok(Some(Arc::new(Self { authority, tls, ledger: Mutex::new(ledger) })))
+    }
+
+    /// Answer one request: a certificate for the name asked for (or the next free one of the
+    /// role), or why not.
+    fn decide(&self, request: &EnrolRequest) -> Result<(String, String), String> {
+        if request.token.is_empty() {
+            return Err(
+                "no join token: start the node with --token (RUDRA_TOKEN) from `rudra-node cert token`"
+                    .into(),
+            );
+        }
+        let token = self.authority.tokens().check(&request.token, request.role).map_err(|e| e.to_string())?;
+        let mut ledger = self.ledger.lock().unwrap_or_else(PoisonError::into_inner);
+        if ledger.uses.get(&token.id).copied().unwrap_or(0) >= token.uses {
+            return Err(TokenRefusal::Replayed { uses: token.uses }.to_string());
+        }
+        let role = request.role.as_str();
+        let name = match &request.name {
+            Some(name) => match check_name(name) {
+                Ok(r) if r == request.role => name.clone(),
+                _ => return Err(format!("{name:?} is not a {role} name (e.g. {role}-0)")),
+            },
+            None => {
+                (0..).map(|n| format!("{role}-{n}")).find(|n| !ledger.names.contains(n)).unwrap_or_default()
+            }
+        };
+        let cert = self.authority.sign_request(&request.csr, &name).map_err(|e| e.to_string())?;
+        ledger.record(&token.id, &name);
+        Ok((name, cert))
+    }
+
+    /// Serve enrolments over TCP on `listen` (the port the scheduler's QUIC endpoint uses for
+    /// UDP) until the runtime stops.
+    pub(super) fn serve(self: Arc<Self>, listen: SocketAddr) -> Result<(), RuntimeError> {
+        let listener = std::net::TcpListener::bind(listen)
+            .and_then(|l| l.set_nonblocking(true).map(|()| l))
+            .and_then(tokio::net::TcpListener::from_std)
+            .map_err(|e| {
+                RuntimeError::Invalid(InvalidSetting::new(
+                    "--listen",
+                    format!("cannot serve enrolment on TCP {listen}: {e}; choose a free port"),
+                ))
+            })?;
+        tracing::info!("enrolling nodes with join tokens on TCP {listen}");
+        let turns = Arc::new(Semaphore::new(CONCURRENT));
+        actix::spawn(async move {
+            loop {
+                let (stream, peer) = match listener.accept().await {
+                    Ok(accepted) => accepted,
+                    // Out of file descriptors and the like: let the moment pass.
+                    Err(e) => {
+                        tracing::warn!("enrolment: {e}");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+                let Ok(turn) = Arc::clone(&turns).acquire_owned().await else { return };
+                let registrar = Arc::clone(&self);
+                tokio::task::spawn_blocking(move || {
+                    let _turn = turn;
+                    registrar.answer(stream, peer);
+                });
+            }
+        });
+        Ok(())
+    }
+
+    fn answer(&self, stream: tokio::net::TcpStream, peer: SocketAddr) {
+        let served = stream
+            .into_std()
+            .and_then(|s| s.set_nonblocking(false).map(|()| s))
+            .map_err(|e| TransportError::Connection(e.to_string()))
+            .and_then(|s| enrol::serve(s, Arc::clone(&self.tls), EXCHANGE, |r| self.decide(r)));
+        match served {
+            Ok((request, Ok(name))) => {
+                tracing::info!(%peer, role = request.role.as_str(), name, "enrolled a node");
+            }
+            Ok((request, Err(why))) => tracing::warn!(
+                %peer,
+                role = request.role.as_str(),
+                asked = request.name.as_deref().unwrap_or("any name"),
+                "refused enrolment: {why}"
+            ),
+            Err(e) => tracing::warn!(%peer, "refused enrolment: {e}"),
+        }
+    }
+}
