@@ -16,6 +16,12 @@ use rudra_runtime::{Checkpoint, Config, RunDir, RuntimeError, bench, experiment,
 use rudra_transport::tls::CertDir;
 use rudra_transport::{LinkFaults, Relay, RelayRules, Role};
 
+/// mimalloc keeps freed pages for the next allocation of their size: a node allocates and
+/// frees a frame-sized buffer for every payload it sends and receives, which the system
+/// allocator returns to the kernel and faults in again each time.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// What is logged when `RUST_LOG` is unset: `info`, but only warnings from the HTTP server's
 /// workers (their start and stop).
 const DEFAULT_LOG: &str = "info,actix_server=warn";

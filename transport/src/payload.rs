@@ -6,9 +6,16 @@
 //! view of the values it was made from, or of the frame it arrived in.
 
 use std::str::FromStr;
+use std::sync::Arc;
 
 use half::f16;
-use rkyv::{Archive, Deserialize, Serialize};
+use rkyv::rancor::Fallible;
+use rkyv::rend::{f32_le, u16_le};
+use rkyv::ser::{Allocator, Writer};
+use rkyv::util::AlignedVec;
+use rkyv::vec::{ArchivedVec, VecResolver};
+use rkyv::with::{ArchiveWith, DeserializeWith, SerializeWith};
+use rkyv::{Archive, Deserialize, Place, Serialize};
 
 use crate::floats::AsFloatVec;
 use crate::{Floats, TransportError};
@@ -132,31 +139,74 @@ pub struct Codecs {
     pub weights: Encoding,
 }
 
-/// Float values as they travel: `f32`, or compressed.
+/// Codes shared without copying: a compressed payload is cloned for every learner a shard
+/// serves and kept by a learner for a retry, so its clones share one buffer.
+pub type Codes<T> = Arc<Vec<T>>;
+
+/// Archives [`Codes`] exactly as rkyv archives a `Vec`: sharing is local to a process and
+/// leaves the wire format as it is.
+#[derive(Debug)]
+pub struct AsCodes;
+
+impl<T: Archive> ArchiveWith<Codes<T>> for AsCodes {
+    type Archived = ArchivedVec<T::Archived>;
+    type Resolver = VecResolver;
+
+    fn resolve_with(field: &Codes<T>, resolver: VecResolver, out: Place<Self::Archived>) {
+        ArchivedVec::resolve_from_len(field.len(), resolver, out);
+    }
+}
+
+impl<T, S> SerializeWith<Codes<T>, S> for AsCodes
+where
+    T: Serialize<S>,
+    S: Fallible + Allocator + Writer + ?Sized,
+{
+    fn serialize_with(field: &Codes<T>, serializer: &mut S) -> Result<VecResolver, S::Error> {
+        ArchivedVec::serialize_from_slice(field.as_slice(), serializer)
+    }
+}
+
+impl<T, D> DeserializeWith<ArchivedVec<T::Archived>, Codes<T>, D> for AsCodes
+where
+    T: Archive,
+    T::Archived: Deserialize<T, D>,
+    D: Fallible + ?Sized,
+{
+    fn deserialize_with(field: &ArchivedVec<T::Archived>, d: &mut D) -> Result<Codes<T>, D::Error> {
+        Ok(Arc::new(field.iter().map(|c| c.deserialize(d)).collect::<Result<Vec<T>, _>>()?))
+    }
+}
+
+/// Float values as they travel: `f32`, or compressed. Clones share the values or the codes.
 #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[rkyv(derive(Debug))]
 pub enum Payload {
     /// The values as they are.
     F32(#[rkyv(with = AsFloatVec)] Floats),
     /// bfloat16 bit patterns.
-    Bf16(Vec<u16>),
+    Bf16(#[rkyv(with = AsCodes)] Codes<u16>),
     /// IEEE half-precision bit patterns of the values divided by their block's scale.
     Fp16 {
         /// Values per scale.
         block: u32,
         /// Each block's largest magnitude.
-        scales: Vec<f32>,
+        #[rkyv(with = AsCodes)]
+        scales: Codes<f32>,
         /// The scaled values.
-        values: Vec<u16>,
+        #[rkyv(with = AsCodes)]
+        values: Codes<u16>,
     },
     /// Integers in [-127, 127]; a value is its integer times its block's scale.
     Int8 {
         /// Values per scale.
         block: u32,
         /// Each block's scale, max|x| / 127.
-        scales: Vec<f32>,
+        #[rkyv(with = AsCodes)]
+        scales: Codes<f32>,
         /// The integers.
-        values: Vec<i8>,
+        #[rkyv(with = AsCodes)]
+        values: Codes<i8>,
     },
 }
 
@@ -185,7 +235,7 @@ impl Payload {
         let block = encoding.block.clamp(1, MAX_BLOCK) as usize;
         match encoding.codec {
             Codec::F32 => Self::F32(values.clone()),
-            Codec::Bf16 => Self::Bf16(values.iter().map(|&v| to_bf16(v)).collect()),
+            Codec::Bf16 => Self::Bf16(Arc::new(values.iter().map(|&v| to_bf16(v)).collect())),
             Codec::Fp16 => {
                 let mut scales = Vec::with_capacity(values.len().div_ceil(block));
                 let mut out = Vec::with_capacity(values.len());
@@ -195,7 +245,7 @@ impl Payload {
                     out.extend(chunk.iter().map(|&v| f16::from_f32(v * inv).to_bits()));
                     scales.push(s);
                 }
-                Self::Fp16 { block: block as u32, scales, values: out }
+                Self::Fp16 { block: block as u32, scales: Arc::new(scales), values: Arc::new(out) }
             }
             Codec::Int8 => {
                 let mut scales = Vec::with_capacity(values.len().div_ceil(block));
@@ -220,7 +270,7 @@ impl Payload {
                         }
                     }
                 }
-                Self::Int8 { block: block as u32, scales, values: out }
+                Self::Int8 { block: block as u32, scales: Arc::new(scales), values: Arc::new(out) }
             }
         }
     }
@@ -269,22 +319,12 @@ impl Payload {
     pub fn decode(self) -> Result<Floats, TransportError> {
         Ok(match self {
             Self::F32(v) => v,
-            Self::Bf16(v) => v.iter().map(|&b| from_bf16(b)).collect::<Vec<f32>>().into(),
+            Self::Bf16(v) => from_bf16s(&v, |&b| b),
             Self::Fp16 { block, scales, values } => {
-                check_scales(Codec::Fp16, block, &scales, values.len())?;
-                let mut out = Vec::with_capacity(values.len());
-                for (chunk, s) in values.chunks(block as usize).zip(scales) {
-                    out.extend(chunk.iter().map(|&b| s * f16::from_bits(b).to_f32()));
-                }
-                out.into()
+                decode_blocks(Codec::Fp16, block, &scales, &values, |&b| f16::from_bits(b).to_f32())?
             }
             Self::Int8 { block, scales, values } => {
-                check_scales(Codec::Int8, block, &scales, values.len())?;
-                let mut out = Vec::with_capacity(values.len());
-                for (chunk, s) in values.chunks(block as usize).zip(scales) {
-                    out.extend(chunk.iter().map(|&q| s * f32::from(q)));
-                }
-                out.into()
+                decode_blocks(Codec::Int8, block, &scales, &values, |&q| f32::from(q))?
             }
         })
     }
@@ -301,6 +341,46 @@ impl ArchivedPayload {
             Self::Int8 { .. } => Codec::Int8,
         }
     }
+
+    /// The `f32` values of this validated payload in the frame body `frame`: a view into the
+    /// frame for `f32`; decoded straight from the frame into a buffer of their own for a
+    /// compressed payload, checked as [`Payload::decode`] checks them.
+    pub(crate) fn decode_in(&self, frame: &Arc<AlignedVec>) -> Result<Floats, TransportError> {
+        let scales = |s: &ArchivedVec<f32_le>| s.iter().map(|s| s.to_native()).collect::<Vec<f32>>();
+        match self {
+            Self::F32(values) => Ok(Floats::in_frame(frame, values)),
+            Self::Bf16(v) => Ok(from_bf16s(v, |b| b.to_native())),
+            Self::Fp16 { block, scales: s, values } => {
+                let fp16 = |b: &u16_le| f16::from_bits(b.to_native()).to_f32();
+                decode_blocks(Codec::Fp16, block.to_native(), &scales(s), values, fp16)
+            }
+            Self::Int8 { block, scales: s, values } => {
+                decode_blocks(Codec::Int8, block.to_native(), &scales(s), values, |&q| f32::from(q))
+            }
+        }
+    }
+}
+
+/// bfloat16 codes (read by `bits`) as `f32` values.
+fn from_bf16s<C>(codes: &[C], bits: impl Fn(&C) -> u16) -> Floats {
+    codes.iter().map(|c| from_bf16(bits(c))).collect::<Vec<f32>>().into()
+}
+
+/// A block codec's codes as `f32` values: each `value(code)` times its block's scale, once the
+/// scales are checked against the codes.
+fn decode_blocks<C>(
+    codec: Codec,
+    block: u32,
+    scales: &[f32],
+    codes: &[C],
+    value: impl Fn(&C) -> f32,
+) -> Result<Floats, TransportError> {
+    check_scales(codec, block, scales, codes.len())?;
+    let mut out = Vec::with_capacity(codes.len());
+    for (chunk, s) in codes.chunks(block as usize).zip(scales) {
+        out.extend(chunk.iter().map(|c| s * value(c)));
+    }
+    Ok(out.into())
 }
 
 /// A block codec's scales must be one finite, non-negative number per block of `len` values.
@@ -401,7 +481,7 @@ mod tests {
         let v: Floats = vec![1.0, 1.0 + 1.0 / 256.0, 1.0 + 3.0 / 256.0, -2.5, 0.0].into();
         let Payload::Bf16(bits) = encoding(Codec::Bf16).encode(&v, None) else { panic!() };
         // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: it rounds to the even 1.
-        assert_eq!(bits, vec![0x3f80, 0x3f80, 0x3f82, 0xc020, 0]);
+        assert_eq!(*bits, vec![0x3f80, 0x3f80, 0x3f82, 0xc020, 0]);
         // As the half crate's reference conversion, for every kind of value.
         let mut bits = 0x0000_1234_u32;
         for _ in 0..100_000 {
@@ -424,7 +504,7 @@ mod tests {
         let Payload::Int8 { values, .. } = Encoding { codec: Codec::Int8, block: 8 }.encode(&v, None) else {
             panic!()
         };
-        assert_eq!(values, vec![127, 0, 2, 2, 0, -2, 2, -127]);
+        assert_eq!(*values, vec![127, 0, 2, 2, 0, -2, 2, -127]);
     }
 
     #[test]
@@ -434,7 +514,7 @@ mod tests {
         let Payload::Int8 { block, scales, values } = &p else { panic!() };
         assert_eq!(*block, 4);
         assert!((scales[0] - 0.01).abs() < 1e-9 && (scales[1] - 0.02).abs() < 1e-9);
-        assert_eq!(values, &vec![50, -127, 0, 1, 127, 0, 0, 0]);
+        assert_eq!(**values, vec![50, -127, 0, 1, 127, 0, 0, 0]);
     }
 
     #[test]
@@ -474,14 +554,21 @@ mod tests {
             Err(TransportError::BadFrame(why)) => assert!(why.contains(what), "{why}"),
             other => panic!("accepted: {other:?}"),
         };
-        let int8 = |block, scales: Vec<f32>, n| Payload::Int8 { block, scales, values: vec![1; n] };
+        let int8 = |block, scales: Vec<f32>, n| Payload::Int8 {
+            block,
+            scales: scales.into(),
+            values: vec![1; n].into(),
+        };
         bad(int8(4, vec![1.0], 8), "has 1 scales, not 2");
         bad(int8(4, vec![1.0, 1.0, 1.0], 8), "has 3 scales, not 2");
         bad(int8(0, vec![], 8), "blocks of 0");
         bad(int8(MAX_BLOCK + 1, vec![1.0], 8), "blocks of");
         bad(int8(4, vec![1.0, f32::NAN], 8), "scale NaN");
         bad(int8(4, vec![f32::INFINITY, 1.0], 8), "scale inf");
-        bad(Payload::Fp16 { block: 4, scales: vec![-1.0, 1.0], values: vec![0; 8] }, "scale -1");
+        bad(
+            Payload::Fp16 { block: 4, scales: vec![-1.0, 1.0].into(), values: vec![0; 8].into() },
+            "scale -1",
+        );
         assert_eq!(int8(4, vec![0.5, 2.0], 7).decode().unwrap()[..], [0.5, 0.5, 0.5, 0.5, 2.0, 2.0, 2.0]);
     }
 

@@ -13,7 +13,7 @@ use rkyv::{Archive, Deserialize, Serialize};
 
 use crate::floats::AsFloatVec;
 use crate::frame::{HEADER_LEN, Header};
-use crate::payload::{ArchivedPayload, Codec, Encoding, Payload};
+use crate::payload::{Codec, Encoding, Payload};
 use crate::{Clock, Floats, Kind, LearnerId, Role, ShardId, Staleness, TransportError};
 
 /// Why a gradient (or an exchange) was not applied.
@@ -478,21 +478,21 @@ impl Inbound {
                 seq: seq.to_native(),
                 clock: Clock(clock.0.to_native()),
                 codec: values.codec(),
-                values: decode_payload(kind, buf, values)?,
+                values: values.decode_in(buf)?,
             },
             ArchivedMsg::Push { learner, seq, computed_on, values, next_seq, last } => Self::Push {
                 learner: LearnerId(learner.0.to_native()),
                 seq: seq.to_native(),
                 computed_on: Clock(computed_on.0.to_native()),
                 codec: values.codec(),
-                values: decode_payload(kind, buf, values)?,
+                values: values.decode_in(buf)?,
                 next_seq: next_seq.to_native(),
                 last: *last,
             },
             ArchivedMsg::Exchange { learner, values } => Self::Exchange {
                 learner: LearnerId(learner.0.to_native()),
                 codec: values.codec(),
-                values: decode_payload(kind, buf, values)?,
+                values: values.decode_in(buf)?,
             },
             ArchivedMsg::Snapshot { request, clock, values } => Self::Snapshot {
                 request: request.to_native(),
@@ -523,17 +523,6 @@ impl Inbound {
             Self::Exchange { .. } => Kind::Exchange,
             Self::Snapshot { .. } => Kind::Snapshot,
         }
-    }
-}
-
-/// The `f32` values of a validated payload: a view into the frame for `f32`, decoded into a
-/// buffer of their own for a compressed payload (whose scales are checked first).
-fn decode_payload(kind: Kind, buf: &Arc<AlignedVec>, p: &ArchivedPayload) -> Result<Floats, TransportError> {
-    match p {
-        ArchivedPayload::F32(values) => Ok(Floats::in_frame(buf, values)),
-        compressed => rkyv::deserialize::<Payload, BoxedError>(compressed)
-            .map_err(|e| TransportError::BadFrame(format!("{kind:?} payload: {e}")))?
-            .decode(),
     }
 }
 
@@ -670,6 +659,50 @@ mod tests {
         let mut bad = good.clone();
         bad[HEADER_LEN..].fill(0xff); // no message has this tag or these pointers
         assert!(rejected(&bad, MAX).contains("validation"));
+    }
+
+    /// Compressed payloads are checked at the boundary like the rest of a frame: scales that do
+    /// not fit the codes, or are not finite, make the whole frame a bad one.
+    #[test]
+    fn malformed_compressed_payloads_are_bad_frames() {
+        let push = |values: Payload| {
+            let m = Msg::Push {
+                learner: LearnerId(1),
+                seq: 1,
+                computed_on: Clock(2),
+                values,
+                next_seq: 2,
+                last: false,
+            };
+            m.encode().unwrap().to_vec()
+        };
+        let int8 = |block, scales: Vec<f32>, n| Payload::Int8 {
+            block,
+            scales: scales.into(),
+            values: vec![3; n].into(),
+        };
+        let fp16 =
+            |scales: Vec<f32>| Payload::Fp16 { block: 4, scales: scales.into(), values: vec![0; 8].into() };
+        for (frame, why) in [
+            (push(int8(4, vec![1.0], 8)), "has 1 scales, not 2"),
+            (push(int8(4, vec![1.0; 5], 8)), "has 5 scales, not 2"),
+            (push(int8(0, vec![], 8)), "blocks of 0"),
+            (push(int8(4, vec![1.0, f32::NAN], 8)), "scale NaN"),
+            (push(int8(4, vec![f32::NEG_INFINITY, 1.0], 8)), "scale -inf"),
+            (push(fp16(vec![1.0, -2.0])), "scale -2"),
+            (push(fp16(vec![f32::INFINITY, 1.0])), "scale inf"),
+        ] {
+            assert!(rejected(&frame, MAX).contains(why), "{why}: {}", rejected(&frame, MAX));
+        }
+        let Inbound::Push { values, codec, .. } =
+            decode_frame(&push(int8(4, vec![0.5, 2.0], 7)), MAX).unwrap()
+        else {
+            panic!("a push")
+        };
+        assert_eq!((codec, &values[..]), (Codec::Int8, &[1.5, 1.5, 1.5, 1.5, 6.0, 6.0, 6.0][..]));
+        // A truncated compressed body fails validation before any scale is read.
+        let good = push(Payload::Bf16(vec![0x3f80; 16].into()));
+        assert!(rejected(&good[..good.len() - 8], MAX).contains("truncated"));
     }
 
     #[test]
