@@ -208,3 +208,40 @@ fn every_elastic_method_trains_over_actors() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// A shard checkpoint saved by a model of another size is refused on resume, naming the file
+/// and both sizes; the shard does not start.
+#[test]
+fn a_checkpoint_of_another_model_is_refused_naming_the_file() -> anyhow::Result<()> {
+    use rudra::actors::checkpoint::Checkpoints;
+    use rudra::actors::protocol::ShardState;
+    use rudra::actors::roles::{ShardStart, start_shard, start_tracker};
+
+    let dir = tempfile::tempdir()?;
+    let checkpoints =
+        Checkpoints { dir: dir.path().into(), every_updates: 10, job: "job".into(), learners: 2 };
+    checkpoints.write(ShardId(0), &ShardState { values: vec![0.0; 5], ..ShardState::default() })?;
+    let spec = spec(2, 1, SyncRule::Softsync { n: 1 }, 8);
+    let models = Models::builtin(&model(), spec.seed, Device::Cpu(CpuBackend));
+    let refused = actix::System::new().block_on(async {
+        let tracker = start_tracker(None).recipient();
+        let arbiter = actix::Arbiter::current();
+        start_shard(
+            (&spec, &models, 100),
+            ShardId(0),
+            tracker,
+            (None, Some(checkpoints)),
+            &ShardStart::Resume,
+            &arbiter,
+        )
+        .err()
+    });
+    let e = refused.expect("the checkpoint is refused").to_string();
+    let values = model().init(spec.seed).len();
+    assert!(
+        e.contains("shard-0.safetensors")
+            && e.contains(&format!("holds 5 values; this shard holds {values}")),
+        "{e}"
+    );
+    Ok(())
+}

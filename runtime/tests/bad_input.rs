@@ -57,7 +57,7 @@ fn bad_configuration_files_are_named_with_what_is_wrong() {
     let dir = tempfile::tempdir().unwrap();
     let overflow = dir.path().join("overflow.toml");
     std::fs::write(&overflow, "[training]\nepochs = 1e400\n").unwrap();
-    refused(&["--config", overflow.to_str().unwrap()], "epochs = 1e400");
+    refused(&["--config", overflow.to_str().unwrap()], "(key `training.epochs`)");
     refused(&["--config", dir.path().to_str().unwrap()], "is a directory");
     refused(&["--config", "/dev/null"], "/dev/null: is not a regular file");
     refused(&["--config", "/dev/zero"], "/dev/zero: is not a regular file");
@@ -108,6 +108,13 @@ fn bad_dataset_files_are_named_and_never_block() {
     idx(&empty.path().join("train-images-idx3-ubyte"), &[0, 28, 28], 0);
     idx(&empty.path().join("train-labels-idx1-ubyte"), &[0], 0);
     run(empty.path(), "train-images-idx3-ubyte is invalid: holds no images");
+
+    // No test images: named as the test set, not blamed on a setting.
+    let no_test = tempfile::tempdir().unwrap();
+    mnist_like(no_test.path());
+    idx(&no_test.path().join("t10k-images-idx3-ubyte"), &[0, 28, 28], 0);
+    idx(&no_test.path().join("t10k-labels-idx1-ubyte"), &[0], 0);
+    run(no_test.path(), "t10k-images-idx3-ubyte is invalid: holds no images");
 
     // Test images of another size.
     let odd = tempfile::tempdir().unwrap();

@@ -297,6 +297,18 @@ fn short_floats(message: &str) -> String {
     }
 }
 
+/// The key written on the line of `text` that holds byte `at`, with the table it is in
+/// (`section.key`): what a TOML parse error points into. `None` where that line holds no key.
+fn key_at(text: &str, at: usize) -> Option<String> {
+    let start = text[..at.min(text.len())].rfind('\n').map_or(0, |i| i + 1);
+    let line = text[start..].lines().next()?;
+    let key = line.split_once('=')?.0.trim();
+    let table = text[..start].lines().rev().map(str::trim).find(|l| l.starts_with('[')).map(|l| {
+        l.trim_matches(|c| c == '[' || c == ']').trim()
+    });
+    (!key.is_empty()).then(|| table.map_or_else(|| key.to_owned(), |t| format!("{t}.{key}")))
+}
+
 impl RawConfig {
     /// Layer the sources: built-in defaults, `file`, the `RUDRA__…` environment, `overrides`.
     /// Values keep the types they were written with: a fraction, NaN or a number out of range
@@ -307,8 +319,11 @@ impl RawConfig {
             config::Config::builder().add_source(File::from_str(DEFAULT_TOML, FileFormat::Toml));
         if let Some(path) = file {
             let text = read_file(path)?;
-            toml::from_str::<toml::Table>(&text)
-                .map_err(|e| RuntimeError::Config(format!("configuration file {}: {e}", path.display())))?;
+            toml::from_str::<toml::Table>(&text).map_err(|e| {
+                let key = e.span().and_then(|at| key_at(&text, at.start));
+                let key = key.map(|k| format!(" (key `{k}`)")).unwrap_or_default();
+                RuntimeError::Config(format!("configuration file {}{key}: {e}", path.display()))
+            })?;
             builder = builder.add_source(File::from_str(&text, FileFormat::Toml));
         }
         builder = builder.add_source(

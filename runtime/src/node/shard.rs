@@ -18,7 +18,7 @@ use rudra_actors::roles::{ShardStart, crash_and_restart, start_shard};
 use rudra_actors::shard::ShardActor;
 use rudra_compute::{CpuBackend, Device};
 use rudra_transport::quic::{Peer, QuicEndpoint};
-use rudra_transport::{Inbound, Msg, Role, ShardId};
+use rudra_transport::{Inbound, LearnerId, Msg, Role, ShardId};
 use tokio::sync::mpsc;
 
 use super::join::join;
@@ -156,31 +156,55 @@ async fn accept_learners(ep: QuicEndpoint, shard: Addr<ShardActor>, policy: Lear
     }
 }
 
+/// Payloads a learner's connection may bring before its hello: each travels on a stream of its
+/// own, so a learner's first exchange (or a push) may overtake the hello on the control stream.
+const BEFORE_HELLO: usize = 4;
+
+/// The hello a learner's connection must bring first, as the learner its certificate names,
+/// with the payloads that overtook it; `None` (logged) for anything else.
+async fn read_hello(
+    peer: &Peer,
+    rx: &mut mpsc::Receiver<Inbound>,
+    policy: &LearnerPolicy,
+) -> Option<(LearnerId, Vec<Inbound>)> {
+    let mut early = Vec::new();
+    loop {
+        match expect(rx, "a hello", Duration::from_secs(10)).await {
+            Ok(Inbound::Control(Msg::Hello { learner }))
+                if policy.names.get(learner.index()).is_some_and(|n| n == peer.name()) =>
+            {
+                return Some((learner, early));
+            }
+            Ok(m) if early.len() < BEFORE_HELLO && !matches!(m, Inbound::Control(_)) => early.push(m),
+            other => {
+                tracing::warn!(
+                    peer = peer.name(),
+                    "refused: expected a hello as the learner this certificate names, got {other:?}"
+                );
+                return None;
+            }
+        }
+    }
+}
+
 /// Serve one learner's connection. Anything but its own pulls, pushes and exchanges of the
 /// right length closes the connection; the shard never sees it.
 async fn serve_learner(peer: Peer, shard: Addr<ShardActor>, policy: LearnerPolicy) {
     let mut rx = peer.incoming(64);
-    let learner = match expect(&mut rx, "a hello", Duration::from_secs(10)).await {
-        Ok(Inbound::Control(Msg::Hello { learner }))
-            if policy.names.get(learner.index()).is_some_and(|n| n == peer.name()) =>
-        {
-            learner
-        }
-        other => {
-            tracing::warn!(
-                peer = peer.name(),
-                "refused: expected a hello as the learner this certificate names, got {other:?}"
-            );
-            peer.close("expected a hello matching the certificate");
-            return;
-        }
+    let Some((learner, early)) = read_hello(&peer, &mut rx, &policy).await else {
+        peer.close("expected a hello matching the certificate");
+        return;
     };
     let _alive = policy.metrics.as_ref().map(Metrics::learner_connected);
     let reply = RemotePeer::new(peer.clone(), ShardId(0)).start().recipient();
     // A push travels on its own stream with the pull it carries, and a lone pull (a learner's
     // first, or a retry) on the control stream, so a pull may overtake the push before it: the
     // shard orders them by their sequence numbers.
-    while let Some(m) = rx.recv().await {
+    let mut early = early.into_iter();
+    while let Some(m) = match early.next() {
+        Some(m) => Some(m),
+        None => rx.recv().await,
+    } {
         match codec::from_learner_data(learner, &policy.data, m) {
             Ok(LearnerData::Pull { seq, last }) => {
                 shard.do_send(Pull { learner, seq, last, reply_to: reply.clone() });
@@ -208,11 +232,13 @@ mod tests {
 
     use rudra_actors::messages::GetStats;
     use rudra_actors::protocol::DropReason;
-    use rudra_actors::protocol::{LrModulation, LrSchedule, SgdShard, SgdShardConfig, ShardCore, SyncRule};
+    use rudra_actors::protocol::{
+        CenterRule, CenterShard, LrModulation, LrSchedule, SgdShard, SgdShardConfig, ShardCore, SyncRule,
+    };
     use rudra_actors::roles::start_tracker;
     use rudra_transport::quic::QuicSettings;
     use rudra_transport::tls::CertDir;
-    use rudra_transport::{Clock, Codec, Encoding, LearnerId};
+    use rudra_transport::{Clock, Codec, Encoding};
 
     use super::*;
 
@@ -232,25 +258,53 @@ mod tests {
         (ep, peer)
     }
 
+    /// A CA with certificates for `shard-0` and two learners.
+    fn cluster_certs(dir: &std::path::Path) -> CertDir {
+        let certs = CertDir::new(dir);
+        certs.init().expect("a CA");
+        for name in ["shard-0", "learner-0", "learner-1"] {
+            certs.issue(name).expect("a certificate");
+        }
+        certs
+    }
+
+    /// `core` as shard 0, serving learners 0 and 1 (4 values each) over QUIC: its address,
+    /// its actor and its tracker.
+    fn serve(
+        certs: &CertDir,
+        core: ShardCore,
+    ) -> (QuicEndpoint, SocketAddr, Addr<ShardActor>, Addr<rudra_actors::tracker::StalenessTracker>) {
+        let ep = QuicEndpoint::bind(
+            "127.0.0.1:0".parse().expect("an address"),
+            certs.identity("shard-0").expect("issued"),
+            QuicSettings::default(),
+        )
+        .expect("bound");
+        let addr = ep.local_addr().expect("an address");
+        let tracker = start_tracker(None);
+        let shard =
+            ShardActor::new(core, tracker.clone().recipient(), None, None, Encoding::default()).start();
+        let policy = LearnerPolicy {
+            names: Arc::new(vec!["learner-0".into(), "learner-1".into()]),
+            data: DataPolicy { range_len: 4, push: Codec::F32, exchange: Codec::F32 },
+            metrics: None,
+        };
+        actix::spawn(accept_learners(ep.clone(), shard.clone(), policy));
+        (ep, addr, shard, tracker)
+    }
+
+    fn learners() -> BTreeSet<LearnerId> {
+        [LearnerId(0), LearnerId(1)].into()
+    }
+
     /// Bad input from learners, over real QUIC connections to a shard's learner service: each
     /// misbehaving connection is closed, the shard's parameters and clock stay as they were,
     /// and a well-behaved learner is served before, during and after.
     #[test]
     fn bad_learner_input_is_refused_and_the_shard_is_unchanged() {
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let certs = CertDir::new(dir.path());
-        certs.init().expect("a CA");
-        for name in ["shard-0", "learner-0", "learner-1"] {
-            certs.issue(name).expect("a certificate");
-        }
+        let certs = cluster_certs(dir.path());
         actix::System::new().block_on(async {
-            let ep = QuicEndpoint::bind(
-                "127.0.0.1:0".parse().expect("an address"),
-                certs.identity("shard-0").expect("issued"),
-                QuicSettings::default(),
-            )
-            .expect("bound");
-            let addr = ep.local_addr().expect("an address");
             let cfg = SgdShardConfig {
                 id: ShardId(0),
                 rule: SyncRule::Softsync { n: 2 },
@@ -259,23 +313,8 @@ mod tests {
                 schedule: LrSchedule { base: 0.5, decay: 1.0 },
                 gradients_per_epoch: 100,
             };
-            let learners: BTreeSet<_> = [LearnerId(0), LearnerId(1)].into();
-            let core = SgdShard::new(cfg, vec![1.0; 4], learners);
-            let tracker = start_tracker(None);
-            let shard = ShardActor::new(
-                ShardCore::Sgd(core),
-                tracker.clone().recipient(),
-                None,
-                None,
-                Encoding::default(),
-            )
-            .start();
-            let policy = LearnerPolicy {
-                names: Arc::new(vec!["learner-0".into(), "learner-1".into()]),
-                data: DataPolicy { range_len: 4, push: Codec::F32, exchange: Codec::F32 },
-                metrics: None,
-            };
-            actix::spawn(accept_learners(ep.clone(), shard.clone(), policy));
+            let core = ShardCore::Sgd(SgdShard::new(cfg, vec![1.0; 4], learners()));
+            let (ep, addr, shard, tracker) = serve(&certs, core);
 
             let (_good_ep, good) = hello(&certs, "learner-0", 0, addr).await;
             let mut weights = good.incoming(4);
@@ -359,6 +398,47 @@ mod tests {
             assert_eq!(shard.send(Snapshot).await.expect("a snapshot").clock, Clock(2));
             let stats = tracker.send(GetStats).await.expect("the tracker's statistics");
             assert_eq!(stats.staleness.dropped_by.get(&DropReason::NonFinite), Some(&2));
+            ep.close();
+        });
+    }
+
+    /// NaN and ±Inf exchanges over a real connection to an EASGD center: the center and its
+    /// clock stay as they were, the drops are counted, and the learner gets the current center
+    /// back; its next finite exchange applies.
+    #[test]
+    fn non_finite_exchanges_leave_the_center_unchanged() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let certs = cluster_certs(dir.path());
+        actix::System::new().block_on(async {
+            let rule = CenterRule::ElasticAsync { alpha: 0.5 };
+            let core = ShardCore::Center(CenterShard::new(ShardId(0), rule, vec![1.0; 4], learners()));
+            let (ep, addr, shard, tracker) = serve(&certs, core);
+            let (_learner_ep, learner) = hello(&certs, "learner-0", 0, addr).await;
+            let mut centers = learner.incoming(4);
+            let exchange =
+                |v: f32| Msg::Exchange { learner: LearnerId(0), values: vec![3.0, v, 3.0, 3.0].into() };
+            for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                learner.send(&exchange(bad)).await.expect("sent");
+                let served = tokio::time::timeout(WITHIN, centers.recv()).await.expect("a center in time");
+                let Some(Inbound::Weights { clock, values, .. }) = served else {
+                    panic!("expected the center, got {served:?}")
+                };
+                assert_eq!((clock, &values[..]), (Clock(0), &[1.0; 4][..]), "{bad} changed the center");
+            }
+            learner.send(&exchange(3.0)).await.expect("sent");
+            let served = tokio::time::timeout(WITHIN, centers.recv()).await.expect("a center in time");
+            let Some(Inbound::Weights { clock, values, .. }) = served else { panic!("expected the center") };
+            // The learner gets the center it exchanged with; the center then moves by
+            // α (x − x̃) = 0.5 · 2.
+            assert_eq!((clock, &values[..]), (Clock(0), &[1.0; 4][..]));
+            let after = shard.send(Snapshot).await.expect("a snapshot");
+            assert_eq!(
+                (after.clock, &after.values[..]),
+                (Clock(1), &[2.0; 4][..]),
+                "a finite exchange applies"
+            );
+            let stats = tracker.send(GetStats).await.expect("the tracker's statistics");
+            assert_eq!(stats.staleness.dropped_by.get(&DropReason::NonFinite), Some(&3));
             ep.close();
         });
     }
