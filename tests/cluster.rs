@@ -192,12 +192,12 @@ fn every_elastic_method_trains_over_actors() -> anyhow::Result<()> {
         (ElasticMethod::MDownpour, 1, 0.02, 0.9),
     ] {
         let mut spec = elastic(method, tau, lr, momentum);
-        spec.epochs = 2;
+        (spec.learners, spec.epochs) = (4, 2);
         let report = run(&spec, data.clone())?;
         assert!(report.final_test_accuracy > 0.8, "{method:?}: test accuracy {}", report.final_test_accuracy);
         assert!(report.updates > 0, "{method:?}");
         // Every exchange is recorded with its staleness: in sync rounds σ ≡ 0; asynchronous
-        // exchanges of three learners find the others' exchanges since their own.
+        // exchanges of four learners find the others' exchanges since their own.
         let s = &report.staleness;
         assert!(s.applied > 0, "{method:?}: exchanges are counted as applied");
         if method == (ElasticMethod::Easgd { sync: true }) {
