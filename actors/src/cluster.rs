@@ -84,7 +84,7 @@ fn inject(
                 actix::spawn(async move {
                     tokio::time::sleep_until((born + c.at).into()).await;
                     if let Some(stop) = stop {
-                        stop.do_send(StopLearner);
+                        stop.do_send(StopLearner::default());
                     }
                     scheduler.do_send(Note(format!("{l} crashed")));
                 });

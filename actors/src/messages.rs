@@ -82,9 +82,12 @@ pub struct Crash;
 pub struct Restart;
 
 /// Flush reports and stop.
-#[derive(Message)]
+#[derive(Message, Clone, Debug, Default)]
 #[rtype(result = "()")]
-pub struct StopShard;
+pub struct StopShard {
+    /// Why the run was stopped, when it failed: a node on another host is told.
+    pub failure: Option<String>,
+}
 
 // ---- to a learner ------------------------------------------------------------------------
 
@@ -108,9 +111,12 @@ pub struct Served {
 pub struct StartLearner;
 
 /// Stop the actor.
-#[derive(Message)]
+#[derive(Message, Clone, Debug, Default)]
 #[rtype(result = "()")]
-pub struct StopLearner;
+pub struct StopLearner {
+    /// Why the run was stopped, when it failed: a node on another host is told.
+    pub failure: Option<String>,
+}
 
 // ---- to the scheduler --------------------------------------------------------------------
 
@@ -154,6 +160,22 @@ impl Progress {
 #[derive(Message, Clone, Copy, Debug, PartialEq, Eq)]
 #[rtype(result = "()")]
 pub struct Heartbeat(pub LearnerId);
+
+/// A shard is alive (sent every [`Liveness::heartbeat`](crate::faults::Liveness) by a shard on
+/// another node).
+#[derive(Message, Clone, Copy, Debug, PartialEq, Eq)]
+#[rtype(result = "()")]
+pub struct ShardAlive(pub ShardId);
+
+/// A shard failed and said why: the run cannot go on without it and stops.
+#[derive(Message, Clone, Debug)]
+#[rtype(result = "()")]
+pub struct ShardFailed {
+    /// Which shard.
+    pub shard: ShardId,
+    /// Its reason.
+    pub reason: String,
+}
 
 /// The transport lost its connection to a learner.
 #[derive(Message, Clone, Copy, Debug)]

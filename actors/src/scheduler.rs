@@ -12,8 +12,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::links::Members;
 use crate::messages::{
-    Disconnected, GetStats, Heartbeat, Joined, LearnerDone, Membership, Note, Progress, ShardLost,
-    ShardRestarted, Snapshot, StartLearner, StopLearner, StopShard, TrackerReport,
+    Disconnected, GetStats, Heartbeat, Joined, LearnerDone, Membership, Note, Progress, ShardAlive,
+    ShardFailed, ShardLost, ShardRestarted, Snapshot, StartLearner, StopLearner, StopShard, TrackerReport,
 };
 use crate::metrics::Metrics;
 use crate::protocol::{Divergence, SchedulerCore, SchedulerEvent};
@@ -204,6 +204,15 @@ impl SchedulerActor {
                         s.membership.do_send(Membership { active: active.clone() });
                     }
                 }
+                SchedulerEvent::ShardSilent(shard) => {
+                    let why = format!("silent for {:?}", self.core.failure_timeout().unwrap_or_default());
+                    self.shard_lost(shard, &why, ctx);
+                }
+                SchedulerEvent::ShardBack(shard) => {
+                    tracing::info!(%shard, "shard heard from again");
+                    self.shards_down.remove(&shard);
+                    self.note("detected", format!("{shard} heard from again"));
+                }
                 SchedulerEvent::Evaluate { final_, .. } => self.evaluate(final_, ctx),
                 // The final evaluation, queued just before, stops the nodes once it is done.
                 SchedulerEvent::Stop => {}
@@ -306,11 +315,12 @@ impl SchedulerActor {
     }
 
     fn finish(&mut self, result: Result<RunReport, ActorError>, ctx: &mut Context<Self>) {
+        let failure = result.as_ref().err().map(ToString::to_string);
         for s in &self.members.shards {
-            s.stop.do_send(StopShard);
+            s.stop.do_send(StopShard { failure: failure.clone() });
         }
         for l in &self.members.learners {
-            l.stop.do_send(StopLearner);
+            l.stop.do_send(StopLearner { failure: failure.clone() });
         }
         if let Some(tx) = self.report.take() {
             // The receiver is gone only if the caller stopped waiting.
@@ -375,10 +385,36 @@ impl Handler<Note> for SchedulerActor {
 impl Handler<ShardLost> for SchedulerActor {
     type Result = ();
     fn handle(&mut self, ShardLost(shard): ShardLost, ctx: &mut Context<Self>) {
-        if self.report.is_none() {
-            return; // The run is over and the shards are hanging up.
+        self.shard_lost(shard, "its connection ended", ctx);
+    }
+}
+
+impl Handler<ShardAlive> for SchedulerActor {
+    type Result = ();
+    fn handle(&mut self, ShardAlive(shard): ShardAlive, ctx: &mut Context<Self>) {
+        let events = self.core.on_shard_heard(shard, self.born.elapsed());
+        self.carry_out(events, ctx);
+    }
+}
+
+impl Handler<ShardFailed> for SchedulerActor {
+    type Result = ();
+    fn handle(&mut self, msg: ShardFailed, ctx: &mut Context<Self>) {
+        if self.report.is_some() {
+            tracing::error!(shard = %msg.shard, "shard failed: {}", msg.reason);
+            self.note("detected", format!("{} failed: {}", msg.shard, msg.reason));
+            self.finish(Err(ActorError::ShardFailed(msg.shard, msg.reason)), ctx);
         }
-        tracing::warn!(%shard, "shard lost; waiting {:?} for it to come back", self.shard_timeout);
+    }
+}
+
+impl SchedulerActor {
+    /// `shard` is gone (`why`): unless it is back within the shard timeout, the run stops.
+    fn shard_lost(&mut self, shard: ShardId, why: &str, ctx: &mut Context<Self>) {
+        if self.report.is_none() || self.shards_down.contains_key(&shard) {
+            return; // The run is over and the shards are hanging up, or it is known.
+        }
+        tracing::warn!(%shard, "shard lost ({why}); waiting {:?} for it to come back", self.shard_timeout);
         self.note("detected", format!("{shard} lost"));
         self.shard_losses += 1;
         let loss = self.shard_losses;

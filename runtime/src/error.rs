@@ -53,6 +53,9 @@ pub enum RuntimeError {
         /// What to change.
         hint: String,
     },
+    /// The scheduler stopped the run because of a failure elsewhere.
+    #[error("the scheduler stopped the run: {0}")]
+    RunFailed(String),
     /// A plot could not be drawn.
     #[error(
         "cannot draw {path}: {message}; check that the directory is writable and that a sans-serif font is installed (Debian: fonts-dejavu-core)"
@@ -118,6 +121,7 @@ impl RuntimeError {
             | Self::Compute(_)
             | Self::Transport(_)
             | Self::Simulation(_)
+            | Self::RunFailed(_)
             | Self::Io { .. }
             | Self::Plot { .. } => 1,
         }

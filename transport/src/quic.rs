@@ -190,6 +190,56 @@ const CONTROL_PRIORITY: i32 = 1;
 /// Error code sent when closing a stream that carried a bad frame.
 const BAD_FRAME: u32 = 1;
 
+/// Why a node closes a connection: the code of its QUIC close, which the peer reads with the
+/// reason beside it ([`Peer::ended`]). Every node that exits says goodbye this way, so its
+/// peers know at once, and why, rather than after the idle timeout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Goodbye {
+    /// The node stops as asked, or the run is over.
+    Stopped,
+    /// The node failed; the reason says why.
+    Failed,
+    /// The scheduler stopped the run because of a failure; the reason says which.
+    RunFailed,
+    /// The scheduler refused this node for good: not a member of the job, another role, a
+    /// join that does not match its certificate.
+    Refused,
+    /// Another live process holds this node's name; a node may try again, and is taken once
+    /// that process is declared lost.
+    Duplicate,
+}
+
+impl Goodbye {
+    const ALL: [Self; 5] = [Self::Stopped, Self::Failed, Self::RunFailed, Self::Refused, Self::Duplicate];
+
+    fn code(self) -> VarInt {
+        VarInt::from_u32(self as u32)
+    }
+}
+
+/// How a connection ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// The peer closed it on purpose, saying why (`None`: a code this build does not know).
+    Closed {
+        /// Its goodbye.
+        goodbye: Option<Goodbye>,
+        /// Its reason.
+        reason: String,
+    },
+    /// It was lost: timed out, reset by a restarted peer, or closed here.
+    Lost(String),
+}
+
+impl std::fmt::Display for Ended {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Closed { reason, .. } => f.write_str(reason),
+            Self::Lost(why) => f.write_str(why),
+        }
+    }
+}
+
 /// This node's QUIC endpoint: accepts peers and connects to them.
 #[derive(Clone)]
 pub struct QuicEndpoint {
@@ -306,7 +356,12 @@ impl QuicEndpoint {
 
     /// Close every connection and stop accepting.
     pub fn close(&self) {
-        self.endpoint.close(VarInt::from_u32(0), b"node stopping");
+        self.say_goodbye(Goodbye::Stopped, "node stopping");
+    }
+
+    /// Close every connection with `goodbye` and `reason`, and stop accepting.
+    pub fn say_goodbye(&self, goodbye: Goodbye, reason: &str) {
+        self.endpoint.close(goodbye.code(), reason.as_bytes());
     }
 
     /// Stop at once, as a crashed process would: every connection of this endpoint and every
@@ -429,9 +484,20 @@ impl Peer {
         self.link.conn.stats()
     }
 
-    /// Close the connection with `reason`.
+    /// Close the connection with `reason`: this node stops ([`Goodbye::Stopped`]).
     pub fn close(&self, reason: &str) {
-        self.link.conn.close(VarInt::from_u32(0), reason.as_bytes());
+        self.say_goodbye(Goodbye::Stopped, reason);
+    }
+
+    /// Close the connection with `goodbye` and `reason`.
+    pub fn say_goodbye(&self, goodbye: Goodbye, reason: &str) {
+        self.link.conn.close(goodbye.code(), reason.as_bytes());
+    }
+
+    /// Whether the connection has ended.
+    #[must_use]
+    pub fn is_closed(&self) -> bool {
+        self.link.conn.close_reason().is_some()
     }
 
     /// Wait until the connection is closed (by either side or by timeout); returns why.
@@ -439,12 +505,15 @@ impl Peer {
         self.link.conn.closed().await.to_string()
     }
 
-    /// Wait until the connection is closed: `Ok(why)` when the peer closed it on purpose (it
-    /// is stopping), `Err(why)` when it was lost (reset by a restarted peer, timed out).
-    pub async fn ended(&self) -> Result<String, String> {
+    /// Wait until the connection is closed, and say how: closed by the peer with its goodbye
+    /// and reason, or lost.
+    pub async fn ended(&self) -> Ended {
         match self.link.conn.closed().await {
-            e @ quinn::ConnectionError::ApplicationClosed(_) => Ok(e.to_string()),
-            e => Err(e.to_string()),
+            quinn::ConnectionError::ApplicationClosed(close) => Ended::Closed {
+                goodbye: Goodbye::ALL.into_iter().find(|g| g.code() == close.error_code),
+                reason: String::from_utf8_lossy(&close.reason).into_owned(),
+            },
+            e => Ended::Lost(e.to_string()),
         }
     }
 }

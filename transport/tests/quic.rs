@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use rudra_transport::frame::Header;
-use rudra_transport::quic::{QuicEndpoint, QuicSettings};
+use rudra_transport::quic::{Ended, Goodbye, QuicEndpoint, QuicSettings};
 use rudra_transport::tls::CertDir;
 use rudra_transport::{Clock, Inbound, Kind, LearnerId, Msg, ShardId};
 
@@ -258,6 +258,28 @@ async fn an_aborted_endpoint_goes_silent_like_a_crashed_node() {
     let _rx = to_shard.incoming(4);
     learner.abort();
     let ended = tokio::time::timeout(Duration::from_secs(10), from_learner.ended()).await;
-    let why = ended.expect("the connection ends once its peer is silent").expect_err("lost, not closed");
+    let ended = ended.expect("the connection ends once its peer is silent");
+    let Ended::Lost(why) = ended else { panic!("lost, not closed: {ended:?}") };
     assert!(why.contains("timed out"), "{why}");
+}
+
+/// A node that leaves says goodbye: its peer reads the goodbye and the reason at once.
+#[tokio::test]
+async fn a_goodbye_reaches_the_peer_with_its_reason() {
+    let (_dir, certs) = cluster(&["shard-0", "learner-0"]);
+    let shard = endpoint(&certs, "shard-0", QuicSettings::default());
+    let learner = endpoint(&certs, "learner-0", QuicSettings::default());
+    let addr = shard.local_addr().unwrap();
+    let accept = tokio::spawn(async move { (shard.accept().await.unwrap().unwrap(), shard) });
+    let to_shard = learner.connect(addr, "shard-0").await.unwrap();
+    to_shard.send(&Msg::Hello { learner: LearnerId(0) }).await.unwrap();
+    let (from_learner, _shard) = accept.await.unwrap();
+    learner.say_goodbye(Goodbye::Failed, "training.data_dir: no such directory");
+    let ended = tokio::time::timeout(Duration::from_secs(5), from_learner.ended()).await.expect("at once");
+    let want = Ended::Closed {
+        goodbye: Some(Goodbye::Failed),
+        reason: "training.data_dir: no such directory".into(),
+    };
+    assert_eq!(ended, want);
+    assert!(from_learner.is_closed());
 }

@@ -45,6 +45,10 @@ pub enum SchedulerEvent {
     Rejoined(LearnerId),
     /// The active set changed: tell every shard the new λ ([`SchedulerCore::active`]).
     Membership,
+    /// A shard that sends heartbeats has been silent for the failure timeout: it is lost.
+    ShardSilent(ShardId),
+    /// A shard declared silent is heard from again (a partition healed).
+    ShardBack(ShardId),
     /// The train loss became non-finite or exceeded ten times its first measured value: the
     /// run has diverged and stops (the final evaluation and the stop follow).
     Diverged(Divergence),
@@ -83,6 +87,10 @@ pub struct SchedulerCore {
     last_heard: BTreeMap<LearnerId, Duration>,
     /// Silence longer than this removes a learner (none: never).
     failure_timeout: Option<Duration>,
+    /// When each shard that sends heartbeats (one on another node) was last heard from.
+    shard_heard: BTreeMap<ShardId, Duration>,
+    /// Shards declared silent and not heard from since.
+    shards_silent: BTreeSet<ShardId>,
     /// When the failure detector last looked.
     last_tick: Option<Duration>,
     stopping: bool,
@@ -110,6 +118,8 @@ impl SchedulerCore {
             lost: BTreeSet::new(),
             last_heard: BTreeMap::new(),
             failure_timeout: None,
+            shard_heard: BTreeMap::new(),
+            shards_silent: BTreeSet::new(),
             last_tick: None,
             stopping: false,
             first_loss: None,
@@ -121,6 +131,12 @@ impl SchedulerCore {
     pub fn with_failure_timeout(mut self, timeout: Duration) -> Self {
         self.failure_timeout = Some(timeout);
         self
+    }
+
+    /// How long a node may be silent before it is lost, if the detector runs.
+    #[must_use]
+    pub fn failure_timeout(&self) -> Option<Duration> {
+        self.failure_timeout
     }
 
     /// The learners the shards serve: joined, not lost.
@@ -141,8 +157,20 @@ impl SchedulerCore {
         vec![SchedulerEvent::Rejoined(learner), SchedulerEvent::Membership]
     }
 
-    /// The failure detector's clock ticked: learners silent for longer than the timeout are
-    /// lost; once every active learner has finished the run ends.
+    /// A shard's heartbeat arrived at `now`. Only shards that send them are watched; one
+    /// declared silent is back.
+    #[must_use]
+    pub fn on_shard_heard(&mut self, shard: ShardId, now: Duration) -> Vec<SchedulerEvent> {
+        self.shard_heard.insert(shard, now);
+        if self.shards_silent.remove(&shard) && !self.stopping {
+            return vec![SchedulerEvent::ShardBack(shard)];
+        }
+        Vec::new()
+    }
+
+    /// The failure detector's clock ticked: learners (and shards that send heartbeats) silent
+    /// for longer than the timeout are lost; once every active learner has finished the run
+    /// ends.
     #[must_use]
     pub fn on_tick(&mut self, now: Duration) -> Vec<SchedulerEvent> {
         let Some(timeout) = self.failure_timeout.filter(|_| self.started && !self.stopping) else {
@@ -158,12 +186,19 @@ impl SchedulerCore {
         if self.last_tick.replace(now).is_some_and(|prev| now.saturating_sub(prev) > timeout / 2) {
             return Vec::new();
         }
+        let shards: Vec<ShardId> = (self.shard_heard.iter())
+            .filter(|&(s, &t)| now.saturating_sub(t) > timeout && !self.shards_silent.contains(s))
+            .map(|(&s, _)| s)
+            .collect();
+        self.shards_silent.extend(shards.iter().copied());
+        let mut events: Vec<SchedulerEvent> = shards.into_iter().map(SchedulerEvent::ShardSilent).collect();
         let silent: Vec<LearnerId> = (self.joined_learners.iter())
             .filter(|l| !self.lost.contains(l) && !self.finished.contains(l))
             .filter(|l| self.last_heard.get(l).is_some_and(|&t| now.saturating_sub(t) > timeout))
             .copied()
             .collect();
-        self.remove(silent)
+        events.extend(self.remove(silent));
+        events
     }
 
     /// The transport saw `learner`'s connection close: it is lost at once.
@@ -404,6 +439,27 @@ mod tests {
             ]
         );
         assert!(s.on_tick(ms(5000)).is_empty(), "nothing after the end");
+    }
+
+    #[test]
+    fn a_shard_that_sends_heartbeats_is_lost_when_silent_and_back_when_heard() {
+        let ms = Duration::from_millis;
+        let mut s = SchedulerCore::new(1, 2, 100, 1).with_failure_timeout(ms(500));
+        for shard in 0..2 {
+            let _ = s.on_shard_joined(ShardId(shard));
+        }
+        let _ = s.on_learner_joined(LearnerId(0));
+        assert!(s.on_shard_heard(ShardId(1), ms(0)).is_empty());
+        assert!(s.on_heard(LearnerId(0), ms(0)).is_empty());
+        assert!(s.on_tick(ms(200)).is_empty());
+        assert!(s.on_tick(ms(400)).is_empty());
+        assert!(s.on_heard(LearnerId(0), ms(400)).is_empty());
+        // Shard 0 never sent a heartbeat (it lives in this process): it is never accused.
+        assert_eq!(s.on_tick(ms(600)), vec![SchedulerEvent::ShardSilent(ShardId(1))]);
+        assert!(s.on_heard(LearnerId(0), ms(700)).is_empty());
+        assert!(s.on_tick(ms(800)).is_empty(), "once");
+        assert_eq!(s.on_shard_heard(ShardId(1), ms(900)), vec![SchedulerEvent::ShardBack(ShardId(1))]);
+        assert!(s.on_shard_heard(ShardId(1), ms(950)).is_empty());
     }
 
     #[test]

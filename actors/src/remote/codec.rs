@@ -8,7 +8,6 @@ use rudra_transport::{Clock, Codec, Floats, Inbound, Kind, LearnerId, Msg, Shard
 
 use crate::messages::{
     Exchange, Heartbeat, LearnerDone, Membership, Progress, Pull, Push, Records, Served, StartLearner,
-    StopLearner, StopShard,
 };
 use crate::protocol::{GradientRecord, NextPull, UpdateRecord, Weights};
 
@@ -49,18 +48,6 @@ impl ToWire for Records {
                 .map(|u| UpdateReport { clock: u.clock, gradients: u.gradients as u32 })
                 .collect(),
         }
-    }
-}
-
-impl ToWire for StopShard {
-    fn to_wire(self) -> Msg {
-        Msg::Stop
-    }
-}
-
-impl ToWire for StopLearner {
-    fn to_wire(self) -> Msg {
-        Msg::Stop
     }
 }
 
@@ -137,6 +124,8 @@ pub enum FromShard {
     },
     /// The shard restarted and resumed from its checkpoint at this clock.
     Resumed(Clock),
+    /// The shard is alive.
+    Heartbeat,
 }
 
 /// Decode a message from shard `shard` to the scheduler.
@@ -160,6 +149,7 @@ pub fn from_shard(shard: ShardId, m: Inbound) -> Result<FromShard, Unexpected> {
             Ok(FromShard::Snapshot { request, weights: Weights { shard, clock, values } })
         }
         Inbound::Control(Msg::Resumed { clock }) => Ok(FromShard::Resumed(clock)),
+        Inbound::Control(Msg::Heartbeat) => Ok(FromShard::Heartbeat),
         other => Err(Unexpected::kind(other.kind(), "a shard")),
     }
 }
@@ -213,6 +203,8 @@ pub enum ToShard {
     Membership(Membership),
     /// The run is over.
     Stop,
+    /// The scheduler is alive.
+    Heartbeat,
 }
 
 /// Decode a message from the scheduler to a shard.
@@ -223,6 +215,7 @@ pub fn to_shard(m: Inbound) -> Result<ToShard, Unexpected> {
             Ok(ToShard::Membership(Membership { active: active.into_iter().collect() }))
         }
         Inbound::Control(Msg::Stop) => Ok(ToShard::Stop),
+        Inbound::Control(Msg::Heartbeat) => Ok(ToShard::Heartbeat),
         other => Err(Unexpected::kind(other.kind(), "the scheduler sends a shard")),
     }
 }
@@ -310,6 +303,8 @@ pub enum ToLearner {
     Start,
     /// The run is over.
     Stop,
+    /// The scheduler is alive.
+    Heartbeat,
 }
 
 /// Decode a message from the scheduler to a learner.
@@ -317,6 +312,7 @@ pub fn to_learner(m: Inbound) -> Result<ToLearner, Unexpected> {
     match m {
         Inbound::Control(Msg::Start) => Ok(ToLearner::Start),
         Inbound::Control(Msg::Stop) => Ok(ToLearner::Stop),
+        Inbound::Control(Msg::Heartbeat) => Ok(ToLearner::Heartbeat),
         other => Err(Unexpected::kind(other.kind(), "the scheduler sends a learner")),
     }
 }

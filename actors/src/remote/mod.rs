@@ -13,7 +13,7 @@ use std::collections::HashMap;
 
 use actix::prelude::*;
 use codec::ToWire;
-use rudra_transport::quic::Peer;
+use rudra_transport::quic::{Goodbye, Peer};
 use rudra_transport::{Clock, Msg, ShardId};
 use tokio::sync::oneshot;
 
@@ -103,18 +103,31 @@ macro_rules! forward {
     )*};
 }
 
-forward!(
-    Records,
-    StopShard,
-    Membership,
-    Heartbeat,
-    StartLearner,
-    StopLearner,
-    Progress,
-    LearnerDone,
-    Push,
-    Served
-);
+forward!(Records, Membership, Heartbeat, StartLearner, Progress, LearnerDone, Push, Served);
+
+impl RemotePeer {
+    /// The end of the run: a stop, or, when the run failed, a goodbye saying why (after
+    /// everything sent before it).
+    fn stop(&mut self, failure: Option<String>, ctx: &mut Context<Self>) {
+        let Some(why) = failure else { return self.send(Msg::Stop, ctx) };
+        let peer = self.peer.clone();
+        ctx.wait(async move { peer.say_goodbye(Goodbye::RunFailed, &why) }.into_actor(self));
+    }
+}
+
+impl Handler<StopShard> for RemotePeer {
+    type Result = ();
+    fn handle(&mut self, m: StopShard, ctx: &mut Context<Self>) {
+        self.stop(m.failure, ctx);
+    }
+}
+
+impl Handler<StopLearner> for RemotePeer {
+    type Result = ();
+    fn handle(&mut self, m: StopLearner, ctx: &mut Context<Self>) {
+        self.stop(m.failure, ctx);
+    }
+}
 
 impl Handler<Pull> for RemotePeer {
     type Result = ();

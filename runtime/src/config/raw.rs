@@ -303,9 +303,12 @@ fn key_at(text: &str, at: usize) -> Option<String> {
     let start = text[..at.min(text.len())].rfind('\n').map_or(0, |i| i + 1);
     let line = text[start..].lines().next()?;
     let key = line.split_once('=')?.0.trim();
-    let table = text[..start].lines().rev().map(str::trim).find(|l| l.starts_with('[')).map(|l| {
-        l.trim_matches(|c| c == '[' || c == ']').trim()
-    });
+    let table = text[..start]
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| l.starts_with('['))
+        .map(|l| l.trim_matches(|c| c == '[' || c == ']').trim());
     (!key.is_empty()).then(|| table.map_or_else(|| key.to_owned(), |t| format!("{t}.{key}")))
 }
 

@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use rudra_transport::quic::{Peer, QuicEndpoint};
-use rudra_transport::{Inbound, Msg, Role};
+use rudra_transport::quic::{Ended, Goodbye, Peer, QuicEndpoint};
+use rudra_transport::{Inbound, Msg, Role, TransportError};
 use tokio::sync::mpsc;
 
 use super::{NodeOptions, advertised, connect_with_retry, expect, net, scheduler_addr};
@@ -31,7 +31,7 @@ pub(super) async fn read_join(peer: &Peer) -> Option<(mpsc::Receiver<Inbound>, S
         }
         other => {
             tracing::warn!(peer = peer.name(), "did not join as its certificate says: {other:?}");
-            peer.close("expected a join matching the certificate");
+            peer.say_goodbye(Goodbye::Refused, "expected a join matching the certificate's name and role");
             None
         }
     }
@@ -67,13 +67,20 @@ pub(super) async fn gather(
             Role::Shard => (&mut shards, want_shards),
             Role::Learner => (&mut learners, want_learners),
             Role::Scheduler => {
-                peer.close("only shards and learners join");
+                peer.say_goodbye(Goodbye::Refused, "only shards and learners join");
                 continue;
             }
         };
-        if slots.len() >= want || slots.contains_key(peer.name()) {
-            tracing::warn!(peer = peer.name(), "refused: already joined, or no free slot");
-            peer.close("no free slot for this node");
+        if slots.contains_key(peer.name()) {
+            tracing::warn!(peer = peer.name(), "refused a second process of this name");
+            let why = format!("{} has joined already; a second process of that name is refused", peer.name());
+            peer.say_goodbye(Goodbye::Duplicate, &why);
+            continue;
+        }
+        if slots.len() >= want {
+            tracing::warn!(peer = peer.name(), "refused: no free slot");
+            let why = format!("the job has all its {want} {}s", peer.role().as_str());
+            peer.say_goodbye(Goodbye::Refused, &why);
             continue;
         }
         tracing::info!(peer = peer.name(), "joined");
@@ -127,17 +134,73 @@ pub(super) struct Welcome {
 }
 
 /// Join the scheduler at `opts.scheduler`: returns the connection, its messages, and the welcome.
+/// While another live process holds this node's name the scheduler refuses it as a duplicate;
+/// the node tries again until `--connect-timeout` (the first may be lost meanwhile). Any other
+/// refusal is final.
 pub(super) async fn join(
     ep: &QuicEndpoint,
     opts: &NodeOptions,
     role: Role,
 ) -> Result<(Peer, mpsc::Receiver<Inbound>, Welcome), RuntimeError> {
+    let start = std::time::Instant::now();
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        match join_once(ep, opts, role).await {
+            Err(Refusal::Duplicate(why)) if start.elapsed() + backoff < opts.connect_timeout => {
+                tracing::warn!("refused by the scheduler: {why}; trying again in {backoff:?}");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+            Err(Refusal::Duplicate(why)) => {
+                return Err(RuntimeError::Transport(TransportError::Refused(format!(
+                    "refused by the scheduler for {:.0?}: {why}",
+                    start.elapsed()
+                ))));
+            }
+            Err(Refusal::Other(e)) => return Err(e),
+            Ok(joined) => return Ok(joined),
+        }
+    }
+}
+
+/// Why a join failed: another live process of this name, or anything else.
+enum Refusal {
+    Duplicate(String),
+    Other(RuntimeError),
+}
+
+impl<E: Into<RuntimeError>> From<E> for Refusal {
+    fn from(e: E) -> Self {
+        Self::Other(e.into())
+    }
+}
+
+async fn join_once(
+    ep: &QuicEndpoint,
+    opts: &NodeOptions,
+    role: Role,
+) -> Result<(Peer, mpsc::Receiver<Inbound>, Welcome), Refusal> {
     let addr = scheduler_addr(opts)?;
     let sched = connect_with_retry(ep, addr, "scheduler", opts.connect_timeout).await?;
     let mut rx = sched.incoming(256);
     let data_addr = if role == Role::Shard { advertised(opts, ep).await? } else { String::new() };
     let name = ep.identity().name().to_owned();
     sched.send(&Msg::Join { role, name, data_addr }).await?;
+    let answer = match tokio::time::timeout(opts.connect_timeout, rx.recv()).await {
+        Ok(Some(m)) => m,
+        Ok(None) => {
+            return Err(match sched.ended().await {
+                Ended::Closed { goodbye: Some(Goodbye::Duplicate), reason } => Refusal::Duplicate(reason),
+                Ended::Closed { goodbye: Some(Goodbye::Refused), reason } => {
+                    TransportError::Refused(format!("refused by the scheduler: {reason}")).into()
+                }
+                other => {
+                    net(format!("the scheduler closed the connection before the welcome: {other}")).into()
+                }
+            });
+        }
+        Err(_) => return Err(net(format!("no welcome within {:?}", opts.connect_timeout)).into()),
+    };
     let Inbound::Control(Msg::Welcome {
         id,
         config_toml,
@@ -147,9 +210,9 @@ pub(super) async fn join(
         learner_names,
         job,
         incarnation,
-    }) = expect(&mut rx, "the welcome", opts.connect_timeout).await?
+    }) = answer
     else {
-        return Err(net("the scheduler did not answer the join with a welcome"));
+        return Err(net("the scheduler did not answer the join with a welcome").into());
     };
     let config = Config::from_toml(&config_toml).map_err(|e| match e {
         RuntimeError::Config(why) => RuntimeError::Config(format!("from the scheduler: {why}")),

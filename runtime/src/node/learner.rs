@@ -14,21 +14,21 @@ use rudra_actors::remote::{Arrived, Rebind, RemotePeer};
 use rudra_actors::roles::{LearnerPeers, LearnerRun, start_learner};
 use rudra_actors::{InvalidSetting, Models, TrainingData};
 use rudra_compute::Device;
-use rudra_transport::quic::{Peer, QuicEndpoint};
-use rudra_transport::{Codec, LearnerId, Msg, Role, ShardId};
+use rudra_transport::quic::{Ended, Goodbye, Peer, QuicEndpoint};
+use rudra_transport::{Codec, Inbound, LearnerId, Msg, Role, ShardId, TransportError};
 use tokio::sync::mpsc;
 
-use super::join::join;
+use super::join::{Welcome, join};
 use super::scheduler::{serve_metrics, set_ready};
-use super::{NodeOptions, connect_with_retry, endpoint, hang_up, net};
+use super::{NodeOptions, Silence, connect_with_retry, endpoint, leave, net, scheduler_gone};
 use crate::RuntimeError;
-use crate::exporter::MetricsEndpoint;
+use crate::exporter::{MetricsEndpoint, Serving};
 
 /// Run a learner: join, connect to every shard, train when told, stop when told. It trains on
 /// `data` when given, else on the dataset the run configuration names, with a model of `models`
 /// when given, else the configured network on the configured device. A learner that restarted
 /// and rejoins the running job starts at once, its step numbers after every earlier
-/// incarnation's.
+/// incarnation's. A learner that fails tells the scheduler why as it goes.
 pub fn run_learner(
     opts: &NodeOptions,
     data: Option<TrainingData>,
@@ -39,114 +39,155 @@ pub fn run_learner(
     actix::System::new().block_on(async move {
         let ep = endpoint(&opts, Role::Learner).await?;
         let serving = serve_metrics(exporter, &ep)?;
-        let (mut sched, mut rx, welcome) = join(&ep, &opts, Role::Learner).await?;
-        let (config, incarnation) = (&welcome.config, welcome.incarnation);
-        let data = match data {
-            Some(d) => d,
-            None => config.data.load()?,
+        let (sched, rx, welcome) = join(&ep, &opts, Role::Learner).await?;
+        let mut link = (sched, rx);
+        let result = learn(&ep, &opts, &mut link, &welcome, (data, models), serving.as_ref()).await;
+        let result = match result {
+            Ok(Exit::Crashed) => return Ok(()),
+            Ok(Exit::Stopped) => Ok(()),
+            Err(e) => Err(e),
         };
-        if data.train.len() != welcome.train_examples {
-            return Err(InvalidSetting::new(
-                "training.data_dir",
-                format!(
-                    "this learner reads {} training examples, the scheduler {}; give every node the same dataset",
-                    data.train.len(),
-                    welcome.train_examples
-                ),
-            )
-            .into());
-        }
-        let models = match models {
-            Some(m) => m,
-            None => config.models(Device::open(config.device)?),
-        };
-        let spec = &config.cluster;
-        let mut links = Vec::new();
-        let mut connections = Vec::new();
-        for (s, ((addr, name), range)) in
-            welcome.shards.iter().zip(spec.shard_ranges(models.param_count())).enumerate()
-        {
-            let peer = connect_with_retry(&ep, addr, name, opts.connect_timeout).await?;
-            peer.send(&Msg::Hello { learner: LearnerId(welcome.id) }).await?;
-            let remote = RemotePeer::new(peer.clone(), ShardId(s as u32)).start();
-            links.push(ShardLink::of(range, &remote));
-            let weights = spec.codecs.weights.codec;
-            connections.push(ShardConnection { peer, addr: addr.clone(), name: name.clone(), remote, weights });
-        }
-        let to_sched = RemotePeer::new(sched.clone(), ShardId(0)).start();
-        let me = LearnerId(welcome.id);
-        // Fault injection: this learner's side of its links, its speed and its crash, timed
-        // from when it joined.
-        let run = LearnerRun {
-            liveness: config.liveness,
-            faults: config.faults.clone(),
-            born: Instant::now(),
-            incarnation,
-            traffic: Some(ep.traffic()),
-        };
-        let arbiter = Arbiter::new();
-        let peers = LearnerPeers { shards: links, scheduler: SchedulerLink::of(&to_sched) };
-        let learner = start_learner((spec, &models, data.train), me, peers, &run, &arbiter.handle())?;
-        let (lost_tx, mut lost_rx) = mpsc::channel(1);
-        for c in connections {
-            actix::spawn(keep_shard(c, ep.clone(), me, learner.clone(), opts.connect_timeout, lost_tx.clone()));
-        }
-        let crash = config.faults.crash_of(Node::Learner(me)).filter(|_| incarnation == 0);
-        let crashed = async move {
-            match crash {
-                Some(c) => tokio::time::sleep_until((run.born + c.at).into()).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::pin!(crashed);
-        set_ready(serving.as_ref());
-        if incarnation == 0 {
-            sched.send(&Msg::Ready).await?;
-        } else {
-            learner.do_send(StartLearner);
-        }
-        let result = loop {
-            tokio::select! {
-                m = rx.recv() => match m.map(codec::to_learner) {
-                    Some(Ok(ToLearner::Start)) => learner.do_send(StartLearner),
-                    Some(Ok(ToLearner::Stop)) => break Ok(()),
-                    Some(Err(e)) => tracing::warn!("from the scheduler: {e}"),
-                    None => {
-                        tracing::warn!("lost the scheduler ({}); joining again", sched.closed().await);
-                        match join(&ep, &opts, Role::Learner).await {
-                            Ok((_, _, again)) if again.job != welcome.job => {
-                                break Err(net(format!(
-                                    "the scheduler came back with another run (job {}, this learner was in {}); \
-                                     exiting so that this learner is started again for it",
-                                    again.job, welcome.job
-                                )));
-                            }
-                            Ok((peer, inbox, _)) => {
-                                to_sched.do_send(Rebind(peer.clone()));
-                                (sched, rx) = (peer, inbox);
-                            }
-                            Err(e) => break Err(e),
-                        }
-                    }
-                },
-                Some(e) = lost_rx.recv() => break Err(e),
-                () = &mut crashed => {
-                    // As a crash: everything stops at once, no connection is closed.
-                    tracing::error!("crashed (fault injection)");
-                    ep.abort();
-                    arbiter.stop();
-                    return Ok(());
-                }
-            }
-        };
-        learner.do_send(StopLearner);
-        arbiter.stop();
-        sched.close("stopped");
-        hang_up(&ep).await;
+        leave(&ep, &result).await;
         result?;
         tracing::info!("stopped by the scheduler");
         Ok(())
     })
+}
+
+/// How a learner's run ended without an error.
+enum Exit {
+    /// The scheduler stopped it.
+    Stopped,
+    /// It crashed by fault injection: nothing is said to anyone.
+    Crashed,
+}
+
+/// The learner's work once it joined: `link` is its connection to the scheduler (replaced when
+/// it joins again).
+async fn learn(
+    ep: &QuicEndpoint,
+    opts: &NodeOptions,
+    link: &mut (Peer, mpsc::Receiver<Inbound>),
+    welcome: &Welcome,
+    (data, models): (Option<TrainingData>, Option<Models>),
+    serving: Option<&Serving>,
+) -> Result<Exit, RuntimeError> {
+    let (config, incarnation) = (&welcome.config, welcome.incarnation);
+    let data = match data {
+        Some(d) => d,
+        None => config.data.load()?,
+    };
+    if data.train.len() != welcome.train_examples {
+        return Err(InvalidSetting::new(
+            "training.data_dir",
+            format!(
+                "this learner reads {} training examples, the scheduler {}; give every node the same dataset",
+                data.train.len(),
+                welcome.train_examples
+            ),
+        )
+        .into());
+    }
+    let models = match models {
+        Some(m) => m,
+        None => config.models(Device::open(config.device)?),
+    };
+    let spec = &config.cluster;
+    let mut links = Vec::new();
+    let mut connections = Vec::new();
+    for (s, ((addr, name), range)) in
+        welcome.shards.iter().zip(spec.shard_ranges(models.param_count())).enumerate()
+    {
+        let peer = connect_with_retry(ep, addr, name, opts.connect_timeout).await?;
+        peer.send(&Msg::Hello { learner: LearnerId(welcome.id) }).await?;
+        let remote = RemotePeer::new(peer.clone(), ShardId(s as u32)).start();
+        links.push(ShardLink::of(range, &remote));
+        let weights = spec.codecs.weights.codec;
+        connections.push(ShardConnection { peer, addr: addr.clone(), name: name.clone(), remote, weights });
+    }
+    let to_sched = RemotePeer::new(link.0.clone(), ShardId(0)).start();
+    let me = LearnerId(welcome.id);
+    // Fault injection: this learner's side of its links, its speed and its crash, timed
+    // from when it joined.
+    let run = LearnerRun {
+        liveness: config.liveness,
+        faults: config.faults.clone(),
+        born: Instant::now(),
+        incarnation,
+        traffic: Some(ep.traffic()),
+    };
+    let arbiter = Arbiter::new();
+    let peers = LearnerPeers { shards: links, scheduler: SchedulerLink::of(&to_sched) };
+    let learner = start_learner((spec, &models, data.train), me, peers, &run, &arbiter.handle())?;
+    let (lost_tx, mut lost_rx) = mpsc::channel(1);
+    for c in connections {
+        actix::spawn(keep_shard(c, ep.clone(), me, learner.clone(), opts.connect_timeout, lost_tx.clone()));
+    }
+    let crash = config.faults.crash_of(Node::Learner(me)).filter(|_| incarnation == 0);
+    let crashed = async move {
+        match crash {
+            Some(c) => tokio::time::sleep_until((run.born + c.at).into()).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(crashed);
+    set_ready(serving);
+    if incarnation == 0 {
+        link.0.send(&Msg::Ready).await?;
+    } else {
+        learner.do_send(StartLearner);
+    }
+    let mut silence = Silence::new(config.liveness.failure_timeout);
+    let mut tick = tokio::time::interval(config.liveness.heartbeat);
+    let result = loop {
+        let lost = tokio::select! {
+            m = link.1.recv() => match m.map(codec::to_learner) {
+                Some(Ok(ToLearner::Start)) => { silence.heard(); learner.do_send(StartLearner); continue }
+                Some(Ok(ToLearner::Heartbeat)) => { silence.heard(); continue }
+                Some(Ok(ToLearner::Stop)) => break Ok(Exit::Stopped),
+                Some(Err(e)) => { tracing::warn!("from the scheduler: {e}"); continue }
+                None => match scheduler_gone(link.0.ended().await) {
+                    e @ (RuntimeError::RunFailed(_) | RuntimeError::Transport(TransportError::Refused(_))) => {
+                        break Err(e);
+                    }
+                    lost => lost.to_string(),
+                },
+            },
+            _ = tick.tick() => match silence.too_long() {
+                Some(silent) => format!("the scheduler was silent for {silent:.1?}"),
+                None => continue,
+            },
+            Some(e) = lost_rx.recv() => break Err(e),
+            () = &mut crashed => {
+                // As a crash: everything stops at once, no connection is closed.
+                tracing::error!("crashed (fault injection)");
+                ep.abort();
+                arbiter.stop();
+                return Ok(Exit::Crashed);
+            }
+        };
+        tracing::warn!("{lost}; joining again");
+        // The scheduler takes a new connection for this name only once the old one is gone.
+        link.0.close("joining again");
+        match join(ep, opts, Role::Learner).await {
+            Ok((_, _, again)) if again.job != welcome.job => {
+                break Err(net(format!(
+                    "the scheduler came back with another run (job {}, this learner was in {}); \
+                     exiting so that this learner is started again for it",
+                    again.job, welcome.job
+                )));
+            }
+            Ok((peer, inbox, _)) => {
+                to_sched.do_send(Rebind(peer.clone()));
+                *link = (peer, inbox);
+                silence.heard();
+            }
+            Err(e) => break Err(e),
+        }
+    };
+    learner.do_send(StopLearner::default());
+    arbiter.stop();
+    result
 }
 
 /// A learner's connection to one shard.
@@ -185,8 +226,12 @@ async fn keep_shard(
             return; // The learner stopped: the run is over.
         }
         match c.peer.ended().await {
-            Ok(why) => return tracing::info!("{} closed the connection ({why})", c.name),
-            Err(why) => tracing::warn!("lost {} ({why}); connecting again", c.name),
+            // A shard that failed may be started again in its place.
+            Ended::Closed { goodbye: Some(Goodbye::Failed), reason } => {
+                tracing::warn!("{} failed ({reason}); connecting again", c.name);
+            }
+            why @ Ended::Closed { .. } => return tracing::info!("{} closed the connection ({why})", c.name),
+            Ended::Lost(why) => tracing::warn!("lost {} ({why}); connecting again", c.name),
         }
         let again = async {
             let peer = connect_with_retry(&ep, &c.addr, &c.name, timeout).await?;

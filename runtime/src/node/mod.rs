@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 pub use learner::run_learner;
 pub use loopback::run_loopback;
 use rudra_actors::InvalidSetting;
-use rudra_transport::quic::{Peer, QuicEndpoint, QuicSettings};
+use rudra_transport::quic::{Ended, Goodbye, Peer, QuicEndpoint, QuicSettings};
 use rudra_transport::{Inbound, Role};
 pub use scheduler::run_scheduler;
 pub use shard::run_shard;
@@ -188,6 +188,50 @@ where
         tracing::info!("{what} not reachable ({why}); retrying in {backoff:?}");
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// What the end of a node's connection to the scheduler means for the node: the run stopped
+/// for a failure (with its reason), a refusal, or a lost scheduler.
+fn scheduler_gone(ended: Ended) -> RuntimeError {
+    match ended {
+        Ended::Closed { goodbye: Some(Goodbye::RunFailed), reason } => RuntimeError::RunFailed(reason),
+        Ended::Closed { goodbye: Some(Goodbye::Refused), reason } => {
+            RuntimeError::Transport(rudra_transport::TransportError::Refused(reason))
+        }
+        other => net(format!("lost the scheduler ({other})")),
+    }
+}
+
+/// End this node: close every connection, with this node's failure and its reason when
+/// `result` is one, and wait (briefly) until the peers have been told.
+async fn leave(ep: &QuicEndpoint, result: &Result<(), RuntimeError>) {
+    match result {
+        Err(e) if !matches!(e, RuntimeError::RunFailed(_)) => ep.say_goodbye(Goodbye::Failed, &e.to_string()),
+        _ => ep.close(),
+    }
+    let _ = tokio::time::timeout(HANG_UP, ep.wait_idle()).await;
+}
+
+/// When the scheduler was last heard from, against the failure timeout. It is watched once
+/// its heartbeats have begun (it starts them when every node has joined).
+struct Silence {
+    last: Option<Instant>,
+    timeout: Duration,
+}
+
+impl Silence {
+    fn new(timeout: Duration) -> Self {
+        Self { last: None, timeout }
+    }
+
+    fn heard(&mut self) {
+        self.last = Some(Instant::now());
+    }
+
+    /// How long the peer has been silent, once that is longer than the timeout.
+    fn too_long(&self) -> Option<Duration> {
+        self.last.map(|t| t.elapsed()).filter(|&d| d > self.timeout)
     }
 }
 

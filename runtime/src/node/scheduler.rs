@@ -4,10 +4,11 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use rudra_actors::links::{LearnerHandle, Members, ShardHandle};
-use rudra_actors::messages::{Disconnected, Joined, ShardLost, ShardRestarted};
+use rudra_actors::messages::{Disconnected, Joined, ShardAlive, ShardFailed, ShardLost, ShardRestarted};
 use rudra_actors::remote::codec::{self, FromLearner, FromShard};
 use rudra_actors::remote::{Rebind, RemotePeer, SnapshotReply};
 use rudra_actors::roles::{SchedulerRun, SchedulerSlot, start_scheduler, start_tracker};
@@ -15,13 +16,13 @@ use rudra_actors::scheduler::SchedulerActor;
 use rudra_actors::tracker::StalenessTracker;
 use rudra_actors::{Models, RunReport, TrainingData};
 use rudra_compute::{CpuBackend, Device};
-use rudra_transport::quic::{Peer, QuicEndpoint};
+use rudra_transport::quic::{Ended, Goodbye, Peer, QuicEndpoint};
 use rudra_transport::{Clock, LearnerId, Role, ShardId};
 use tokio::sync::mpsc;
 
 use super::enrol::Registrar;
 use super::join::{Invitation, Joiner, gather, read_join};
-use super::{HANG_UP, NodeOptions, endpoint, expect, hang_up, net};
+use super::{HANG_UP, NodeOptions, endpoint, hang_up, net};
 use crate::exporter::{MetricsEndpoint, Serving};
 use crate::local::{ProgressMode, show_progress};
 use crate::{Config, RuntimeError};
@@ -66,11 +67,30 @@ pub fn run_scheduler(
                 j.peer.send(&invitation.welcome(id, 0)).await?;
             }
         }
-        for j in &mut learners {
-            match expect(&mut j.rx, "ready", opts.connect_timeout).await? {
-                rudra_transport::Inbound::Control(rudra_transport::Msg::Ready) => {}
-                other => return Err(net(format!("{} sent {:?} before ready", j.peer.name(), other.kind()))),
+        // A learner that fails before it is ready (its data, its device) says why; the run
+        // starts without it and it may rejoin.
+        let mut failed = Vec::new();
+        for (l, j) in learners.iter_mut().enumerate() {
+            match tokio::time::timeout(opts.connect_timeout, j.rx.recv()).await {
+                Ok(Some(rudra_transport::Inbound::Control(rudra_transport::Msg::Ready))) => {}
+                Ok(Some(other)) => {
+                    return Err(net(format!("{} sent {:?} before ready", j.peer.name(), other.kind())));
+                }
+                Ok(None) => {
+                    tracing::error!(peer = j.peer.name(), "left before the start: {}", j.peer.ended().await);
+                    failed.push(LearnerId(l as u32));
+                }
+                Err(_) => {
+                    return Err(net(format!(
+                        "{} was not ready within {:?}",
+                        j.peer.name(),
+                        opts.connect_timeout
+                    )));
+                }
             }
+        }
+        if failed.len() == learners.len() {
+            return Err(net("every learner left before the start"));
         }
         let tracker = start_tracker(metrics.clone());
         let shard_peers: Vec<Addr<RemotePeer>> = (shards.iter().enumerate())
@@ -99,6 +119,7 @@ pub fn run_scheduler(
             learners: learner_peers.into_iter().map(Seat::new).collect(),
             tracker,
             scheduler: scheduler.clone(),
+            failure_timeout: config.liveness.failure_timeout,
         });
         for (s, j) in shards.into_iter().enumerate() {
             roster.seat(ShardId(s as u32), j);
@@ -108,7 +129,11 @@ pub fn run_scheduler(
             roster.seat(LearnerId(l as u32), j);
             scheduler.do_send(Joined::Learner(LearnerId(l as u32)));
         }
+        for l in failed {
+            scheduler.do_send(Disconnected(l));
+        }
         actix::spawn(accept_rejoins(ep.clone(), Arc::clone(&roster)));
+        actix::spawn(send_heartbeats(Arc::clone(&roster), config.liveness.heartbeat));
         let report = report.await.map_err(|_| net("the scheduler stopped without a report"))??;
         // Every node was told to stop; give them a moment to hang up first.
         let _ = tokio::time::timeout(HANG_UP, async {
@@ -148,11 +173,25 @@ struct Seat {
     current: std::sync::Mutex<Option<(Peer, u32)>>,
     /// A shard's last clock reported (what it had when it was lost).
     clock: AtomicU64,
+    /// When the node was last heard from on its current connection.
+    heard: std::sync::Mutex<Instant>,
 }
 
 impl Seat {
     fn new(remote: Addr<RemotePeer>) -> Self {
-        Self { remote, current: std::sync::Mutex::new(None), clock: AtomicU64::new(0) }
+        let (current, heard) = (std::sync::Mutex::new(None), std::sync::Mutex::new(Instant::now()));
+        Self { remote, current, clock: AtomicU64::new(0), heard }
+    }
+
+    fn heard(&self) {
+        *self.heard.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Instant::now();
+    }
+
+    /// Whether the node's current connection is open and it was heard from within `timeout`:
+    /// a live process holds the seat.
+    fn alive(&self, timeout: Duration) -> bool {
+        let heard = *self.heard.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.current().as_ref().is_some_and(|(p, _)| !p.is_closed()) && heard.elapsed() <= timeout
     }
 
     fn current(&self) -> std::sync::MutexGuard<'_, Option<(Peer, u32)>> {
@@ -168,6 +207,8 @@ impl Seat {
             n + 1
         });
         *current = Some((peer.clone(), incarnation));
+        drop(current);
+        self.heard();
         incarnation
     }
 
@@ -184,6 +225,20 @@ struct Roster {
     learners: Vec<Seat>,
     tracker: Addr<StalenessTracker>,
     scheduler: Addr<SchedulerActor>,
+    /// A node silent this long no longer holds its seat against a newcomer of its name.
+    failure_timeout: Duration,
+}
+
+/// Every heartbeat period, tell every node of the job that the scheduler is alive.
+async fn send_heartbeats(roster: Arc<Roster>, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tick.tick().await;
+        for p in roster.peers() {
+            // A node whose connection is gone is the failure detector's business.
+            let _ = p.send(&rudra_transport::Msg::Heartbeat).await;
+        }
+    }
 }
 
 /// A seat's id: a shard's or a learner's.
@@ -251,8 +306,24 @@ async fn accept_rejoins(ep: QuicEndpoint, roster: Arc<Roster>) {
             };
             let Some(id) = names.iter().position(|n| n == peer.name()) else {
                 tracing::warn!(peer = peer.name(), "refused: not a {role} of the running job");
-                return peer.close("the job is running and this node is not one of its members");
+                let why = format!("the job is running and {} is not one of its {role}s", peer.name());
+                return peer.say_goodbye(Goodbye::Refused, &why);
             };
+            let alive = match peer.role() {
+                Role::Shard => roster.shards[id].alive(roster.failure_timeout),
+                _ => roster.learners[id].alive(roster.failure_timeout),
+            };
+            if alive {
+                tracing::warn!(
+                    peer = peer.name(),
+                    "refused a second process of this name: the first is alive"
+                );
+                let why = format!(
+                    "{} is connected and alive in this job; a second process of that name is refused until the first is lost",
+                    peer.name()
+                );
+                return peer.say_goodbye(Goodbye::Duplicate, &why);
+            }
             if peer.role() == Role::Shard && inv.shard_addrs[id] != data_addr {
                 tracing::error!(
                     peer = peer.name(),
@@ -260,7 +331,8 @@ async fn accept_rejoins(ep: QuicEndpoint, roster: Arc<Roster>) {
                     inv.shard_addrs[id],
                     inv.shard_addrs[id]
                 );
-                return peer.close("restart the shard at the address it had");
+                let why = format!("restart {} at the address it had, {}", peer.name(), inv.shard_addrs[id]);
+                return peer.say_goodbye(Goodbye::Refused, &why);
             }
             let j = Joiner { peer: peer.clone(), rx, data_addr };
             let incarnation = match peer.role() {
@@ -279,7 +351,9 @@ async fn accept_rejoins(ep: QuicEndpoint, roster: Arc<Roster>) {
 async fn dispatch_shard(id: ShardId, mut j: Joiner, roster: Arc<Roster>, incarnation: u32) {
     let seat = id.seat(&roster);
     while let Some(m) = j.rx.recv().await {
+        seat.heard();
         match codec::from_shard(id, m) {
+            Ok(FromShard::Heartbeat) => roster.scheduler.do_send(ShardAlive(id)),
             Ok(FromShard::Records(records)) => {
                 if let Some(last) = records.updates.iter().map(|u| u.clock).max() {
                     seat.clock.store(last.0, Ordering::Relaxed);
@@ -297,14 +371,21 @@ async fn dispatch_shard(id: ShardId, mut j: Joiner, roster: Arc<Roster>, incarna
         }
     }
     if seat.is_current(incarnation) {
-        roster.scheduler.do_send(ShardLost(id));
+        match j.peer.ended().await {
+            Ended::Closed { goodbye: Some(Goodbye::Failed), reason } => {
+                roster.scheduler.do_send(ShardFailed { shard: id, reason });
+            }
+            _ => roster.scheduler.do_send(ShardLost(id)),
+        }
     }
 }
 
 /// Serve learner `id`'s messages to the scheduler until its connection `incarnation` ends.
 async fn dispatch_learner(id: LearnerId, mut j: Joiner, roster: Arc<Roster>, incarnation: u32) {
     let scheduler = &roster.scheduler;
+    let seat = id.seat(&roster);
     while let Some(m) = j.rx.recv().await {
+        seat.heard();
         match codec::from_learner(id, m) {
             Ok(FromLearner::Progress(p)) => scheduler.do_send(p),
             Ok(FromLearner::Done(d)) => scheduler.do_send(d),
@@ -314,7 +395,10 @@ async fn dispatch_learner(id: LearnerId, mut j: Joiner, roster: Arc<Roster>, inc
     }
     // The connection is gone: the learner crashed, or was stopped at the end of the run. A
     // connection already replaced by a newer one says nothing.
-    if id.seat(&roster).is_current(incarnation) {
+    if seat.is_current(incarnation) {
+        if let Ended::Closed { goodbye: Some(Goodbye::Failed), reason } = j.peer.ended().await {
+            tracing::error!(learner = %id, "learner failed: {reason}; the run goes on without it");
+        }
         scheduler.do_send(Disconnected(id));
     }
 }

@@ -21,89 +21,110 @@ use rudra_transport::quic::{Peer, QuicEndpoint};
 use rudra_transport::{Inbound, LearnerId, Msg, Role, ShardId};
 use tokio::sync::mpsc;
 
-use super::join::join;
+use super::join::{Welcome, join};
 use super::scheduler::{serve_metrics, set_ready};
-use super::{NodeOptions, endpoint, expect, hang_up, net};
-use crate::exporter::MetricsEndpoint;
+use super::{NodeOptions, Silence, endpoint, expect, leave, net, scheduler_gone};
+use crate::exporter::{MetricsEndpoint, Serving};
 use crate::{Config, RuntimeError};
 
 /// Run a shard: join, serve learners, answer the scheduler, stop when told. A shard that
 /// rejoins a running job (or is started with `--resume`) continues from its checkpoint. Its
-/// initial parameters come from `models` (the configured network when `None`).
+/// initial parameters come from `models` (the configured network when `None`). It sends the
+/// scheduler heartbeats, and tells it why if it fails.
 pub fn run_shard(opts: &NodeOptions, models: Option<Models>) -> Result<(), RuntimeError> {
     let opts = opts.clone();
     let exporter = MetricsEndpoint::bind_if(opts.metrics_addr)?;
     actix::System::new().block_on(async move {
         let ep = endpoint(&opts, Role::Shard).await?;
         let serving = serve_metrics(exporter, &ep)?;
-        let metrics = serving.as_ref().map(|s| Arc::clone(s.metrics()));
-        let (sched, mut rx, welcome) = join(&ep, &opts, Role::Shard).await?;
-        let (id, config) = (ShardId(welcome.id), &welcome.config);
-        let models = models.unwrap_or_else(|| config.models(Device::Cpu(CpuBackend)));
-        let tracker = RemotePeer::new(sched.clone(), id).start();
-        let checkpoints = shard_checkpoints(&opts, config, &welcome.job);
-        let resume = opts.resume.is_some() || welcome.incarnation > 0;
-        let start = if resume { ShardStart::Resume } else { ShardStart::Fresh };
-        let (shard, resumed) = start_shard(
-            (&config.cluster, &models, welcome.train_examples),
-            id,
-            tracker.clone().recipient(),
-            (metrics.as_ref(), checkpoints),
-            &start,
-            &Arbiter::current(),
-        )?;
-        if let Some(clock) = resumed {
-            sched.send(&Msg::Resumed { clock }).await?;
-        }
-        let policy = LearnerPolicy {
-            names: Arc::new(welcome.learners.clone()),
-            data: DataPolicy {
-                range_len: config.cluster.shard_ranges(models.param_count())[id.index()].len(),
-                push: config.cluster.codecs.gradients.codec,
-                exchange: config.cluster.exchange_encoding().codec,
-            },
-            metrics,
-        };
-        actix::spawn(accept_learners(ep.clone(), shard.clone(), policy));
-        set_ready(serving.as_ref());
-        let crash = config.faults.crash_of(Node::Shard(id)).filter(|_| !resume);
-        let (failed_tx, mut failed) = mpsc::channel(1);
-        if let Some(c) = crash {
-            actix::spawn(injected_crash(c, shard.clone(), sched.clone(), failed_tx));
-        }
-        let mut stopped = false;
-        while let Some(m) = tokio::select! {
-            m = rx.recv() => m,
-            Some(e) = failed.recv() => return Err(e),
-        } {
-            match codec::to_shard(m) {
-                Ok(ToShard::SnapshotRequest(request)) => {
-                    // The shard flushes its records to the tracker's stand-in before answering;
-                    // the answer follows them through the same stand-in, in order.
-                    let weights = shard.send(Snapshot).await.map_err(net)?;
-                    tracker.do_send(AnswerSnapshot { request, weights });
-                }
-                Ok(ToShard::Membership(m)) => shard.do_send(m),
-                Ok(ToShard::Stop) => {
-                    stopped = true;
-                    break;
-                }
-                Err(e) => tracing::warn!("from the scheduler: {e}"),
-            }
-        }
-        let _ = shard.send(StopShard).await;
-        if !stopped {
-            // No clean close: the learners take this like a crash and connect again to the
-            // shard restarted in its place.
-            return Err(net(format!(
-                "lost the scheduler ({}); restart this shard with --resume to continue from its checkpoint",
-                sched.closed().await
-            )));
-        }
-        sched.close("stopped");
-        hang_up(&ep).await;
+        let joined = join(&ep, &opts, Role::Shard).await?;
+        let result = serve(&ep, &opts, joined, models, serving.as_ref()).await;
+        leave(&ep, &result).await;
+        result?;
         tracing::info!("stopped by the scheduler");
         Ok(())
+    })
+}
+
+/// The shard's work once it joined: serve learners and the scheduler until told to stop.
+async fn serve(
+    ep: &QuicEndpoint,
+    opts: &NodeOptions,
+    (sched, mut rx, welcome): (Peer, mpsc::Receiver<Inbound>, Welcome),
+    models: Option<Models>,
+    serving: Option<&Serving>,
+) -> Result<(), RuntimeError> {
+    let metrics = serving.map(|s| Arc::clone(s.metrics()));
+    let (id, config) = (ShardId(welcome.id), &welcome.config);
+    let models = models.unwrap_or_else(|| config.models(Device::Cpu(CpuBackend)));
+    let tracker = RemotePeer::new(sched.clone(), id).start();
+    let checkpoints = shard_checkpoints(opts, config, &welcome.job);
+    let resume = opts.resume.is_some() || welcome.incarnation > 0;
+    let start = if resume { ShardStart::Resume } else { ShardStart::Fresh };
+    let (shard, resumed) = start_shard(
+        (&config.cluster, &models, welcome.train_examples),
+        id,
+        tracker.clone().recipient(),
+        (metrics.as_ref(), checkpoints),
+        &start,
+        &Arbiter::current(),
+    )?;
+    if let Some(clock) = resumed {
+        sched.send(&Msg::Resumed { clock }).await?;
+    }
+    let policy = LearnerPolicy {
+        names: Arc::new(welcome.learners.clone()),
+        data: DataPolicy {
+            range_len: config.cluster.shard_ranges(models.param_count())[id.index()].len(),
+            push: config.cluster.codecs.gradients.codec,
+            exchange: config.cluster.exchange_encoding().codec,
+        },
+        metrics,
+    };
+    actix::spawn(accept_learners(ep.clone(), shard.clone(), policy));
+    set_ready(serving);
+    let crash = config.faults.crash_of(Node::Shard(id)).filter(|_| !resume);
+    let (failed_tx, mut failed) = mpsc::channel(1);
+    if let Some(c) = crash {
+        actix::spawn(injected_crash(c, shard.clone(), sched.clone(), failed_tx));
+    }
+    let mut silence = Silence::new(config.liveness.failure_timeout);
+    let mut tick = tokio::time::interval(config.liveness.heartbeat);
+    let lost = loop {
+        let m = tokio::select! {
+            m = rx.recv() => m,
+            Some(e) = failed.recv() => return Err(e),
+            _ = tick.tick() => {
+                if let Some(silent) = silence.too_long() {
+                    break net(format!("lost the scheduler (silent for {silent:.1?})"));
+                }
+                let _ = sched.send(&Msg::Heartbeat).await;
+                continue;
+            }
+        };
+        let Some(m) = m else { break scheduler_gone(sched.ended().await) };
+        silence.heard();
+        match codec::to_shard(m) {
+            Ok(ToShard::SnapshotRequest(request)) => {
+                // The shard flushes its records to the tracker's stand-in before answering;
+                // the answer follows them through the same stand-in, in order.
+                let weights = shard.send(Snapshot).await.map_err(net)?;
+                tracker.do_send(AnswerSnapshot { request, weights });
+            }
+            Ok(ToShard::Membership(m)) => shard.do_send(m),
+            Ok(ToShard::Heartbeat) => {}
+            Ok(ToShard::Stop) => {
+                let _ = shard.send(StopShard::default()).await;
+                return Ok(());
+            }
+            Err(e) => tracing::warn!("from the scheduler: {e}"),
+        }
+    };
+    let _ = shard.send(StopShard::default()).await;
+    Err(match lost {
+        e @ RuntimeError::RunFailed(_) => e,
+        // The learners take this like a crash and connect again to a shard restarted in its place.
+        other => net(format!("{other}; restart this shard with --resume to continue from its checkpoint")),
     })
 }
 
