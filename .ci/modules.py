@@ -5,7 +5,7 @@ no import circles among their modules, and no file of non-test code over the lin
 An edge A -> B is a `use crate::…`, `use super::…` or inline `crate::…` path in module A that
 names an item of module B. Names a module re-exports (`pub use b::X`) count as B's, so a facade
 `mod.rs` is never a link of a circle by itself. Test modules (`#[cfg(test)]` and the files they
-live in) are left out. Exit status 1 when anything is wrong.
+live in) are left out, and so are a library crate's binary files (`main.rs`, `cli.rs`). Exit status 1 when anything is wrong.
 """
 
 import re
@@ -24,9 +24,10 @@ def module_of(src: Path, file: Path) -> tuple:
 
 def code_of(text: str) -> str:
     """The file without its `#[cfg(test)]` module and comments."""
-    cut = text.find("#[cfg(test)]\nmod tests")
-    if cut >= 0:
-        text = text[:cut]
+    # An inline test module (`mod tests {`); a declaration `mod tests;` names a file left out.
+    m = re.search(r"#\[cfg\(test\)\]\s*mod tests\s*\{", text)
+    if m:
+        text = text[: m.start()]
     return "\n".join(line.split("//")[0] for line in text.splitlines())
 
 
@@ -62,7 +63,10 @@ def expand(tree: str) -> list:
 def main() -> int:
     failed = False
     for src in map(Path, sys.argv[1:]):
-        files = [f for f in src.rglob("*.rs") if f.name != "tests.rs"]
+        # The binary's own files (main.rs and its argument types) are not the library's modules:
+        # main.rs would stand in for lib.rs as the crate root.
+        binary = {src / "main.rs", src / "cli.rs"} if (src / "lib.rs").exists() else set()
+        files = [f for f in src.rglob("*.rs") if f.name != "tests.rs" and f not in binary]
         modules = {module_of(src, f): f for f in files}
         codes = {m: code_of(f.read_text()) for m, f in modules.items()}
         for m, f in modules.items():

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use rudra_actors::protocol::LrModulation;
-use rudra_actors::{ActorError, Diverged, ElasticMethod, InvalidSetting};
+use rudra_actors::{ActorError, ClusterSpec, Diverged, ElasticMethod, InvalidSetting};
 use rudra_compute::ComputeError;
 
 /// Everything that can stop a node.
@@ -83,18 +83,16 @@ fn why_diverged(d: &Diverged) -> String {
 }
 
 impl RuntimeError {
-    /// The run of `config` diverged at `diverged`: the error, with a hint of what to change.
+    /// The run of `cluster` diverged at `diverged`: the error, with a hint of what to change.
     #[must_use]
-    pub fn diverged(config: &crate::Config, diverged: Diverged) -> Self {
-        let lr = config.cluster.schedule.base;
+    pub fn diverged(cluster: &ClusterSpec, diverged: Diverged) -> Self {
+        let lr = cluster.schedule.base;
         let mut hint = format!("lower training.learning_rate (now {lr})");
-        if let Some(e) = &config.cluster.protocol.elastic
+        if let Some(e) = &cluster.protocol.elastic
             && matches!(e.method, ElasticMethod::Eamsgd | ElasticMethod::MDownpour)
         {
             hint += &format!(" or protocol.momentum (now {})", e.momentum);
-        } else if config.cluster.protocol.elastic.is_none()
-            && config.cluster.protocol.modulation == LrModulation::None
-        {
+        } else if cluster.protocol.elastic.is_none() && cluster.protocol.modulation == LrModulation::None {
             hint += ", or modulate it by staleness (protocol.lr_modulation = \"per-gradient\")";
         }
         Self::Diverged { diverged, hint }

@@ -262,7 +262,7 @@ fn finish(dir: &RunDir, config: &Config, report: &RunReport) -> Result<(), Runti
         dir.path().display()
     );
     match s.diverged {
-        Some(d) => Err(RuntimeError::diverged(config, d)),
+        Some(d) => Err(RuntimeError::diverged(&config.cluster, d)),
         None => Ok(()),
     }
 }

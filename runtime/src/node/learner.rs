@@ -93,18 +93,11 @@ async fn learn(
         None => config.models(Device::open(config.device)?),
     };
     let spec = &config.cluster;
-    let mut links = Vec::new();
-    let mut connections = Vec::new();
-    for (s, ((addr, name), range)) in
-        welcome.shards.iter().zip(spec.shard_ranges(models.param_count())).enumerate()
-    {
-        let peer = connect_with_retry(ep, addr, name, opts.connect_timeout).await?;
-        peer.send(&Msg::Hello { learner: LearnerId(welcome.id) }).await?;
-        let remote = RemotePeer::new(peer.clone(), ShardId(s as u32)).start();
-        links.push(ShardLink::of(range, &remote));
-        let weights = spec.codecs.weights.codec;
-        connections.push(ShardConnection { peer, addr: addr.clone(), name: name.clone(), remote, weights });
-    }
+    // The scheduler may stop the run while this learner reaches the shards (one failed).
+    let (links, connections) = tokio::select! {
+        connected = connect_shards(ep, opts, welcome, &models) => connected?,
+        ended = link.0.ended() => return Err(scheduler_gone(ended)),
+    };
     let to_sched = RemotePeer::new(link.0.clone(), ShardId(0)).start();
     let me = LearnerId(welcome.id);
     // Fault injection: this learner's side of its links, its speed and its crash, timed
@@ -188,6 +181,28 @@ async fn learn(
     learner.do_send(StopLearner::default());
     arbiter.stop();
     result
+}
+
+/// Connect to every shard of `welcome` and say hello: each shard's link, and its connection.
+async fn connect_shards(
+    ep: &QuicEndpoint,
+    opts: &NodeOptions,
+    welcome: &Welcome,
+    models: &Models,
+) -> Result<(Vec<ShardLink>, Vec<ShardConnection>), RuntimeError> {
+    let spec = &welcome.config.cluster;
+    let (mut links, mut connections) = (Vec::new(), Vec::new());
+    for (s, ((addr, name), range)) in
+        welcome.shards.iter().zip(spec.shard_ranges(models.param_count())).enumerate()
+    {
+        let peer = connect_with_retry(ep, addr, name, opts.connect_timeout).await?;
+        peer.send(&Msg::Hello { learner: LearnerId(welcome.id) }).await?;
+        let remote = RemotePeer::new(peer.clone(), ShardId(s as u32)).start();
+        links.push(ShardLink::of(range, &remote));
+        let weights = spec.codecs.weights.codec;
+        connections.push(ShardConnection { peer, addr: addr.clone(), name: name.clone(), remote, weights });
+    }
+    Ok((links, connections))
 }
 
 /// A learner's connection to one shard.

@@ -53,98 +53,136 @@ pub fn run_scheduler(
             config.cluster.shards,
             config.cluster.learners
         );
-        let (shards, mut learners) = gather(&ep, &config, opts.connect_timeout).await?;
-        let invitation = Invitation {
-            config_toml: config.to_toml().to_owned(),
-            train_examples: data.train.len() as u64,
-            shard_addrs: shards.iter().map(|j| j.data_addr.clone()).collect(),
-            shard_names: shards.iter().map(|j| j.peer.name().to_owned()).collect(),
-            learner_names: learners.iter().map(|j| j.peer.name().to_owned()).collect(),
-            job: rudra_actors::checkpoint::new_job_id(),
-        };
-        for nodes in [&shards, &learners] {
-            for (id, j) in nodes.iter().enumerate() {
-                j.peer.send(&invitation.welcome(id, 0)).await?;
+        let result = drive(&ep, &config, (data, models), &opts, (metrics, progress)).await;
+        match &result {
+            // Every node is told why the run stopped; they exit with that reason.
+            Err(e) => {
+                ep.say_goodbye(Goodbye::RunFailed, &e.to_string());
+                let _ = tokio::time::timeout(HANG_UP, ep.wait_idle()).await;
             }
+            Ok(_) => hang_up(&ep).await,
         }
-        // A learner that fails before it is ready (its data, its device) says why; the run
-        // starts without it and it may rejoin.
-        let mut failed = Vec::new();
-        for (l, j) in learners.iter_mut().enumerate() {
-            match tokio::time::timeout(opts.connect_timeout, j.rx.recv()).await {
-                Ok(Some(rudra_transport::Inbound::Control(rudra_transport::Msg::Ready))) => {}
-                Ok(Some(other)) => {
-                    return Err(net(format!("{} sent {:?} before ready", j.peer.name(), other.kind())));
-                }
-                Ok(None) => {
-                    tracing::error!(peer = j.peer.name(), "left before the start: {}", j.peer.ended().await);
-                    failed.push(LearnerId(l as u32));
-                }
-                Err(_) => {
-                    return Err(net(format!(
-                        "{} was not ready within {:?}",
-                        j.peer.name(),
-                        opts.connect_timeout
-                    )));
-                }
-            }
-        }
-        if failed.len() == learners.len() {
-            return Err(net("every learner left before the start"));
-        }
-        let tracker = start_tracker(metrics.clone());
-        let shard_peers: Vec<Addr<RemotePeer>> = (shards.iter().enumerate())
-            .map(|(s, j)| RemotePeer::new(j.peer.clone(), ShardId(s as u32)).start())
-            .collect();
-        let learner_peers: Vec<Addr<RemotePeer>> =
-            learners.iter().map(|j| RemotePeer::new(j.peer.clone(), ShardId(0)).start()).collect();
-        let members = Members {
-            shards: shard_peers.iter().map(ShardHandle::of).collect(),
-            learners: learner_peers.iter().map(LearnerHandle::of).collect(),
-            stats: tracker.clone().recipient(),
-        };
-        let (obs_tx, obs_rx) = mpsc::unbounded_channel();
-        let run = SchedulerRun {
-            observer: Some(obs_tx),
-            metrics,
-            liveness: config.liveness,
-            shard_timeout: opts.connect_timeout,
-        };
-        let (scheduler, report) =
-            start_scheduler((&config.cluster, &models, &data), members, run, SchedulerSlot::default());
-        actix::spawn(show_progress(obs_rx, progress));
-        let roster = Arc::new(Roster {
-            invitation,
-            shards: shard_peers.into_iter().map(Seat::new).collect(),
-            learners: learner_peers.into_iter().map(Seat::new).collect(),
-            tracker,
-            scheduler: scheduler.clone(),
-            failure_timeout: config.liveness.failure_timeout,
-        });
-        for (s, j) in shards.into_iter().enumerate() {
-            roster.seat(ShardId(s as u32), j);
-            scheduler.do_send(Joined::Shard(ShardId(s as u32)));
-        }
-        for (l, j) in learners.into_iter().enumerate() {
-            roster.seat(LearnerId(l as u32), j);
-            scheduler.do_send(Joined::Learner(LearnerId(l as u32)));
-        }
-        for l in failed {
-            scheduler.do_send(Disconnected(l));
-        }
-        actix::spawn(accept_rejoins(ep.clone(), Arc::clone(&roster)));
-        actix::spawn(send_heartbeats(Arc::clone(&roster), config.liveness.heartbeat));
-        let report = report.await.map_err(|_| net("the scheduler stopped without a report"))??;
-        // Every node was told to stop; give them a moment to hang up first.
-        let _ = tokio::time::timeout(HANG_UP, async {
-            for p in roster.peers() {
-                p.closed().await;
-            }
-        })
-        .await;
-        hang_up(&ep).await;
-        Ok(report)
+        result
     })
+}
+
+/// The run, once the scheduler listens: gather the nodes, start, drive, stop everyone.
+async fn drive(
+    ep: &QuicEndpoint,
+    config: &Config,
+    (data, models): (TrainingData, Models),
+    opts: &NodeOptions,
+    (metrics, progress): (Option<Arc<rudra_actors::metrics::Metrics>>, ProgressMode),
+) -> Result<RunReport, RuntimeError> {
+    let (shards, mut learners) = gather(ep, config, opts.connect_timeout).await?;
+    let invitation = Invitation {
+        config_toml: config.to_toml().to_owned(),
+        train_examples: data.train.len() as u64,
+        shard_addrs: shards.iter().map(|j| j.data_addr.clone()).collect(),
+        shard_names: shards.iter().map(|j| j.peer.name().to_owned()).collect(),
+        learner_names: learners.iter().map(|j| j.peer.name().to_owned()).collect(),
+        job: rudra_actors::checkpoint::new_job_id(),
+    };
+    for nodes in [&shards, &learners] {
+        for (id, j) in nodes.iter().enumerate() {
+            j.peer.send(&invitation.welcome(id, 0)).await?;
+        }
+    }
+    let failed = await_ready(&shards, &mut learners, opts.connect_timeout).await?;
+    let tracker = start_tracker(metrics.clone());
+    let shard_peers: Vec<Addr<RemotePeer>> = (shards.iter().enumerate())
+        .map(|(s, j)| RemotePeer::new(j.peer.clone(), ShardId(s as u32)).start())
+        .collect();
+    let learner_peers: Vec<Addr<RemotePeer>> =
+        learners.iter().map(|j| RemotePeer::new(j.peer.clone(), ShardId(0)).start()).collect();
+    let members = Members {
+        shards: shard_peers.iter().map(ShardHandle::of).collect(),
+        learners: learner_peers.iter().map(LearnerHandle::of).collect(),
+        stats: tracker.clone().recipient(),
+    };
+    let (obs_tx, obs_rx) = mpsc::unbounded_channel();
+    let run = SchedulerRun {
+        observer: Some(obs_tx),
+        metrics,
+        liveness: config.liveness,
+        shard_timeout: opts.connect_timeout,
+    };
+    let (scheduler, report) =
+        start_scheduler((&config.cluster, &models, &data), members, run, SchedulerSlot::default());
+    actix::spawn(show_progress(obs_rx, progress));
+    let roster = Arc::new(Roster {
+        invitation,
+        shards: shard_peers.into_iter().map(Seat::new).collect(),
+        learners: learner_peers.into_iter().map(Seat::new).collect(),
+        tracker,
+        scheduler: scheduler.clone(),
+        failure_timeout: config.liveness.failure_timeout,
+    });
+    for (s, j) in shards.into_iter().enumerate() {
+        roster.seat(ShardId(s as u32), j);
+        scheduler.do_send(Joined::Shard(ShardId(s as u32)));
+    }
+    for (l, j) in learners.into_iter().enumerate() {
+        roster.seat(LearnerId(l as u32), j);
+        scheduler.do_send(Joined::Learner(LearnerId(l as u32)));
+    }
+    for l in failed {
+        scheduler.do_send(Disconnected(l));
+    }
+    actix::spawn(accept_rejoins(ep.clone(), Arc::clone(&roster)));
+    actix::spawn(send_heartbeats(Arc::clone(&roster), config.liveness.heartbeat));
+    let report = report.await.map_err(|_| net("the scheduler stopped without a report"))??;
+    // Every node was told to stop; give them a moment to hang up first.
+    let _ = tokio::time::timeout(HANG_UP, async {
+        for p in roster.peers() {
+            p.closed().await;
+        }
+    })
+    .await;
+    Ok(report)
+}
+
+/// Wait until every learner is ready. A learner that fails first (its data, its device) says
+/// why: the run starts without it, and it may rejoin; the learners that left are returned. A
+/// shard that fails or is lost meanwhile stops the run at once.
+async fn await_ready(
+    shards: &[Joiner],
+    learners: &mut [Joiner],
+    within: Duration,
+) -> Result<Vec<LearnerId>, RuntimeError> {
+    let (gone_tx, mut gone) = mpsc::channel(shards.len().max(1));
+    for j in shards {
+        let (peer, gone_tx) = (j.peer.clone(), gone_tx.clone());
+        actix::spawn(async move {
+            let ended = peer.ended().await;
+            let _ = gone_tx.send((peer.name().to_owned(), ended)).await;
+        });
+    }
+    let mut failed = Vec::new();
+    for (l, j) in learners.iter_mut().enumerate() {
+        let next = tokio::select! {
+            next = tokio::time::timeout(within, j.rx.recv()) => next,
+            Some((shard, ended)) = gone.recv() => {
+                tracing::error!(peer = shard, "left before the start: {ended}");
+                return Err(net(format!("{shard} failed before the start: {ended}")));
+            }
+        };
+        match next {
+            Ok(Some(rudra_transport::Inbound::Control(rudra_transport::Msg::Ready))) => {}
+            Ok(Some(other)) => {
+                return Err(net(format!("{} sent {:?} before ready", j.peer.name(), other.kind())));
+            }
+            Ok(None) => {
+                tracing::error!(peer = j.peer.name(), "left before the start: {}", j.peer.ended().await);
+                failed.push(LearnerId(l as u32));
+            }
+            Err(_) => return Err(net(format!("{} was not ready within {within:?}", j.peer.name()))),
+        }
+    }
+    if failed.len() == learners.len() {
+        return Err(net("every learner left before the start"));
+    }
+    Ok(failed)
 }
 
 /// Start serving `exporter`, if any, with the traffic of `ep` among its metrics.

@@ -279,7 +279,7 @@ pub fn run_command(
         // studies) report their trend and outcome and succeed.
         return match summary.run.diverged {
             Some(d) if config.simulation.gradients == GradientSource::Model => {
-                Err(RuntimeError::diverged(config, d))
+                Err(RuntimeError::diverged(&config.cluster, d))
             }
             _ => Ok(()),
         };

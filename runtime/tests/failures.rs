@@ -1,0 +1,237 @@
+//! Nodes that die, fail or are confused, across real `rudra-node` processes on 127.0.0.1: each
+//! is seen in seconds and named with its reason, nobody is left waiting, and every test ends
+//! within its bound.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// A cluster's processes in one directory, each logging to `NAME.log`.
+struct Cluster {
+    dir: tempfile::TempDir,
+    scheduler: String,
+    data: PathBuf,
+}
+
+impl Cluster {
+    /// A CA and certificates for `names` (and the scheduler), a free scheduler port.
+    fn new(names: &[&str]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let run = |args: &[&str]| {
+            let o =
+                Command::new(env!("CARGO_BIN_EXE_rudra-node")).args(args).current_dir(dir.path()).output();
+            assert!(o.unwrap().status.success(), "{args:?}");
+        };
+        run(&["cert", "init", "--dir", "certs"]);
+        for name in names.iter().chain(&["scheduler"]) {
+            run(&["cert", "issue", "--dir", "certs", "--name", name]);
+        }
+        let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/mnist");
+        Self { dir, scheduler: format!("127.0.0.1:{port}"), data }
+    }
+
+    fn path(&self, file: &str) -> PathBuf {
+        self.dir.path().join(file)
+    }
+
+    /// Start `rudra-node args` from `cwd` (the cluster's directory when `None`), logging to
+    /// `log`.log.
+    fn spawn_in(&self, cwd: Option<&Path>, log: &str, args: &[&str]) -> Child {
+        let certs = self.path("certs");
+        let file = std::fs::File::create(self.path(&format!("{log}.log"))).unwrap();
+        Command::new(env!("CARGO_BIN_EXE_rudra-node"))
+            .args(args)
+            .args(["--certs", certs.to_str().unwrap()])
+            .current_dir(cwd.unwrap_or(self.dir.path()))
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .unwrap()
+    }
+
+    /// Start node `name` (a shard or learner) with `extra` flags.
+    fn node(&self, name: &str, extra: &[&str]) -> Child {
+        let role = name.split('-').next().unwrap();
+        let args = [&["--role", role, "--name", name, "--scheduler", &self.scheduler][..], extra].concat();
+        self.spawn_in(None, name, &args)
+    }
+
+    /// Start the scheduler with `settings` (`--set`) over a short asynchronous MNIST run.
+    fn start_scheduler(&self, extra: &[&str], settings: &[&str]) -> Child {
+        let data_dir = format!("training.data_dir={}", self.data.display());
+        let mut args = vec!["--role", "scheduler", "--listen", &self.scheduler, "--out", "run"];
+        args.extend(extra);
+        let base = [
+            "protocol.kind=async",
+            "training.test_examples=2000",
+            "cluster.failure_timeout_ms=1000",
+            &data_dir,
+        ];
+        for s in base.iter().chain(settings) {
+            args.extend(["--set", s]);
+        }
+        self.spawn_in(None, "scheduler", &args)
+    }
+
+    fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.path(&format!("{name}.log"))).unwrap_or_default()
+    }
+
+    /// Wait until `name`'s log holds `what`; the time it took.
+    fn wait_for(&self, name: &str, what: &str, limit: Duration) -> Duration {
+        let start = Instant::now();
+        while !self.log(name).contains(what) {
+            assert!(start.elapsed() < limit, "no {what:?} from {name} within {limit:?}:\n{}", self.log(name));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        start.elapsed()
+    }
+}
+
+/// Wait for `child` to exit within `limit` (killing it and failing if it does not).
+fn exit_within(name: &str, child: &mut Child, limit: Duration) -> ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            panic!("{name} did not exit within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A shard SIGKILLed mid-run and not restarted: the scheduler names it within the failure
+/// timeout and a second, and stops the run once `--connect-timeout` has passed without it;
+/// every node exits non-zero, saying why.
+#[test]
+fn a_killed_shard_is_named_in_seconds_and_every_node_exits_non_zero_with_the_reason() {
+    let names = ["shard-0", "shard-1", "learner-0", "learner-1"];
+    let c = Cluster::new(&names);
+    let timeout = ["--connect-timeout", "4s"];
+    let mut nodes: Vec<(&str, Child)> = names.iter().map(|n| (*n, c.node(n, &timeout))).collect();
+    let settings =
+        ["cluster.learners=2", "cluster.shards=2", "training.train_examples=20000", "training.epochs=50"];
+    let mut scheduler = c.start_scheduler(&timeout, &settings);
+    c.wait_for("scheduler", "evaluated", Duration::from_secs(120));
+    let (_, mut shard) = nodes.remove(1);
+    shard.kill().unwrap();
+    let killed = Instant::now();
+    shard.wait().unwrap();
+    c.wait_for("scheduler", "shard lost", Duration::from_secs(10));
+    let named = killed.elapsed();
+    assert!(c.log("scheduler").contains("shard=shard-1"), "{}", c.log("scheduler"));
+    assert!(named <= Duration::from_secs(2), "named after {named:?}; the failure timeout is 1 s");
+    let status = exit_within("the scheduler", &mut scheduler, Duration::from_secs(10));
+    let stopped = killed.elapsed();
+    assert!(stopped <= Duration::from_secs(4 + 2) + named, "stopped after {stopped:?}");
+    assert!(!status.success(), "the scheduler exited 0");
+    assert!(c.log("scheduler").contains("shard-1"), "{}", c.log("scheduler"));
+    for (name, mut child) in nodes {
+        let status = exit_within(name, &mut child, Duration::from_secs(10));
+        assert!(!status.success(), "{name} exited 0");
+        let log = c.log(name);
+        assert!(log.contains("shard-1") && log.contains("stopped the run"), "{name}: {log}");
+    }
+}
+
+/// A learner that cannot read its data tells the scheduler why as it leaves: the scheduler
+/// names it within two seconds and the run goes on without it.
+#[test]
+fn a_learner_that_fails_on_bad_data_is_named_and_the_run_goes_on() {
+    let names = ["shard-0", "learner-0", "learner-1"];
+    let c = Cluster::new(&names);
+    // The data directory is relative: learner 1 runs where it does not exist.
+    std::os::unix::fs::symlink(&c.data, c.path("mnist")).unwrap();
+    let elsewhere = c.path("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    let mut nodes = vec![("shard-0", c.node("shard-0", &[])), ("learner-0", c.node("learner-0", &[]))];
+    let args = ["--role", "learner", "--name", "learner-1", "--scheduler", &c.scheduler];
+    let mut bad = c.spawn_in(Some(&elsewhere), "learner-1", &args);
+    let settings = [
+        "cluster.learners=2",
+        "cluster.shards=1",
+        "training.train_examples=4000",
+        "training.epochs=2",
+        "training.data_dir=mnist",
+    ];
+    let mut scheduler = c.start_scheduler(&[], &settings);
+    let status = exit_within("learner-1", &mut bad, Duration::from_secs(60));
+    let left = Instant::now();
+    assert_eq!(status.code(), Some(2), "{}", c.log("learner-1"));
+    let named = left.elapsed() + c.wait_for("scheduler", "left before the start", Duration::from_secs(2));
+    assert!(named <= Duration::from_secs(2), "named after {named:?}");
+    let log = c.log("scheduler");
+    assert!(log.contains("learner-1") && log.contains("training.data_dir"), "{log}");
+    assert!(exit_within("the scheduler", &mut scheduler, Duration::from_secs(120)).success(), "{log}");
+    for (name, mut child) in nodes.drain(..) {
+        assert!(exit_within(name, &mut child, Duration::from_secs(10)).success(), "{name}: {}", c.log(name));
+    }
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(c.path("run/summary.json")).unwrap()).unwrap();
+    assert!(summary["final_test_accuracy"].as_f64().unwrap() > 0.8, "{summary}");
+}
+
+/// A second process named `learner-0` while the first is alive is refused, ten times over,
+/// and the run finishes undisturbed.
+#[test]
+fn a_second_process_of_one_name_is_refused_every_time_and_the_run_finishes() {
+    let names = ["shard-0", "learner-0", "learner-1"];
+    let c = Cluster::new(&names);
+    let nodes: Vec<(&str, Child)> = names.iter().map(|n| (*n, c.node(n, &[]))).collect();
+    let settings =
+        ["cluster.learners=2", "cluster.shards=1", "training.train_examples=20000", "training.epochs=12"];
+    let mut scheduler = c.start_scheduler(&[], &settings);
+    c.wait_for("scheduler", "evaluated", Duration::from_secs(120));
+    for attempt in 0..10 {
+        let args = ["--role", "learner", "--name", "learner-0", "--scheduler", &c.scheduler];
+        let mut second = c.spawn_in(None, "second", &[&args[..], &["--connect-timeout", "1s"]].concat());
+        let status = exit_within("the second learner-0", &mut second, Duration::from_secs(15));
+        let log = c.log("second");
+        assert_eq!(status.code(), Some(2), "attempt {attempt}: {log}");
+        assert!(log.contains("connected and alive"), "attempt {attempt}: {log}");
+        assert!(scheduler.try_wait().unwrap().is_none(), "the run ended during attempt {attempt}");
+    }
+    assert!(exit_within("the scheduler", &mut scheduler, Duration::from_secs(180)).success());
+    for (name, mut child) in nodes {
+        assert!(exit_within(name, &mut child, Duration::from_secs(10)).success(), "{name}");
+    }
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(c.path("run/summary.json")).unwrap()).unwrap();
+    assert!(summary["final_test_accuracy"].as_f64().unwrap() > 0.9, "{summary}");
+}
+
+/// `--resume` at the start of a new job, on the checkpoint of an earlier one: the shard refuses
+/// it (naming the file and the other job) and exits non-zero, and the run stops with that reason
+/// rather than hang.
+#[test]
+fn resume_at_the_start_of_a_new_job_is_refused_and_nothing_hangs() {
+    let names = ["shard-0", "learner-0"];
+    let c = Cluster::new(&names);
+    let settings = [
+        "cluster.learners=1",
+        "cluster.shards=1",
+        "training.train_examples=2000",
+        "checkpoint.every_updates=10",
+    ];
+    let first = [c.node("shard-0", &[]), c.node("learner-0", &[]), c.start_scheduler(&[], &settings)];
+    for (i, mut child) in first.into_iter().enumerate() {
+        assert!(exit_within("the first run", &mut child, Duration::from_secs(120)).success(), "node {i}");
+    }
+    assert!(c.path("checkpoints/shard-0.safetensors").is_file());
+    let mut shard = c.node("shard-0", &["--resume", "checkpoints"]);
+    let mut learner = c.node("learner-0", &[]);
+    std::fs::remove_dir_all(c.path("run")).unwrap();
+    let mut scheduler = c.start_scheduler(&[], &settings);
+    assert!(!exit_within("shard-0", &mut shard, Duration::from_secs(60)).success());
+    let log = c.log("shard-0");
+    assert!(log.contains("shard-0.safetensors") && log.contains("another run"), "{log}");
+    assert!(!exit_within("the scheduler", &mut scheduler, Duration::from_secs(10)).success());
+    assert!(c.log("scheduler").contains("shard-0 failed"), "{}", c.log("scheduler"));
+    assert!(!exit_within("learner-0", &mut learner, Duration::from_secs(10)).success());
+}
