@@ -43,5 +43,7 @@ pub mod tracker;
 pub use cluster::{Cluster, ClusterHandle};
 pub use error::{ActorError, InvalidSetting};
 pub use models::Models;
-pub use report::{BytesMoved, Diverged, MetricsRow, ProgressSnapshot, RunEvent, RunReport, TimelineEntry};
+pub use report::{
+    BytesMoved, Diverged, MetricsRow, ProgressSnapshot, RunEvent, RunReport, SchedulerState, TimelineEntry,
+};
 pub use spec::{ClusterSpec, ElasticMethod, ElasticSpec, ProtocolSpec, TrainingData};

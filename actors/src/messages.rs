@@ -215,6 +215,11 @@ pub struct LearnerDone {
     pub error: Option<String>,
 }
 
+/// Ask the scheduler for what a restarted scheduler would need to go on.
+#[derive(Message)]
+#[rtype(result = "crate::report::SchedulerState")]
+pub struct GetState;
+
 // ---- to the staleness tracker ------------------------------------------------------------
 
 /// A batch of records from one shard.
@@ -240,8 +245,8 @@ impl Records {
 #[rtype(result = "TrackerReport")]
 pub struct GetStats;
 
-/// What the tracker knows.
-#[derive(Clone, Debug, Default)]
+/// What the tracker knows (kept in a restarting scheduler's state).
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct TrackerReport {
     /// Staleness over all shards' gradients.
     pub staleness: StalenessSummary,

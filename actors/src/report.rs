@@ -3,10 +3,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::protocol::StalenessSummary;
+use crate::protocol::{SchedulerCore, StalenessSummary};
 
 /// One evaluation of the model during a run (a row of `metrics.csv`).
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MetricsRow {
     /// Seconds since the learners started.
     pub wall_seconds: f64,
@@ -16,7 +16,8 @@ pub struct MetricsRow {
     pub updates: u64,
     /// Examples processed, over all learners.
     pub samples: u64,
-    /// Mean minibatch loss since the previous row.
+    /// Mean minibatch loss since the previous row (NaN when none; JSON writes `null`).
+    #[serde(deserialize_with = "nan_if_null")]
     pub train_loss: f64,
     /// Mean cross-entropy on the test set.
     pub test_loss: f64,
@@ -133,14 +134,36 @@ pub struct Diverged {
     pub first_loss: f64,
 }
 
+/// What a scheduler restarted with `--resume` takes back: its core and what the run recorded
+/// so far.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SchedulerState {
+    /// The membership, epochs and evaluation points.
+    pub core: SchedulerCore,
+    /// Seconds since the scheduler started (its failure detector's clock).
+    pub born_seconds: f64,
+    /// Seconds the learners have trained.
+    pub wall_seconds: f64,
+    /// Examples processed so far by each learner.
+    pub learner_samples: Vec<u64>,
+    /// The evaluations so far.
+    pub rows: Vec<MetricsRow>,
+    /// The timeline so far.
+    pub timeline: Vec<TimelineEntry>,
+    /// Updates lost in shard crashes.
+    pub updates_lost: u64,
+    /// What the learners' messages carried.
+    pub bytes: BytesMoved,
+}
+
 /// One event of a run's timeline.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TimelineEntry {
     /// Seconds since the scheduler started.
     pub seconds: f64,
     /// `injected` (a fault the plan caused), `detected` (what the cluster noticed) or
     /// `recovered` (a shard back from its checkpoint).
-    pub kind: &'static str,
+    pub kind: String,
     /// What happened, e.g. `learner-2 lost`.
     pub what: String,
 }

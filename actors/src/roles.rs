@@ -17,9 +17,9 @@ use crate::checkpoint::Checkpoints;
 use crate::faults::{FaultPlan, LearnerLinks, Liveness, Lossy};
 use crate::learner::{LearnerActor, LearnerParts};
 use crate::links::{Members, SchedulerLink, ShardLink};
-use crate::messages::{Crash, Records, Restart};
+use crate::messages::{Crash, Records, Restart, TrackerReport};
 use crate::metrics::Metrics;
-use crate::report::{RunEvent, RunReport};
+use crate::report::{RunEvent, RunReport, SchedulerState};
 use crate::scheduler::{SchedulerActor, SchedulerParts};
 use crate::shard::ShardActor;
 use crate::tracker::StalenessTracker;
@@ -30,6 +30,13 @@ use crate::{ActorError, ClusterSpec, Models, TrainingData};
 #[must_use]
 pub fn start_tracker(metrics: Option<Arc<Metrics>>) -> Addr<StalenessTracker> {
     StalenessTracker::new(metrics).start()
+}
+
+/// Start the staleness tracker of a run taken back by a restarted scheduler: it goes on from
+/// `counts`.
+#[must_use]
+pub fn resume_tracker(metrics: Option<Arc<Metrics>>, counts: &TrackerReport) -> Addr<StalenessTracker> {
+    StalenessTracker::new(metrics).resumed(counts).start()
 }
 
 /// Where a shard starts from.
@@ -199,6 +206,8 @@ pub struct SchedulerRun {
     pub liveness: Liveness,
     /// How long a lost shard may take to come back.
     pub shard_timeout: Duration,
+    /// What an earlier scheduler of this run recorded, when this one takes the run back.
+    pub resume: Option<SchedulerState>,
 }
 
 /// Start the scheduler of `spec` in `slot` (on the current arbiter), driving `members`,
@@ -224,5 +233,10 @@ pub fn start_scheduler(
         detector_tick: Some(run.liveness.heartbeat),
         shard_timeout: run.shard_timeout,
     };
-    (slot.0.run(SchedulerActor::new(core, parts)), rx)
+    let scheduler = SchedulerActor::new(core, parts);
+    let scheduler = match run.resume {
+        Some(state) => scheduler.resumed(state),
+        None => scheduler,
+    };
+    (slot.0.run(scheduler), rx)
 }

@@ -12,12 +12,14 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::links::Members;
 use crate::messages::{
-    Disconnected, GetStats, Heartbeat, Joined, LearnerDone, Membership, Note, Progress, ShardAlive,
+    Disconnected, GetState, GetStats, Heartbeat, Joined, LearnerDone, Membership, Note, Progress, ShardAlive,
     ShardFailed, ShardLost, ShardRestarted, Snapshot, StartLearner, StopLearner, StopShard, TrackerReport,
 };
 use crate::metrics::Metrics;
 use crate::protocol::{Divergence, SchedulerCore, SchedulerEvent};
-use crate::report::{BytesMoved, Diverged, MetricsRow, ProgressSnapshot, RunEvent, RunReport, TimelineEntry};
+use crate::report::{
+    BytesMoved, Diverged, MetricsRow, ProgressSnapshot, RunEvent, RunReport, SchedulerState, TimelineEntry,
+};
 use crate::{ActorError, Models};
 
 /// Where the run's report goes.
@@ -135,9 +137,35 @@ impl SchedulerActor {
         }
     }
 
+    /// Go on from `state`, what an earlier scheduler of this run recorded.
+    #[must_use]
+    pub fn resumed(mut self, state: SchedulerState) -> Self {
+        let ago = |s: f64| Instant::now().checked_sub(Duration::from_secs_f64(s.max(0.0)));
+        self.born = ago(state.born_seconds).unwrap_or(self.born);
+        self.started = state.core.started().then(|| ago(state.wall_seconds)).flatten();
+        self.core = state.core;
+        self.learner_samples = state.learner_samples;
+        self.rows = state.rows;
+        self.timeline = state.timeline;
+        self.updates_lost = state.updates_lost;
+        self.bytes = state.bytes;
+        self.note("recovered", "the scheduler resumed the run from its state".to_owned());
+        self
+    }
+
+    /// Look for silent nodes every `tick`, from now on.
+    fn watch(&self, ctx: &mut Context<Self>) {
+        if let Some(tick) = self.tick {
+            ctx.run_interval(tick, |act, ctx| {
+                let events = act.core.on_tick(act.born.elapsed());
+                act.carry_out(events, ctx);
+            });
+        }
+    }
+
     fn note(&mut self, kind: &'static str, what: String) {
         let seconds = self.born.elapsed().as_secs_f64();
-        self.timeline.push(TimelineEntry { seconds, kind, what });
+        self.timeline.push(TimelineEntry { seconds, kind: kind.to_owned(), what });
     }
 
     fn count_alive(&self) {
@@ -165,12 +193,7 @@ impl SchedulerActor {
                     for l in &self.members.learners {
                         l.start.do_send(StartLearner);
                     }
-                    if let Some(tick) = self.tick {
-                        ctx.run_interval(tick, |act, ctx| {
-                            let events = act.core.on_tick(act.born.elapsed());
-                            act.carry_out(events, ctx);
-                        });
-                    }
+                    self.watch(ctx);
                 }
                 SchedulerEvent::Lost(l) => {
                     tracing::warn!(learner = %l, "learner lost; the run goes on without it");
@@ -184,7 +207,7 @@ impl SchedulerActor {
                         let clock = stats.map(|s| format!(" at clock {}", s.updates)).unwrap_or_default();
                         tracing::info!(learner = %l, "learner rejoined{clock}");
                         let what = format!("{l} rejoined{clock}");
-                        act.timeline.push(TimelineEntry { seconds, kind: "detected", what });
+                        act.timeline.push(TimelineEntry { seconds, kind: "detected".to_owned(), what });
                     }));
                 }
                 SchedulerEvent::Diverged(d) => {
@@ -344,6 +367,29 @@ fn evaluate_on(
 
 impl Actor for SchedulerActor {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        // A resumed run is under way: its failure detector looks from the start.
+        if self.core.started() {
+            self.watch(ctx);
+        }
+    }
+}
+
+impl Handler<GetState> for SchedulerActor {
+    type Result = MessageResult<GetState>;
+    fn handle(&mut self, _: GetState, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(SchedulerState {
+            core: self.core.clone(),
+            born_seconds: self.born.elapsed().as_secs_f64(),
+            wall_seconds: self.elapsed(),
+            learner_samples: self.learner_samples.clone(),
+            rows: self.rows.clone(),
+            timeline: self.timeline.clone(),
+            updates_lost: self.updates_lost,
+            bytes: self.bytes,
+        })
+    }
 }
 
 impl Handler<Joined> for SchedulerActor {

@@ -67,19 +67,24 @@ impl ShardActor {
         }
     }
 
-    /// Write a checkpoint if one is due (or `now`). A checkpoint that cannot be written is
-    /// logged and training goes on; the next one is tried at the next interval.
-    fn checkpoint(&mut self, now: bool) {
-        let Some(c) = &self.checkpoints else { return };
+    /// Write a checkpoint if one is due (or `now`); whether one was written. A checkpoint that
+    /// cannot be written is logged and training goes on; the next one is tried at the next
+    /// interval.
+    fn checkpoint(&mut self, now: bool) -> bool {
+        let Some(c) = &self.checkpoints else { return false };
         let clock = self.core.clock();
         if !now && clock.0 < self.saved.0 + c.every_updates.max(1) {
-            return;
+            return false;
         }
         self.saved = clock;
         match c.write(self.core.id(), &self.core.state()) {
             Ok(()) => tracing::debug!(shard = %self.core.id(), "checkpoint at clock {clock}"),
-            Err(e) => tracing::error!(shard = %self.core.id(), "{e}; training goes on"),
+            Err(e) => {
+                tracing::error!(shard = %self.core.id(), "{e}; training goes on");
+                return false;
+            }
         }
+        true
     }
 
     /// Carry out the effects of an input the core took, or log why it refused it.
@@ -264,6 +269,10 @@ impl Handler<Restart> for ShardActor {
 impl Handler<StopShard> for ShardActor {
     type Result = ();
     fn handle(&mut self, _: StopShard, ctx: &mut Context<Self>) {
+        // What it holds is written down on its way out (a crashed shard holds nothing).
+        if !self.down && self.core.clock() != self.saved && self.checkpoint(true) {
+            tracing::info!(shard = %self.core.id(), "wrote a checkpoint at clock {} on its way out", self.saved);
+        }
         self.flush();
         ctx.stop();
     }

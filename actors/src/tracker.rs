@@ -24,6 +24,14 @@ impl StalenessTracker {
     pub fn new(metrics: Option<Arc<Metrics>>) -> Self {
         Self { metrics, ..Self::default() }
     }
+
+    /// Go on from the counts of `report` (a scheduler restarted from its state).
+    #[must_use]
+    pub fn resumed(mut self, report: &TrackerReport) -> Self {
+        self.stats = StalenessStats::from_summary(&report.staleness);
+        self.updates = vec![report.updates];
+        self
+    }
 }
 
 impl Actor for StalenessTracker {

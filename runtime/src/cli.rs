@@ -12,6 +12,7 @@ use clap::{Parser, Subcommand, ValueEnum};
     about = "Rudra parameter-server runtime",
     after_help = "Run one node of a distributed cluster with --role (no subcommand):\n  \
         rudra-node --role scheduler --config FILE --listen 0.0.0.0:7070 --certs certs [--out DIR] [--metrics-addr ADDR]\n  \
+        rudra-node --role scheduler --resume RUN_DIR --listen 0.0.0.0:7070 --certs certs   (take a job back)\n  \
         rudra-node --role shard --scheduler HOST:7070 --certs certs [--name shard-0] [--listen ADDR] [--advertise HOST:PORT] [--resume DIR]\n  \
         rudra-node --role learner --scheduler HOST:7070 --certs certs [--name learner-0] [--token TOKEN --ca ca.pem]\n\n\
         Every node flag can also come from a RUDRA_* variable (shown with each flag). Without --name a shard or\n\
@@ -55,7 +56,9 @@ pub(crate) struct Cli {
     pub(crate) metrics_addr: Option<SocketAddr>,
     /// A shard: continue from the checkpoint in DIR (`DIR/shard-N.safetensors`) and keep
     /// writing checkpoints there. A shard that rejoins a running job resumes even without it,
-    /// from `checkpoint.dir` or `checkpoints/`.
+    /// from `checkpoint.dir` or `checkpoints/`. The scheduler: take back the job whose run
+    /// directory is DIR (its `scheduler.json`), at the same address and with the same
+    /// certificate; the nodes join again and the run ends there.
     #[arg(long, value_name = "DIR", env = "RUDRA_RESUME")]
     pub(crate) resume: Option<PathBuf>,
     /// A shard or learner without a certificate: enrol with this join token (from

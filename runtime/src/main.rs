@@ -334,13 +334,27 @@ fn run_node(
     config: ConfigArgs,
     out: Option<PathBuf>,
 ) -> Result<(), RuntimeError> {
-    if role != RoleArg::Shard && (opts.resume.is_some() || opts.advertise.is_some()) {
-        let flag = if opts.resume.is_some() { "--resume" } else { "--advertise" };
-        return Err(RuntimeError::Invalid(InvalidSetting::new(flag, "only a shard takes it")));
+    if role == RoleArg::Learner && opts.resume.is_some() {
+        return Err(RuntimeError::Invalid(InvalidSetting::new("--resume", "a learner does not take it")));
+    }
+    if role != RoleArg::Shard && opts.advertise.is_some() {
+        return Err(RuntimeError::Invalid(InvalidSetting::new("--advertise", "only a shard takes it")));
     }
     match role {
         RoleArg::Scheduler => {
-            let config = Config::load(config.config.as_deref(), &config.set)?;
+            // A scheduler taking its job back reads the job's configuration from its run directory.
+            let (config, out) = match &opts.resume {
+                Some(dir) => {
+                    if config.config.is_some() || !config.set.is_empty() || out.is_some() {
+                        tracing::warn!(
+                            "--config, --set and --out are ignored: the job's own are in {}",
+                            dir.display()
+                        );
+                    }
+                    (rudra_runtime::node::resumed_config(dir)?, Some(dir.clone()))
+                }
+                None => (Config::load(config.config.as_deref(), &config.set)?, out),
+            };
             let data = config.data.load()?;
             let dir = RunDir::create(out.as_deref(), config.protocol_name())?;
             dir.write_config(&config)?;

@@ -172,8 +172,7 @@ fn a_learner_that_fails_on_bad_data_is_named_and_the_run_goes_on() {
     for (name, mut child) in nodes.drain(..) {
         assert!(exit_within(name, &mut child, Duration::from_secs(10)).success(), "{name}: {}", c.log(name));
     }
-    let summary: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(c.path("run/summary.json")).unwrap()).unwrap();
+    let summary = summary(&c.path("run"));
     assert!(summary["final_test_accuracy"].as_f64().unwrap() > 0.8, "{summary}");
 }
 
@@ -201,8 +200,7 @@ fn a_second_process_of_one_name_is_refused_every_time_and_the_run_finishes() {
     for (name, mut child) in nodes {
         assert!(exit_within(name, &mut child, Duration::from_secs(10)).success(), "{name}");
     }
-    let summary: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(c.path("run/summary.json")).unwrap()).unwrap();
+    let summary = summary(&c.path("run"));
     assert!(summary["final_test_accuracy"].as_f64().unwrap() > 0.9, "{summary}");
 }
 
@@ -234,4 +232,106 @@ fn resume_at_the_start_of_a_new_job_is_refused_and_nothing_hangs() {
     assert!(!exit_within("the scheduler", &mut scheduler, Duration::from_secs(10)).success());
     assert!(c.log("scheduler").contains("shard-0 failed"), "{}", c.log("scheduler"));
     assert!(!exit_within("learner-0", &mut learner, Duration::from_secs(10)).success());
+}
+
+/// The clock in shard `name`'s checkpoint in `dir`.
+fn checkpoint_clock(dir: &Path, name: &str) -> u64 {
+    let bytes = std::fs::read(dir.join(format!("{name}.safetensors"))).unwrap();
+    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    header.metadata().as_ref().unwrap()["clock"].parse().unwrap()
+}
+
+/// The settings of the failover runs: long enough that the learners train on while the
+/// scheduler is away.
+const FAILOVER_RUN: [&str; 5] = [
+    "cluster.learners=2",
+    "cluster.shards=1",
+    "training.train_examples=10000",
+    "training.epochs=30",
+    "checkpoint.every_updates=100",
+];
+
+/// A whole failover run in `c`: the scheduler SIGKILLed 5 s after it started and, when
+/// `restart`, started again with `--resume` at 15 s. Returns the shards, learners and
+/// scheduler that are still to exit (the restarted one, or none).
+fn kill_the_scheduler(
+    c: &Cluster,
+    restart: bool,
+    timeout: &[&str],
+) -> (Vec<(&'static str, Child)>, Option<Child>) {
+    let nodes: Vec<(&str, Child)> =
+        ["shard-0", "learner-0", "learner-1"].into_iter().map(|n| (n, c.node(n, timeout))).collect();
+    let started = Instant::now();
+    let mut scheduler = c.start_scheduler(timeout, &FAILOVER_RUN);
+    c.wait_for("scheduler", "evaluated", Duration::from_secs(60));
+    std::thread::sleep(Duration::from_secs(5).saturating_sub(started.elapsed()));
+    scheduler.kill().unwrap();
+    scheduler.wait().unwrap();
+    assert!(c.path("run/scheduler.json").is_file(), "the scheduler keeps its state in the run directory");
+    if !restart {
+        return (nodes, None);
+    }
+    std::thread::sleep(Duration::from_secs(15).saturating_sub(started.elapsed()));
+    let args = ["--role", "scheduler", "--listen", &c.scheduler, "--resume", "run"];
+    (nodes, Some(c.spawn_in(None, "resumed", &[&args[..], timeout].concat())))
+}
+
+/// SIGKILL of the scheduler at 5 s and a restart with `--resume` at 15 s: the shard and the
+/// learners train on meanwhile, join the restarted scheduler, and the run ends with one
+/// summary whose update count is the shard's and an accuracy within a point of a clean run.
+#[test]
+fn a_killed_scheduler_restarted_with_resume_takes_the_run_back() {
+    let timeout = ["--connect-timeout", "30s"];
+    let clean = Cluster::new(&["shard-0", "learner-0", "learner-1"]);
+    let mut nodes: Vec<Child> =
+        ["shard-0", "learner-0", "learner-1"].into_iter().map(|n| clean.node(n, &timeout)).collect();
+    nodes.push(clean.start_scheduler(&timeout, &FAILOVER_RUN));
+    for mut child in nodes {
+        assert!(exit_within("the clean run", &mut child, Duration::from_secs(180)).success());
+    }
+    let c = Cluster::new(&["shard-0", "learner-0", "learner-1"]);
+    let (nodes, resumed) = kill_the_scheduler(&c, true, &timeout);
+    let mut resumed = resumed.unwrap();
+    let status = exit_within("the resumed scheduler", &mut resumed, Duration::from_secs(180));
+    assert!(status.success(), "{}", c.log("resumed"));
+    for (name, mut child) in nodes {
+        assert!(exit_within(name, &mut child, Duration::from_secs(10)).success(), "{name}: {}", c.log(name));
+        assert!(c.log(name).contains("joined the scheduler again"), "{name}: {}", c.log(name));
+    }
+    let (faulty, clean_run) = (summary(&c.path("run")), summary(&clean.path("run")));
+    let accuracy = |s: &serde_json::Value| s["final_test_accuracy"].as_f64().unwrap();
+    assert!(accuracy(&faulty) >= accuracy(&clean_run) - 0.01, "{faulty} against {clean_run}");
+    assert_eq!(faulty["updates"].as_u64().unwrap(), checkpoint_clock(&c.path("checkpoints"), "shard-0"));
+    let metrics = std::fs::read_to_string(c.path("run/metrics.csv")).unwrap();
+    let epochs: Vec<f64> =
+        metrics.lines().skip(1).map(|l| l.split(',').nth(1).unwrap().parse().unwrap()).collect();
+    assert!(epochs.len() >= 2 && epochs.windows(2).all(|w| w[0] < w[1]), "one record, in order: {metrics}");
+}
+
+/// SIGKILL of the scheduler without a restart: every node exits non-zero within
+/// `--connect-timeout` + 10 s, naming the scheduler, and the shard's checkpoint holds its last
+/// clock.
+#[test]
+fn without_its_scheduler_every_node_exits_non_zero_and_keeps_its_checkpoint() {
+    let c = Cluster::new(&["shard-0", "learner-0", "learner-1"]);
+    let (nodes, _) = kill_the_scheduler(&c, false, &["--connect-timeout", "4s"]);
+    let killed = Instant::now();
+    for (name, mut child) in nodes {
+        let status =
+            exit_within(name, &mut child, Duration::from_secs(4 + 10).saturating_sub(killed.elapsed()));
+        assert!(!status.success(), "{name} exited 0");
+        assert!(c.log(name).contains("not back within"), "{name}: {}", c.log(name));
+    }
+    // The shard wrote what it held on its way out: nothing it applied is lost.
+    let log = c.log("shard-0");
+    let last: Option<u64> =
+        (log.lines().rev().filter_map(|l| l.split("wrote a checkpoint at clock ").nth(1)))
+            .find_map(|rest| rest.split_whitespace().next()?.parse().ok());
+    assert!(last.is_some_and(|n| n > 0), "{log}");
+    assert_eq!(Some(checkpoint_clock(&c.path("checkpoints"), "shard-0")), last, "{log}");
+}
+
+/// A run directory's `summary.json`.
+fn summary(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap()
 }

@@ -516,6 +516,10 @@ mod tests {
             assert_eq!(sigmas(&events)[0].2, Outcome::Dropped(DropReason::NonFinite), "{rule:?}");
             assert_eq!(replies(events), vec![(LearnerId(1), before.values.to_vec())], "{rule:?}");
             assert_eq!((s.clock(), s.snapshot().values.to_vec()), (before.clock, before.values.to_vec()));
+            // The next finite exchange applies as usual.
+            let events = s.on_exchange(LearnerId(2), &[0.5]).unwrap();
+            assert!(matches!(sigmas(&events)[0].2, Outcome::Applied { .. }), "{rule:?}");
+            assert_eq!(s.clock().0, before.clock.0 + 1, "{rule:?}");
         }
         // Sync rounds: σ ≡ 0, and a non-finite x^i leaves the round's mean to the others.
         let mut s = CenterShard::new(ShardId(0), CenterRule::ElasticSync { beta: 1.0 }, vec![0.0], both());

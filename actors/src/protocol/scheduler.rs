@@ -66,8 +66,8 @@ pub struct Divergence {
 /// A run has diverged when its train loss exceeds this many times its first measured value.
 pub const DIVERGENCE_FACTOR: f64 = 10.0;
 
-/// The scheduler's state.
-#[derive(Clone, Debug)]
+/// The scheduler's state (kept by a scheduler that may be restarted with `--resume`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SchedulerCore {
     learners: u32,
     shards: u32,
@@ -137,6 +137,19 @@ impl SchedulerCore {
     #[must_use]
     pub fn failure_timeout(&self) -> Option<Duration> {
         self.failure_timeout
+    }
+
+    /// Whether the run has started.
+    #[must_use]
+    pub fn started(&self) -> bool {
+        self.started
+    }
+
+    /// The learners that joined and have not finished their epochs: those a scheduler that
+    /// restarts waits for.
+    #[must_use]
+    pub fn unfinished(&self) -> BTreeSet<LearnerId> {
+        self.joined_learners.difference(&self.finished).copied().collect()
     }
 
     /// The learners the shards serve: joined, not lost.
@@ -287,7 +300,7 @@ impl SchedulerCore {
 
     /// A learner processed `samples` more examples. Every evaluation point (each epoch
     /// boundary, or each `1/k` of an epoch) but the last, which the final evaluation covers,
-    /// asks for an evaluation.
+    /// asks for an evaluation; points passed at once ask for one.
     #[must_use]
     pub fn on_progress(&mut self, samples: u64) -> Vec<SchedulerEvent> {
         self.samples += samples;
@@ -297,12 +310,13 @@ impl SchedulerCore {
         let k = self.evals_per_epoch;
         let per_eval = (self.examples_per_epoch / k).max(1);
         let point = (self.samples / per_eval).min((self.epochs_total * k).saturating_sub(1));
-        let mut events = Vec::new();
-        while self.evals < point {
-            self.evals += 1;
-            events.push(SchedulerEvent::Evaluate { epoch: self.evals / k, final_: false });
+        // Points passed in one step (the reports a scheduler that was away receives at once)
+        // are one evaluation: the weights of the ones before are gone.
+        if self.evals >= point {
+            return Vec::new();
         }
-        events
+        self.evals = point;
+        vec![SchedulerEvent::Evaluate { epoch: point / k, final_: false }]
     }
 
     /// A learner's mean train loss over its last `steps` minibatches was `loss_sum / steps`. A
@@ -375,10 +389,8 @@ mod tests {
         assert!(s.on_progress(99).is_empty());
         assert_eq!(
             s.on_progress(102),
-            vec![
-                SchedulerEvent::Evaluate { epoch: 1, final_: false },
-                SchedulerEvent::Evaluate { epoch: 2, final_: false },
-            ]
+            vec![SchedulerEvent::Evaluate { epoch: 2, final_: false }],
+            "two points passed at once are one evaluation"
         );
         assert!(s.on_progress(100).is_empty(), "the last boundary is left to the final evaluation");
         assert!(s.on_learner_finished(LearnerId(0)).is_empty());

@@ -56,6 +56,13 @@ impl StalenessStats {
         if self.applied == 0 { 0.0 } else { self.sum as f64 / self.applied as f64 }
     }
 
+    /// The counts a [`StalenessSummary`] reports.
+    #[must_use]
+    pub fn from_summary(s: &StalenessSummary) -> Self {
+        let sum = (s.histogram.iter().enumerate()).map(|(sigma, &n)| sigma as u128 * u128::from(n)).sum();
+        Self { histogram: s.histogram.clone(), applied: s.applied, dropped: s.dropped_by.clone(), sum }
+    }
+
     /// Add another set of counts to these.
     pub fn merge(&mut self, other: &Self) {
         if self.histogram.len() < other.histogram.len() {
@@ -106,5 +113,6 @@ mod tests {
         assert_eq!(b.summary().histogram, vec![1, 1, 2, 0, 1]);
         assert_eq!(b.summary().mean, 9.0 / 5.0);
         assert_eq!(StalenessStats::default().summary().max, 0);
+        assert_eq!(StalenessStats::from_summary(&b.summary()), b, "the summary holds every count");
     }
 }

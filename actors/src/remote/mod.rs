@@ -9,7 +9,7 @@
 
 pub mod codec;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use actix::prelude::*;
 use codec::ToWire;
@@ -55,34 +55,106 @@ pub struct Arrived(pub Served);
 #[rtype(result = "()")]
 pub struct Rebind(pub Peer);
 
+/// A holding stand-in keeps at most this many messages while its node is away; past it the
+/// oldest go first.
+pub const HELD_LIMIT: usize = 1 << 16;
+
 /// A remote node: local messages in, wire messages out, in order and with flow control.
 pub struct RemotePeer {
-    peer: Peer,
+    /// The node's connection (none until it first connects, for a scheduler that took its job
+    /// back).
+    peer: Option<Peer>,
     /// The shard id of the remote shard (for snapshots it answers).
     shard: ShardId,
     next_request: u64,
     pending: HashMap<u64, oneshot::Sender<Weights>>,
     /// Where the remote shard's answers go.
     reply_to: Option<Recipient<Served>>,
+    /// With [`RemotePeer::holding`]: what could not be sent while the connection was down, in
+    /// order, to go out on the next [`Rebind`]. Without it a message that cannot go is lost.
+    held: Option<VecDeque<Msg>>,
 }
 
 impl RemotePeer {
     /// A stand-in for the node behind `peer`; `shard` names it when it is a shard.
     #[must_use]
     pub fn new(peer: Peer, shard: ShardId) -> Self {
-        Self { peer, shard, next_request: 0, pending: HashMap::new(), reply_to: None }
+        Self { peer: Some(peer), ..Self::unbound(shard) }
     }
 
-    /// Send `msg` before handling the next message (keeps order; waits on flow control).
+    /// A stand-in for a node not connected yet: what it is sent is lost (or held, when
+    /// [`RemotePeer::holding`]) until a [`Rebind`] gives it a connection.
+    #[must_use]
+    pub fn unbound(shard: ShardId) -> Self {
+        Self { peer: None, shard, next_request: 0, pending: HashMap::new(), reply_to: None, held: None }
+    }
+
+    /// The node's name, for the log.
+    fn name(&self) -> &str {
+        self.peer.as_ref().map_or("a node not connected yet", Peer::name)
+    }
+
+    /// Keep what cannot be sent while the connection is down (heartbeats aside, at most
+    /// [`HELD_LIMIT`] messages) and send it, in order, once the node is back ([`Rebind`]): a
+    /// node's reports to a scheduler that restarts.
+    #[must_use]
+    pub fn holding(mut self) -> Self {
+        self.held = Some(VecDeque::new());
+        self
+    }
+
+    /// Send `msg` before handling the next message (keeps order; waits on flow control). A
+    /// holding stand-in keeps it while the connection is down or others wait before it.
     fn send(&mut self, msg: Msg, ctx: &mut Context<Self>) {
-        let peer = self.peer.clone();
-        ctx.wait(
-            async move {
-                if let Err(e) = peer.send(&msg).await {
-                    tracing::warn!(peer = peer.name(), "{e}");
+        let closed = self.peer.as_ref().is_none_or(Peer::is_closed);
+        if let Some(held) = &mut self.held
+            && (closed || !held.is_empty())
+        {
+            return hold(held, msg, self.peer.as_ref().map_or("", Peer::name));
+        }
+        let Some(peer) = self.peer.clone() else {
+            return tracing::debug!("{:?} not sent: the node has not connected", msg.kind());
+        };
+        ctx.wait(async move { (peer.send(&msg).await, msg) }.into_actor(self).map(|(sent, msg), act, _| {
+            if let Err(e) = sent {
+                let name = act.name().to_owned();
+                match &mut act.held {
+                    Some(held) => hold(held, msg, &name),
+                    None => tracing::warn!(peer = name, "{e}"),
                 }
             }
-            .into_actor(self),
+        }));
+    }
+}
+
+/// Keep `msg` for later: a heartbeat is stale by then and is not kept, and progress reports
+/// in a row are added up into one.
+fn hold(held: &mut VecDeque<Msg>, msg: Msg, peer: &str) {
+    if matches!(msg, Msg::Heartbeat) {
+        return;
+    }
+    if let (
+        Some(Msg::Progress { learner, samples, steps, loss_sum, payload_bytes, wire_bytes }),
+        Msg::Progress { learner: l, samples: n, steps: k, loss_sum: loss, payload_bytes: p, wire_bytes: w },
+    ) = (held.back_mut(), &msg)
+        && learner == l
+    {
+        (*samples, *steps, *loss_sum) = (*samples + n, *steps + k, *loss_sum + loss);
+        (*payload_bytes, *wire_bytes) = (*payload_bytes + p, *wire_bytes + w);
+        return;
+    }
+    if held.is_empty() {
+        tracing::info!(peer, "the connection is down: keeping what is sent until it is back");
+    }
+    let full = held.len() == HELD_LIMIT;
+    if full {
+        held.pop_front();
+    }
+    held.push_back(msg);
+    if !full && held.len() == HELD_LIMIT {
+        tracing::warn!(
+            peer,
+            "{HELD_LIMIT} messages wait for the connection; from now on the oldest are dropped"
         );
     }
 }
@@ -110,7 +182,7 @@ impl RemotePeer {
     /// everything sent before it).
     fn stop(&mut self, failure: Option<String>, ctx: &mut Context<Self>) {
         let Some(why) = failure else { return self.send(Msg::Stop, ctx) };
-        let peer = self.peer.clone();
+        let Some(peer) = self.peer.clone() else { return };
         ctx.wait(async move { peer.say_goodbye(Goodbye::RunFailed, &why) }.into_actor(self));
     }
 }
@@ -150,7 +222,7 @@ impl Handler<Arrived> for RemotePeer {
     fn handle(&mut self, Arrived(served): Arrived, _: &mut Context<Self>) {
         match &self.reply_to {
             Some(to) => to.do_send(served),
-            None => tracing::warn!(peer = self.peer.name(), "weights nobody asked for"),
+            None => tracing::warn!(peer = self.name(), "weights nobody asked for"),
         }
     }
 }
@@ -182,11 +254,18 @@ impl Handler<Snapshot> for RemotePeer {
 impl Handler<Rebind> for RemotePeer {
     type Result = ();
     fn handle(&mut self, Rebind(peer): Rebind, ctx: &mut Context<Self>) {
-        self.peer = peer;
+        self.peer = Some(peer);
         let mut asked: Vec<u64> = self.pending.keys().copied().collect();
         asked.sort_unstable();
         for request in asked {
             self.send(Msg::SnapshotRequest { request }, ctx);
+        }
+        let waiting = self.held.as_mut().map(std::mem::take).unwrap_or_default();
+        if !waiting.is_empty() {
+            tracing::info!(peer = self.name(), "sending the {} messages kept meanwhile", waiting.len());
+        }
+        for msg in waiting {
+            self.send(msg, ctx);
         }
     }
 }
@@ -197,5 +276,45 @@ impl Handler<SnapshotReply> for RemotePeer {
         if let Some(tx) = self.pending.remove(&msg.request) {
             let _ = tx.send(msg.weights);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rudra_transport::LearnerId;
+
+    use super::*;
+
+    fn progress(learner: u32, samples: u64) -> Msg {
+        let learner = LearnerId(learner);
+        Msg::Progress { learner, samples, steps: 1, loss_sum: 0.5, payload_bytes: 10, wire_bytes: 20 }
+    }
+
+    #[test]
+    fn held_reports_keep_their_order_add_up_progress_and_drop_heartbeats() {
+        let mut held = VecDeque::new();
+        for m in [progress(0, 32), Msg::Heartbeat, progress(0, 32), Msg::Ready, progress(0, 16)] {
+            hold(&mut held, m, "scheduler");
+        }
+        let merged = Msg::Progress {
+            learner: LearnerId(0),
+            samples: 64,
+            steps: 2,
+            loss_sum: 1.0,
+            payload_bytes: 20,
+            wire_bytes: 40,
+        };
+        assert_eq!(Vec::from(held), vec![merged, Msg::Ready, progress(0, 16)]);
+    }
+
+    #[test]
+    fn a_full_hold_drops_the_oldest() {
+        let mut held = VecDeque::new();
+        for n in 0..=HELD_LIMIT as u64 {
+            hold(&mut held, Msg::Ready, "scheduler");
+            hold(&mut held, progress(0, n), "scheduler");
+        }
+        assert_eq!(held.len(), HELD_LIMIT);
+        assert_eq!(held.back(), Some(&progress(0, HELD_LIMIT as u64)));
     }
 }

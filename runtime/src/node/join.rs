@@ -90,6 +90,7 @@ pub(super) async fn gather(
 }
 
 /// What every node is told when it joins; only the id and the incarnation differ.
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
 pub(super) struct Invitation {
     pub(super) config_toml: String,
     pub(super) train_examples: u64,
@@ -161,6 +162,43 @@ pub(super) async fn join(
             Ok(joined) => return Ok(joined),
         }
     }
+}
+
+/// The connection to the scheduler ended as `ended`: the run's end for this node (it failed, or
+/// refused this node), or else why it was lost, for [`rejoin`].
+pub(super) fn lost_or_final(ended: Ended) -> Result<String, RuntimeError> {
+    match super::scheduler_gone(ended) {
+        e @ (RuntimeError::RunFailed(_) | RuntimeError::Transport(TransportError::Refused(_))) => Err(e),
+        lost => Ok(lost.to_string()),
+    }
+}
+
+/// The scheduler was lost (`why`): close `old` and join it again as a node of run `job`, within
+/// `--connect-timeout` (a scheduler restarted with `--resume` takes its job back). The node
+/// goes on with its work meanwhile. Returns the new connection and its messages.
+pub(super) async fn rejoin(
+    ep: &QuicEndpoint,
+    opts: &NodeOptions,
+    (role, job): (Role, &str),
+    old: &Peer,
+    why: &str,
+) -> Result<(Peer, mpsc::Receiver<Inbound>), RuntimeError> {
+    tracing::warn!("{why}; joining again (the work goes on meanwhile)");
+    // The scheduler takes a new connection for this name only once the old one is gone.
+    old.close("joining again");
+    let (peer, inbox, again) = join(ep, opts, role)
+        .await
+        .map_err(|e| net(format!("{why}, and it was not back within {:?}: {e}", opts.connect_timeout)))?;
+    if again.job != job {
+        let role = role.as_str();
+        return Err(net(format!(
+            "the scheduler came back with another run (job {}, this {role} was in {job}); exiting so that \
+             this {role} is started again for it",
+            again.job
+        )));
+    }
+    tracing::info!("joined the scheduler again");
+    Ok((peer, inbox))
 }
 
 /// Why a join failed: another live process of this name, or anything else.

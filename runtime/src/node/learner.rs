@@ -15,12 +15,12 @@ use rudra_actors::roles::{LearnerPeers, LearnerRun, start_learner};
 use rudra_actors::{InvalidSetting, Models, TrainingData};
 use rudra_compute::Device;
 use rudra_transport::quic::{Ended, Goodbye, Peer, QuicEndpoint};
-use rudra_transport::{Codec, Inbound, LearnerId, Msg, Role, ShardId, TransportError};
+use rudra_transport::{Codec, Inbound, LearnerId, Msg, Role, ShardId};
 use tokio::sync::mpsc;
 
-use super::join::{Welcome, join};
+use super::join::{Welcome, join, lost_or_final, rejoin};
 use super::scheduler::{serve_metrics, set_ready};
-use super::{NodeOptions, Silence, connect_with_retry, endpoint, leave, net, scheduler_gone};
+use super::{NodeOptions, Silence, connect_with_retry, endpoint, leave, scheduler_gone};
 use crate::RuntimeError;
 use crate::exporter::{MetricsEndpoint, Serving};
 
@@ -98,7 +98,7 @@ async fn learn(
         connected = connect_shards(ep, opts, welcome, &models) => connected?,
         ended = link.0.ended() => return Err(scheduler_gone(ended)),
     };
-    let to_sched = RemotePeer::new(link.0.clone(), ShardId(0)).start();
+    let to_sched = RemotePeer::new(link.0.clone(), ShardId(0)).holding().start();
     let me = LearnerId(welcome.id);
     // Fault injection: this learner's side of its links, its speed and its crash, timed
     // from when it joined.
@@ -139,11 +139,9 @@ async fn learn(
                 Some(Ok(ToLearner::Heartbeat)) => { silence.heard(); continue }
                 Some(Ok(ToLearner::Stop)) => break Ok(Exit::Stopped),
                 Some(Err(e)) => { tracing::warn!("from the scheduler: {e}"); continue }
-                None => match scheduler_gone(link.0.ended().await) {
-                    e @ (RuntimeError::RunFailed(_) | RuntimeError::Transport(TransportError::Refused(_))) => {
-                        break Err(e);
-                    }
-                    lost => lost.to_string(),
+                None => match lost_or_final(link.0.ended().await) {
+                    Ok(lost) => lost,
+                    Err(e) => break Err(e),
                 },
             },
             _ = tick.tick() => match silence.too_long() {
@@ -159,18 +157,9 @@ async fn learn(
                 return Ok(Exit::Crashed);
             }
         };
-        tracing::warn!("{lost}; joining again");
-        // The scheduler takes a new connection for this name only once the old one is gone.
-        link.0.close("joining again");
-        match join(ep, opts, Role::Learner).await {
-            Ok((_, _, again)) if again.job != welcome.job => {
-                break Err(net(format!(
-                    "the scheduler came back with another run (job {}, this learner was in {}); \
-                     exiting so that this learner is started again for it",
-                    again.job, welcome.job
-                )));
-            }
-            Ok((peer, inbox, _)) => {
+        // Reports to the scheduler are kept meanwhile and follow on the new connection.
+        match rejoin(ep, opts, (Role::Learner, &welcome.job), &link.0, &lost).await {
+            Ok((peer, inbox)) => {
                 to_sched.do_send(Rebind(peer.clone()));
                 *link = (peer, inbox);
                 silence.heard();

@@ -10,10 +10,12 @@
 //! - `enrol`: a node's identity (its certificate, or one the scheduler signs for its join
 //!   token), and the scheduler's enrolment service.
 //! - `join`: the join handshake on both sides, and the welcome.
+//! - `failover`: the scheduler's state in the run directory, and taking a job back with it.
 //! - `scheduler`, `shard`, `learner`: one file per role.
 //! - `loopback`: every role on its own thread in one process, over loopback QUIC.
 
 mod enrol;
+mod failover;
 mod join;
 mod learner;
 mod loopback;
@@ -24,6 +26,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+pub use failover::{STATE_FILE, resumed_config};
 pub use learner::run_learner;
 pub use loopback::run_loopback;
 use rudra_actors::InvalidSetting;
@@ -60,7 +63,7 @@ pub struct NodeOptions {
     /// Where to serve this node's metrics and health, if anywhere.
     pub metrics_addr: Option<SocketAddr>,
     /// A shard: resume from the checkpoint in this directory, and keep writing checkpoints
-    /// there.
+    /// there. The scheduler: take back the job whose run directory this is.
     pub resume: Option<PathBuf>,
     /// A shard: where to write checkpoints when not resuming (default: `checkpoint.dir`, else
     /// `checkpoints/`).

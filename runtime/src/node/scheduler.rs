@@ -2,25 +2,29 @@
 //! with the scheduler role over stand-ins for them, take back nodes that restart or reconnect,
 //! and stop everyone at the end.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use rudra_actors::links::{LearnerHandle, Members, ShardHandle};
-use rudra_actors::messages::{Disconnected, Joined, ShardAlive, ShardFailed, ShardLost, ShardRestarted};
+use rudra_actors::messages::{
+    Disconnected, Heartbeat, Joined, ShardAlive, ShardFailed, ShardLost, ShardRestarted, TrackerReport,
+};
 use rudra_actors::remote::codec::{self, FromLearner, FromShard};
 use rudra_actors::remote::{Rebind, RemotePeer, SnapshotReply};
-use rudra_actors::roles::{SchedulerRun, SchedulerSlot, start_scheduler, start_tracker};
+use rudra_actors::roles::{SchedulerRun, SchedulerSlot, resume_tracker, start_scheduler, start_tracker};
 use rudra_actors::scheduler::SchedulerActor;
 use rudra_actors::tracker::StalenessTracker;
-use rudra_actors::{Models, RunReport, TrainingData};
+use rudra_actors::{Models, RunReport, SchedulerState, TrainingData};
 use rudra_compute::{CpuBackend, Device};
 use rudra_transport::quic::{Ended, Goodbye, Peer, QuicEndpoint};
 use rudra_transport::{Clock, LearnerId, Role, ShardId};
 use tokio::sync::mpsc;
 
 use super::enrol::Registrar;
+use super::failover::{self, JobState, regather};
 use super::join::{Invitation, Joiner, gather, read_join};
 use super::{HANG_UP, NodeOptions, endpoint, hang_up, net};
 use crate::exporter::{MetricsEndpoint, Serving};
@@ -55,10 +59,11 @@ pub fn run_scheduler(
         );
         let result = drive(&ep, &config, (data, models), &opts, (metrics, progress)).await;
         match &result {
-            // Every node is told why the run stopped; they exit with that reason.
+            // Every node is told why the run stopped; they exit with that reason. A lost node
+            // never answers the goodbye: the wait for the others is that of the failure detector.
             Err(e) => {
                 ep.say_goodbye(Goodbye::RunFailed, &e.to_string());
-                let _ = tokio::time::timeout(HANG_UP, ep.wait_idle()).await;
+                let _ = tokio::time::timeout(config.liveness.failure_timeout, ep.wait_idle()).await;
             }
             Ok(_) => hang_up(&ep).await,
         }
@@ -66,15 +71,25 @@ pub fn run_scheduler(
     })
 }
 
-/// The run, once the scheduler listens: gather the nodes, start, drive, stop everyone.
-async fn drive(
+/// How a run starts: the job, its nodes by id (a learner not back after a restart is `None`),
+/// the learners lost already (failed before the start, or not back), and what the scheduler
+/// and tracker go on from when it takes the job back.
+struct Opening {
+    invitation: Invitation,
+    shards: Vec<Joiner>,
+    learners: Vec<Option<Joiner>>,
+    lost: Vec<LearnerId>,
+    resume: Option<(SchedulerState, TrackerReport)>,
+}
+
+/// A new job: wait for its nodes, welcome them, wait until every learner is ready.
+async fn open_job(
     ep: &QuicEndpoint,
     config: &Config,
-    (data, models): (TrainingData, Models),
-    opts: &NodeOptions,
-    (metrics, progress): (Option<Arc<rudra_actors::metrics::Metrics>>, ProgressMode),
-) -> Result<RunReport, RuntimeError> {
-    let (shards, mut learners) = gather(ep, config, opts.connect_timeout).await?;
+    data: &TrainingData,
+    within: Duration,
+) -> Result<Opening, RuntimeError> {
+    let (shards, mut learners) = gather(ep, config, within).await?;
     let invitation = Invitation {
         config_toml: config.to_toml().to_owned(),
         train_examples: data.train.len() as u64,
@@ -88,49 +103,124 @@ async fn drive(
             j.peer.send(&invitation.welcome(id, 0)).await?;
         }
     }
-    let failed = await_ready(&shards, &mut learners, opts.connect_timeout).await?;
-    let tracker = start_tracker(metrics.clone());
+    let lost = await_ready(&shards, &mut learners, within).await?;
+    Ok(Opening { invitation, shards, learners: learners.into_iter().map(Some).collect(), lost, resume: None })
+}
+
+/// The job in run directory `dir`, taken back by a restarted scheduler: wait for its nodes to
+/// join again and welcome them back.
+async fn reopen_job(ep: &QuicEndpoint, dir: &Path, within: Duration) -> Result<Opening, RuntimeError> {
+    let job = JobState::read(dir)?;
+    let (Some(state), Some(counts)) = (job.scheduler, job.tracker) else {
+        return Err(net(format!(
+            "{} holds no running job's state (the run had not started); start the job again",
+            dir.join(failover::STATE_FILE).display()
+        )));
+    };
+    let invitation = job.invitation;
+    tracing::info!(job = invitation.job, "taking the job back; waiting for its nodes");
+    let mut back = regather(ep, &invitation, &state.core.unfinished(), within).await?;
+    for (id, j) in back.shards.iter().enumerate() {
+        j.peer.send(&invitation.welcome(id, 1)).await?;
+    }
+    for (l, j) in &back.learners {
+        j.peer.send(&invitation.welcome(l.index(), 1)).await?;
+    }
+    let ids = (0..invitation.learner_names.len()).map(|l| LearnerId(l as u32));
+    let lost = ids.clone().filter(|l| !back.learners.contains_key(l)).collect();
+    let learners = ids.map(|l| back.learners.remove(&l)).collect();
+    Ok(Opening { invitation, shards: back.shards, learners, lost, resume: Some((state, counts)) })
+}
+
+/// The run, once the scheduler listens: gather the nodes (or take the job back), start, drive,
+/// stop everyone.
+async fn drive(
+    ep: &QuicEndpoint,
+    config: &Config,
+    (data, models): (TrainingData, Models),
+    opts: &NodeOptions,
+    (metrics, progress): (Option<Arc<rudra_actors::metrics::Metrics>>, ProgressMode),
+) -> Result<RunReport, RuntimeError> {
+    let Opening { invitation, shards, learners, lost, resume } = match &opts.resume {
+        Some(dir) => reopen_job(ep, dir, opts.connect_timeout).await?,
+        None => open_job(ep, config, &data, opts.connect_timeout).await?,
+    };
+    let tracker = match &resume {
+        Some((_, counts)) => resume_tracker(metrics.clone(), counts),
+        None => start_tracker(metrics.clone()),
+    };
     let shard_peers: Vec<Addr<RemotePeer>> = (shards.iter().enumerate())
         .map(|(s, j)| RemotePeer::new(j.peer.clone(), ShardId(s as u32)).start())
         .collect();
-    let learner_peers: Vec<Addr<RemotePeer>> =
-        learners.iter().map(|j| RemotePeer::new(j.peer.clone(), ShardId(0)).start()).collect();
+    let learner_peers: Vec<Addr<RemotePeer>> = (learners.iter())
+        .map(|j| {
+            j.as_ref().map_or_else(
+                || RemotePeer::unbound(ShardId(0)),
+                |j| RemotePeer::new(j.peer.clone(), ShardId(0)),
+            )
+        })
+        .map(Actor::start)
+        .collect();
     let members = Members {
         shards: shard_peers.iter().map(ShardHandle::of).collect(),
         learners: learner_peers.iter().map(LearnerHandle::of).collect(),
         stats: tracker.clone().recipient(),
     };
     let (obs_tx, obs_rx) = mpsc::unbounded_channel();
+    let resumed = resume.is_some();
     let run = SchedulerRun {
         observer: Some(obs_tx),
         metrics,
         liveness: config.liveness,
         shard_timeout: opts.connect_timeout,
+        resume: resume.map(|(state, _)| state),
     };
     let (scheduler, report) =
         start_scheduler((&config.cluster, &models, &data), members, run, SchedulerSlot::default());
     actix::spawn(show_progress(obs_rx, progress));
+    let first = u32::from(resumed);
     let roster = Arc::new(Roster {
-        invitation,
-        shards: shard_peers.into_iter().map(Seat::new).collect(),
-        learners: learner_peers.into_iter().map(Seat::new).collect(),
-        tracker,
+        invitation: invitation.clone(),
+        shards: shard_peers.into_iter().map(|r| Seat::new(r, first)).collect(),
+        learners: learner_peers.into_iter().map(|r| Seat::new(r, first)).collect(),
+        tracker: tracker.clone(),
         scheduler: scheduler.clone(),
         failure_timeout: config.liveness.failure_timeout,
     });
     for (s, j) in shards.into_iter().enumerate() {
-        roster.seat(ShardId(s as u32), j);
-        scheduler.do_send(Joined::Shard(ShardId(s as u32)));
+        let s = ShardId(s as u32);
+        roster.seat(s, j);
+        // A node that comes back to a resumed run is heard from; a new one joins.
+        if resumed {
+            scheduler.do_send(ShardAlive(s));
+        } else {
+            scheduler.do_send(Joined::Shard(s));
+        }
     }
     for (l, j) in learners.into_iter().enumerate() {
-        roster.seat(LearnerId(l as u32), j);
-        scheduler.do_send(Joined::Learner(LearnerId(l as u32)));
+        let l = LearnerId(l as u32);
+        match j {
+            Some(j) if resumed => {
+                roster.seat(l, j);
+                scheduler.do_send(Heartbeat(l));
+            }
+            Some(j) => {
+                roster.seat(l, j);
+                scheduler.do_send(Joined::Learner(l));
+            }
+            None => {}
+        }
     }
-    for l in failed {
+    // A learner that failed before the start (or is not back after a restart) is lost at
+    // once; it may join again.
+    for l in lost {
         scheduler.do_send(Disconnected(l));
     }
     actix::spawn(accept_rejoins(ep.clone(), Arc::clone(&roster)));
     actix::spawn(send_heartbeats(Arc::clone(&roster), config.liveness.heartbeat));
+    if let Some(dir) = &opts.run_dir {
+        actix::spawn(failover::keep_state(dir.clone(), invitation, scheduler.clone(), tracker));
+    }
     let report = report.await.map_err(|_| net("the scheduler stopped without a report"))??;
     // Every node was told to stop; give them a moment to hang up first.
     let _ = tokio::time::timeout(HANG_UP, async {
@@ -208,6 +298,8 @@ pub(super) fn set_ready(serving: Option<&Serving>) {
 /// its current connection and how many times it joined.
 struct Seat {
     remote: Addr<RemotePeer>,
+    /// The incarnation of its first connection (1 in a job a restarted scheduler took back).
+    first: u32,
     current: std::sync::Mutex<Option<(Peer, u32)>>,
     /// A shard's last clock reported (what it had when it was lost).
     clock: AtomicU64,
@@ -216,9 +308,9 @@ struct Seat {
 }
 
 impl Seat {
-    fn new(remote: Addr<RemotePeer>) -> Self {
+    fn new(remote: Addr<RemotePeer>, first: u32) -> Self {
         let (current, heard) = (std::sync::Mutex::new(None), std::sync::Mutex::new(Instant::now()));
-        Self { remote, current, clock: AtomicU64::new(0), heard }
+        Self { remote, first, current, clock: AtomicU64::new(0), heard }
     }
 
     fn heard(&self) {
@@ -236,11 +328,11 @@ impl Seat {
         self.current.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Take `peer` as this node's connection; returns its incarnation (0 for the first). An
-    /// earlier connection is closed.
+    /// Take `peer` as this node's connection; returns its incarnation (`first` for the first).
+    /// An earlier connection is closed.
     fn take(&self, peer: &Peer) -> u32 {
         let mut current = self.current();
-        let incarnation = current.as_ref().map_or(0, |(old, n)| {
+        let incarnation = current.as_ref().map_or(self.first, |(old, n)| {
             old.close("replaced by a new connection of the same node");
             n + 1
         });
@@ -338,18 +430,14 @@ async fn accept_rejoins(ep: QuicEndpoint, roster: Arc<Roster>) {
         actix::spawn(async move {
             let Some((rx, data_addr)) = read_join(&peer).await else { return };
             let inv = &roster.invitation;
-            let (names, role) = match peer.role() {
-                Role::Shard => (&inv.shard_names, "shard"),
-                _ => (&inv.learner_names, "learner"),
+            let j = Joiner { peer: peer.clone(), rx, data_addr };
+            let (role, id) = match inv.seat_of(&j) {
+                Ok(seat) => seat,
+                Err((goodbye, why)) => return peer.say_goodbye(goodbye, &why),
             };
-            let Some(id) = names.iter().position(|n| n == peer.name()) else {
-                tracing::warn!(peer = peer.name(), "refused: not a {role} of the running job");
-                let why = format!("the job is running and {} is not one of its {role}s", peer.name());
-                return peer.say_goodbye(Goodbye::Refused, &why);
-            };
-            let alive = match peer.role() {
-                Role::Shard => roster.shards[id].alive(roster.failure_timeout),
-                _ => roster.learners[id].alive(roster.failure_timeout),
+            let alive = match role {
+                Role::Shard => roster.shards[id as usize].alive(roster.failure_timeout),
+                _ => roster.learners[id as usize].alive(roster.failure_timeout),
             };
             if alive {
                 tracing::warn!(
@@ -362,23 +450,12 @@ async fn accept_rejoins(ep: QuicEndpoint, roster: Arc<Roster>) {
                 );
                 return peer.say_goodbye(Goodbye::Duplicate, &why);
             }
-            if peer.role() == Role::Shard && inv.shard_addrs[id] != data_addr {
-                tracing::error!(
-                    peer = peer.name(),
-                    "refused: it came back at {data_addr}, the learners know it at {}; restart it with --listen {}",
-                    inv.shard_addrs[id],
-                    inv.shard_addrs[id]
-                );
-                let why = format!("restart {} at the address it had, {}", peer.name(), inv.shard_addrs[id]);
-                return peer.say_goodbye(Goodbye::Refused, &why);
-            }
-            let j = Joiner { peer: peer.clone(), rx, data_addr };
-            let incarnation = match peer.role() {
-                Role::Shard => roster.seat(ShardId(id as u32), j),
-                _ => roster.seat(LearnerId(id as u32), j),
+            let incarnation = match role {
+                Role::Shard => roster.seat(ShardId(id), j),
+                _ => roster.seat(LearnerId(id), j),
             };
             tracing::info!(peer = peer.name(), incarnation, "rejoined the running job");
-            if let Err(e) = peer.send(&inv.welcome(id, incarnation)).await {
+            if let Err(e) = peer.send(&inv.welcome(id as usize, incarnation)).await {
                 tracing::warn!(peer = peer.name(), "{e}");
             }
         });

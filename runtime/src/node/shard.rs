@@ -13,7 +13,7 @@ use rudra_actors::faults::{Crash, Node};
 use rudra_actors::messages::{Exchange, Pull, Push, Snapshot, StopShard};
 use rudra_actors::metrics::Metrics;
 use rudra_actors::remote::codec::{self, DataPolicy, LearnerData, ToShard};
-use rudra_actors::remote::{AnswerSnapshot, RemotePeer};
+use rudra_actors::remote::{AnswerSnapshot, Rebind, RemotePeer};
 use rudra_actors::roles::{ShardStart, crash_and_restart, start_shard};
 use rudra_actors::shard::ShardActor;
 use rudra_compute::{CpuBackend, Device};
@@ -21,9 +21,9 @@ use rudra_transport::quic::{Peer, QuicEndpoint};
 use rudra_transport::{Inbound, LearnerId, Msg, Role, ShardId};
 use tokio::sync::mpsc;
 
-use super::join::{Welcome, join};
+use super::join::{Welcome, join, lost_or_final, rejoin};
 use super::scheduler::{serve_metrics, set_ready};
-use super::{NodeOptions, Silence, endpoint, expect, leave, net, scheduler_gone};
+use super::{NodeOptions, Silence, endpoint, expect, leave, net};
 use crate::exporter::{MetricsEndpoint, Serving};
 use crate::{Config, RuntimeError};
 
@@ -50,14 +50,14 @@ pub fn run_shard(opts: &NodeOptions, models: Option<Models>) -> Result<(), Runti
 async fn serve(
     ep: &QuicEndpoint,
     opts: &NodeOptions,
-    (sched, mut rx, welcome): (Peer, mpsc::Receiver<Inbound>, Welcome),
+    (mut sched, mut rx, welcome): (Peer, mpsc::Receiver<Inbound>, Welcome),
     models: Option<Models>,
     serving: Option<&Serving>,
 ) -> Result<(), RuntimeError> {
     let metrics = serving.map(|s| Arc::clone(s.metrics()));
     let (id, config) = (ShardId(welcome.id), &welcome.config);
     let models = models.unwrap_or_else(|| config.models(Device::Cpu(CpuBackend)));
-    let tracker = RemotePeer::new(sched.clone(), id).start();
+    let tracker = RemotePeer::new(sched.clone(), id).holding().start();
     let checkpoints = shard_checkpoints(opts, config, &welcome.job);
     let resume = opts.resume.is_some() || welcome.incarnation > 0;
     let start = if resume { ShardStart::Resume } else { ShardStart::Fresh };
@@ -90,42 +90,68 @@ async fn serve(
     }
     let mut silence = Silence::new(config.liveness.failure_timeout);
     let mut tick = tokio::time::interval(config.liveness.heartbeat);
-    let lost = loop {
-        let m = tokio::select! {
-            m = rx.recv() => m,
-            Some(e) = failed.recv() => return Err(e),
-            _ = tick.tick() => {
-                if let Some(silent) = silence.too_long() {
-                    break net(format!("lost the scheduler (silent for {silent:.1?})"));
+    let result = loop {
+        let lost = tokio::select! {
+            m = rx.recv() => match m {
+                Some(m) => {
+                    silence.heard();
+                    match answer(m, &shard, &tracker).await {
+                        Ok(true) => break Ok(()),
+                        Ok(false) => continue,
+                        Err(e) => break Err(e),
+                    }
                 }
-                let _ = sched.send(&Msg::Heartbeat).await;
-                continue;
-            }
+                None => match lost_or_final(sched.ended().await) {
+                    Ok(lost) => lost,
+                    Err(e) => break Err(e),
+                },
+            },
+            Some(e) = failed.recv() => return Err(e),
+            _ = tick.tick() => match silence.too_long() {
+                Some(silent) => format!("lost the scheduler (silent for {silent:.1?})"),
+                None => {
+                    let _ = sched.send(&Msg::Heartbeat).await;
+                    continue;
+                }
+            },
         };
-        let Some(m) = m else { break scheduler_gone(sched.ended().await) };
-        silence.heard();
-        match codec::to_shard(m) {
-            Ok(ToShard::SnapshotRequest(request)) => {
-                // The shard flushes its records to the tracker's stand-in before answering;
-                // the answer follows them through the same stand-in, in order.
-                let weights = shard.send(Snapshot).await.map_err(net)?;
-                tracker.do_send(AnswerSnapshot { request, weights });
+        // The learners are served meanwhile; records for the tracker are kept and follow.
+        match rejoin(ep, opts, (Role::Shard, &welcome.job), &sched, &lost).await {
+            Ok((peer, inbox)) => {
+                tracker.do_send(Rebind(peer.clone()));
+                (sched, rx) = (peer, inbox);
+                silence.heard();
             }
-            Ok(ToShard::Membership(m)) => shard.do_send(m),
-            Ok(ToShard::Heartbeat) => {}
-            Ok(ToShard::Stop) => {
-                let _ = shard.send(StopShard::default()).await;
-                return Ok(());
-            }
-            Err(e) => tracing::warn!("from the scheduler: {e}"),
+            Err(e) => break Err(e),
         }
     };
-    let _ = shard.send(StopShard::default()).await;
-    Err(match lost {
+    // The shard's state is kept for a restart: on its way out it writes a checkpoint.
+    let _ = shard.send(StopShard { failure: result.as_ref().err().map(ToString::to_string) }).await;
+    result.map_err(|e| match e {
         e @ RuntimeError::RunFailed(_) => e,
-        // The learners take this like a crash and connect again to a shard restarted in its place.
         other => net(format!("{other}; restart this shard with --resume to continue from its checkpoint")),
     })
+}
+
+/// Carry out the scheduler's message `m`; whether it stopped the run.
+async fn answer(
+    m: Inbound,
+    shard: &Addr<ShardActor>,
+    tracker: &Addr<RemotePeer>,
+) -> Result<bool, RuntimeError> {
+    match codec::to_shard(m) {
+        Ok(ToShard::SnapshotRequest(request)) => {
+            // The shard flushes its records to the tracker's stand-in before answering; the
+            // answer follows them through the same stand-in, in order.
+            let weights = shard.send(Snapshot).await.map_err(net)?;
+            tracker.do_send(AnswerSnapshot { request, weights });
+        }
+        Ok(ToShard::Membership(m)) => shard.do_send(m),
+        Ok(ToShard::Heartbeat) => {}
+        Ok(ToShard::Stop) => return Ok(true),
+        Err(e) => tracing::warn!("from the scheduler: {e}"),
+    }
+    Ok(false)
 }
 
 /// An injected crash of this shard at `c.at` after it joined: it loses what it holds in

@@ -1,0 +1,179 @@
+//! Scheduler failover. The scheduler keeps its job's state in the run directory
+//! (`scheduler.json`: the invitation every node was given, the scheduler's core and what the
+//! run recorded, the tracker's counts), rewritten every [`STATE_EVERY`]. Shards and learners
+//! go on training while it is away and keep their reports. A scheduler started with
+//! `--resume RUN_DIR` reads the state back, waits for the job's nodes to join again and drives
+//! the run to its end, into the same run directory.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use actix::Addr;
+use rudra_actors::SchedulerState;
+use rudra_actors::messages::{GetState, GetStats, TrackerReport};
+use rudra_actors::scheduler::SchedulerActor;
+use rudra_actors::tracker::StalenessTracker;
+use rudra_transport::LearnerId;
+use rudra_transport::quic::{Goodbye, QuicEndpoint};
+use rudra_transport::{Role, ShardId};
+use serde::{Deserialize, Serialize};
+
+use super::join::{Invitation, Joiner, read_join};
+use super::net;
+use crate::{Config, RuntimeError};
+
+/// The state file in the run directory.
+pub const STATE_FILE: &str = "scheduler.json";
+/// How often the scheduler rewrites its state: a restarted scheduler loses at most the records
+/// of this long before the crash.
+pub const STATE_EVERY: Duration = Duration::from_secs(1);
+
+/// What a restarted scheduler needs to take its job back.
+#[derive(Serialize, Deserialize)]
+pub(super) struct JobState {
+    /// What every node of the job was told.
+    pub(super) invitation: Invitation,
+    /// The scheduler's state, once the run has started.
+    pub(super) scheduler: Option<SchedulerState>,
+    /// The tracker's counts, likewise.
+    pub(super) tracker: Option<TrackerReport>,
+}
+
+impl JobState {
+    /// Read the state in run directory `dir`, naming the file in any error.
+    pub(super) fn read(dir: &Path) -> Result<Self, RuntimeError> {
+        let path = dir.join(STATE_FILE);
+        let text = std::fs::read_to_string(&path)
+            .map_err(|source| RuntimeError::Io { path: path.clone(), source })?;
+        serde_json::from_str(&text)
+            .map_err(|e| RuntimeError::Config(format!("{} is not a scheduler's state: {e}", path.display())))
+    }
+
+    /// Write the state into `dir` (to a new file renamed over the old, so a crash mid-write
+    /// leaves the previous one).
+    pub(super) fn write(&self, dir: &Path) -> Result<(), RuntimeError> {
+        let (path, tmp) = (dir.join(STATE_FILE), dir.join(format!("{STATE_FILE}.tmp")));
+        let text = serde_json::to_string(self).map_err(|e| RuntimeError::Config(e.to_string()))?;
+        std::fs::write(&tmp, text).map_err(|source| RuntimeError::Io { path: tmp.clone(), source })?;
+        std::fs::rename(&tmp, &path).map_err(|source| RuntimeError::Io { path, source })
+    }
+}
+
+/// The configuration of the job whose state is in run directory `dir`.
+pub fn resumed_config(dir: &Path) -> Result<Config, RuntimeError> {
+    Config::from_toml(&JobState::read(dir)?.invitation.config_toml)
+}
+
+/// Every [`STATE_EVERY`], write the job's state (the scheduler's and the tracker's) into `dir`,
+/// until the scheduler stops.
+pub(super) async fn keep_state(
+    dir: PathBuf,
+    invitation: Invitation,
+    scheduler: Addr<SchedulerActor>,
+    tracker: Addr<StalenessTracker>,
+) {
+    let mut job = JobState { invitation, scheduler: None, tracker: None };
+    let mut tick = tokio::time::interval(STATE_EVERY);
+    loop {
+        tick.tick().await;
+        let (Ok(state), Ok(counts)) = (scheduler.send(GetState).await, tracker.send(GetStats).await) else {
+            return; // The run is over.
+        };
+        (job.scheduler, job.tracker) = (Some(state), Some(counts));
+        if let Err(e) = job.write(&dir) {
+            tracing::warn!("{e}; a restarted scheduler would go on from an older state");
+        }
+    }
+}
+
+/// The nodes of a resumed job that joined again: every shard, and the learners that did within
+/// the time given (by id).
+pub(super) struct Rejoined {
+    pub(super) shards: Vec<Joiner>,
+    pub(super) learners: BTreeMap<LearnerId, Joiner>,
+}
+
+/// Wait for the nodes of the job `inv` to join again: every shard (at the address the learners
+/// know), and the learners in `waiting` (those that had not finished), within `within`. A shard
+/// that is not back in time is an error; a learner that is not counts as lost.
+pub(super) async fn regather(
+    ep: &QuicEndpoint,
+    inv: &Invitation,
+    waiting: &BTreeSet<LearnerId>,
+    within: Duration,
+) -> Result<Rejoined, RuntimeError> {
+    let mut shards: BTreeMap<ShardId, Joiner> = BTreeMap::new();
+    let mut learners = BTreeMap::new();
+    let deadline = tokio::time::Instant::now() + within;
+    while shards.len() < inv.shard_names.len() || !waiting.iter().all(|l| learners.contains_key(l)) {
+        let next = match tokio::time::timeout_at(deadline, ep.accept()).await {
+            Ok(Some(Ok(peer))) => peer,
+            Ok(Some(Err(e))) => {
+                tracing::warn!("refused a node: {e}");
+                continue;
+            }
+            Ok(None) => return Err(net("the endpoint closed")),
+            Err(_) if shards.len() == inv.shard_names.len() => break,
+            Err(_) => {
+                let missing: Vec<&str> = (inv.shard_names.iter().enumerate())
+                    .filter(|(s, _)| !shards.contains_key(&ShardId(*s as u32)))
+                    .map(|(_, n)| n.as_str())
+                    .collect();
+                return Err(net(format!("shards {missing:?} did not join again within {within:?}")));
+            }
+        };
+        let Some((rx, data_addr)) = read_join(&next).await else { continue };
+        let j = Joiner { peer: next, rx, data_addr };
+        let (role, id) = match inv.seat_of(&j) {
+            Ok(seat) => seat,
+            Err((goodbye, why)) => {
+                j.peer.say_goodbye(goodbye, &why);
+                continue;
+            }
+        };
+        let taken = match role {
+            Role::Shard => shards.contains_key(&ShardId(id)),
+            _ => learners.contains_key(&LearnerId(id)),
+        };
+        if taken {
+            let why = format!("{} has joined again already", j.peer.name());
+            j.peer.say_goodbye(Goodbye::Duplicate, &why);
+            continue;
+        }
+        tracing::info!(peer = j.peer.name(), "joined again");
+        match role {
+            Role::Shard => shards.insert(ShardId(id), j),
+            _ => learners.insert(LearnerId(id), j),
+        };
+    }
+    Ok(Rejoined { shards: shards.into_values().collect(), learners })
+}
+
+impl Invitation {
+    /// The seat of a node of this job that joins again: its role and id, or why it is refused.
+    pub(super) fn seat_of(&self, j: &Joiner) -> Result<(Role, u32), (Goodbye, String)> {
+        let (names, role) = match j.peer.role() {
+            Role::Shard => (&self.shard_names, "shard"),
+            _ => (&self.learner_names, "learner"),
+        };
+        let name = j.peer.name();
+        let Some(id) = names.iter().position(|n| n == name) else {
+            tracing::warn!(peer = name, "refused: not a {role} of the running job");
+            return Err((
+                Goodbye::Refused,
+                format!("the job is running and {name} is not one of its {role}s"),
+            ));
+        };
+        if j.peer.role() == Role::Shard && self.shard_addrs[id] != j.data_addr {
+            let known = &self.shard_addrs[id];
+            tracing::error!(
+                peer = name,
+                "refused: it came back at {}, the learners know it at {known}; restart it with --listen {known}",
+                j.data_addr
+            );
+            return Err((Goodbye::Refused, format!("restart {name} at the address it had, {known}")));
+        }
+        Ok((j.peer.role(), id as u32))
+    }
+}
