@@ -335,7 +335,10 @@ fn run_node(
     out: Option<PathBuf>,
 ) -> Result<(), RuntimeError> {
     if role == RoleArg::Learner && opts.resume.is_some() {
-        return Err(RuntimeError::Invalid(InvalidSetting::new("--resume", "a learner does not take it")));
+        return Err(RuntimeError::Invalid(InvalidSetting::new(
+            "--resume",
+            "only a shard or the scheduler takes it",
+        )));
     }
     if role != RoleArg::Shard && opts.advertise.is_some() {
         return Err(RuntimeError::Invalid(InvalidSetting::new("--advertise", "only a shard takes it")));
