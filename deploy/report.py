@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 out = Path(sys.argv[1])
-runs = ["clean", "learner-killed", "learner-disconnected", "shard-restarted"]
+runs = ["clean", "learner-killed", "learner-disconnected", "shard-restarted", "scheduler-restarted"]
 summaries = {r: json.loads((out / r / "summary.json").read_text()) for r in runs if (out / r).is_dir()}
 clean = summaries["clean"]
 print("# Compose cluster: engine faults against the clean run (same seed)\n")
@@ -26,9 +26,4 @@ for run in runs[1:]:
         print(f"\n## {run}: timeline\n")
         for t in json.loads(timeline.read_text()):
             print(f"- {t['seconds']:.2f} s, {t['kind']}: {t['what']}")
-restarted = out / "scheduler-restarted.txt"
-if restarted.is_file():
-    print("\n## scheduler-restarted (no failover yet)\n")
-    for line in restarted.read_text().splitlines():
-        print(f"- {line}")
-print("\nPlots of all four runs on the same axes: report/ (rudra-node report).")
+print("\nPlots of all the runs on the same axes: report/ (rudra-node report).")

@@ -11,7 +11,9 @@ use cli::{CertAction, Cli, Command, ConfigArgs, LogFormat, RoleArg, Suite, Trans
 use rudra_actors::{InvalidSetting, RunReport};
 use rudra_runtime::checkpoint::describe;
 use rudra_runtime::local::{ProgressMode, run_local};
-use rudra_runtime::node::{NodeOptions, run_learner, run_loopback, run_scheduler, run_shard};
+use rudra_runtime::node::{
+    NodeOptions, STATE_FILE, resumed_config, run_learner, run_loopback, run_scheduler, run_shard,
+};
 use rudra_runtime::{Checkpoint, Config, RunDir, RuntimeError, bench, experiment, report, secret, simulate};
 use rudra_transport::tls::CertDir;
 use rudra_transport::{LinkFaults, Relay, RelayRules, Role};
@@ -345,25 +347,36 @@ fn run_node(
     }
     match role {
         RoleArg::Scheduler => {
+            // A run directory holding the state of a job its scheduler did not end (it was
+            // killed, or its host went down) is taken back, as with --resume: an engine
+            // restarts a scheduler with the command it had.
+            let unended = out.as_ref().filter(|d| opts.resume.is_none() && d.join(STATE_FILE).is_file());
+            if let Some(dir) = unended {
+                tracing::warn!(
+                    "{} holds a run that did not end: taking it back (remove its {STATE_FILE} to start anew)",
+                    dir.display()
+                );
+                opts.resume = Some(dir.clone());
+            } else if opts.resume.is_some()
+                && (config.config.is_some() || !config.set.is_empty() || out.is_some())
+            {
+                tracing::warn!(
+                    "--config, --set and --out are ignored: the resumed job's own are in its run directory"
+                );
+            }
             // A scheduler taking its job back reads the job's configuration from its run directory.
             let (config, out) = match &opts.resume {
-                Some(dir) => {
-                    if config.config.is_some() || !config.set.is_empty() || out.is_some() {
-                        tracing::warn!(
-                            "--config, --set and --out are ignored: the job's own are in {}",
-                            dir.display()
-                        );
-                    }
-                    (rudra_runtime::node::resumed_config(dir)?, Some(dir.clone()))
-                }
+                Some(dir) => (resumed_config(dir)?, Some(dir.clone())),
                 None => (Config::load(config.config.as_deref(), &config.set)?, out),
             };
             let data = config.data.load()?;
             let dir = RunDir::create(out.as_deref(), config.protocol_name())?;
             dir.write_config(&config)?;
             opts.run_dir = Some(dir.path().to_owned());
-            let report = run_scheduler(&config, (data, None), &opts, ProgressMode::detect())?;
-            finish(&dir, &config, &report)
+            let report = run_scheduler(&config, (data, None), &opts, ProgressMode::detect());
+            // The run ended, finished or failed: there is no job left to take back.
+            let _ = std::fs::remove_file(dir.path().join(STATE_FILE));
+            finish(&dir, &config, &report?)
         }
         RoleArg::Shard => run_shard(&opts, None),
         RoleArg::Learner => run_learner(&opts, None, None),
