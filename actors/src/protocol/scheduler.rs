@@ -145,11 +145,11 @@ impl SchedulerCore {
         self.started
     }
 
-    /// The learners that joined and have not finished their epochs: those a scheduler that
-    /// restarts waits for.
+    /// The active learners that have not finished their epochs: those a scheduler that
+    /// restarts waits for (a learner lost before may still join again later).
     #[must_use]
-    pub fn unfinished(&self) -> BTreeSet<LearnerId> {
-        self.joined_learners.difference(&self.finished).copied().collect()
+    pub fn running(&self) -> BTreeSet<LearnerId> {
+        self.active().difference(&self.finished).copied().collect()
     }
 
     /// The learners the shards serve: joined, not lost.

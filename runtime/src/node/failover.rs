@@ -95,8 +95,9 @@ pub(super) struct Rejoined {
 }
 
 /// Wait for the nodes of the job `inv` to join again: every shard (at the address the learners
-/// know), and the learners in `waiting` (those that had not finished), within `within`. A shard
-/// that is not back in time is an error; a learner that is not counts as lost.
+/// know), and the learners in `waiting` (those running when the scheduler went), within
+/// `within`. A shard that is not back in time is an error; a learner that is not counts as lost
+/// (and may join again later).
 pub(super) async fn regather(
     ep: &QuicEndpoint,
     inv: &Invitation,

@@ -119,7 +119,7 @@ async fn reopen_job(ep: &QuicEndpoint, dir: &Path, within: Duration) -> Result<O
     };
     let invitation = job.invitation;
     tracing::info!(job = invitation.job, "taking the job back; waiting for its nodes");
-    let mut back = regather(ep, &invitation, &state.core.unfinished(), within).await?;
+    let mut back = regather(ep, &invitation, &state.core.running(), within).await?;
     for (id, j) in back.shards.iter().enumerate() {
         j.peer.send(&invitation.welcome(id, 1)).await?;
     }
