@@ -34,10 +34,10 @@ pub const STATE_EVERY: Duration = Duration::from_secs(1);
 pub(super) struct JobState {
     /// What every node of the job was told.
     pub(super) invitation: Invitation,
-    /// The scheduler's state, once the run has started.
-    pub(super) scheduler: Option<SchedulerState>,
-    /// The tracker's counts, likewise.
-    pub(super) tracker: Option<TrackerReport>,
+    /// The scheduler's state.
+    pub(super) scheduler: SchedulerState,
+    /// The tracker's counts.
+    pub(super) tracker: TrackerReport,
 }
 
 impl JobState {
@@ -73,14 +73,15 @@ pub(super) async fn keep_state(
     scheduler: Addr<SchedulerActor>,
     tracker: Addr<StalenessTracker>,
 ) {
-    let mut job = JobState { invitation, scheduler: None, tracker: None };
     let mut tick = tokio::time::interval(STATE_EVERY);
     loop {
         tick.tick().await;
-        let (Ok(state), Ok(counts)) = (scheduler.send(GetState).await, tracker.send(GetStats).await) else {
+        let (Ok(scheduler_state), Ok(counts)) =
+            (scheduler.send(GetState).await, tracker.send(GetStats).await)
+        else {
             return; // The run is over.
         };
-        (job.scheduler, job.tracker) = (Some(state), Some(counts));
+        let job = JobState { invitation: invitation.clone(), scheduler: scheduler_state, tracker: counts };
         if let Err(e) = job.write(&dir) {
             tracing::warn!("{e}; a restarted scheduler would go on from an older state");
         }

@@ -110,14 +110,7 @@ async fn open_job(
 /// The job in run directory `dir`, taken back by a restarted scheduler: wait for its nodes to
 /// join again and welcome them back.
 async fn reopen_job(ep: &QuicEndpoint, dir: &Path, within: Duration) -> Result<Opening, RuntimeError> {
-    let job = JobState::read(dir)?;
-    let (Some(state), Some(counts)) = (job.scheduler, job.tracker) else {
-        return Err(net(format!(
-            "{} holds no running job's state (the run had not started); start the job again",
-            dir.join(failover::STATE_FILE).display()
-        )));
-    };
-    let invitation = job.invitation;
+    let JobState { invitation, scheduler: state, tracker: counts } = JobState::read(dir)?;
     tracing::info!(job = invitation.job, "taking the job back; waiting for its nodes");
     let mut back = regather(ep, &invitation, &state.core.running(), within).await?;
     for (id, j) in back.shards.iter().enumerate() {
