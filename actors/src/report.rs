@@ -120,6 +120,28 @@ pub struct RunReport {
     pub bytes: BytesMoved,
 }
 
+impl RunReport {
+    /// The report of a run that recorded nothing: it failed before its first evaluation.
+    #[must_use]
+    pub fn empty() -> Self {
+        Self {
+            metrics: Vec::new(),
+            params: Vec::new(),
+            staleness: StalenessSummary::default(),
+            updates: 0,
+            samples: 0,
+            learner_samples: Vec::new(),
+            wall_seconds: 0.0,
+            final_test_accuracy: f64::NAN,
+            final_train_loss: f64::NAN,
+            timeline: Vec::new(),
+            updates_lost: 0,
+            diverged: None,
+            bytes: BytesMoved::default(),
+        }
+    }
+}
+
 /// Where a run diverged: its train loss became non-finite or exceeded
 /// [`DIVERGENCE_FACTOR`](crate::protocol::DIVERGENCE_FACTOR) times its first measured value.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -144,6 +166,9 @@ pub struct SchedulerState {
     pub born_seconds: f64,
     /// Seconds the learners have trained.
     pub wall_seconds: f64,
+    /// When the state was taken: seconds since the Unix epoch, by the system clock (the run
+    /// goes on while no scheduler is there, and a resumed scheduler counts that time).
+    pub taken_at: f64,
     /// Examples processed so far by each learner.
     pub learner_samples: Vec<u64>,
     /// The evaluations so far.
@@ -154,6 +179,31 @@ pub struct SchedulerState {
     pub updates_lost: u64,
     /// What the learners' messages carried.
     pub bytes: BytesMoved,
+}
+
+impl SchedulerState {
+    /// What the run had recorded when this state was taken, as a report with no parameters:
+    /// a run that stopped on an error keeps what it measured. `staleness` and `updates` are
+    /// the tracker's.
+    #[must_use]
+    pub fn report_so_far(&self, staleness: StalenessSummary, updates: u64) -> RunReport {
+        let last = self.rows.last();
+        RunReport {
+            metrics: self.rows.clone(),
+            params: Vec::new(),
+            staleness,
+            updates,
+            samples: self.learner_samples.iter().sum(),
+            learner_samples: self.learner_samples.clone(),
+            wall_seconds: self.wall_seconds,
+            final_test_accuracy: last.map_or(f64::NAN, |r| r.test_accuracy),
+            final_train_loss: last.map_or(f64::NAN, |r| r.train_loss),
+            timeline: self.timeline.clone(),
+            updates_lost: self.updates_lost,
+            diverged: None,
+            bytes: self.bytes,
+        }
+    }
 }
 
 /// One event of a run's timeline.

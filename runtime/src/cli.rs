@@ -164,6 +164,10 @@ pub(crate) enum Command {
         /// Give up on a run that has not finished after this many seconds.
         #[arg(long, default_value_t = 1800)]
         time_limit: u64,
+        /// With `[[faults.kill]]` (runs as processes): every process's --connect-timeout, how
+        /// long a node waits for a peer that went away before it gives up, e.g. 20s.
+        #[arg(long, default_value = "20s")]
+        connect_timeout: humantime::Duration,
     },
     /// Forward UDP datagrams (a node's QUIC traffic) from `--listen` to `--to` and back,
     /// losing, delaying, duplicating and reordering them as told, seeded: put it between two

@@ -29,6 +29,7 @@ mod exporter;
 pub mod local;
 pub mod node;
 pub mod plot;
+pub mod processes;
 pub mod report;
 mod rundir;
 pub mod secret;

@@ -42,6 +42,7 @@ pub fn run_local(
     progress: ProgressMode,
     metrics_addr: Option<SocketAddr>,
 ) -> Result<RunReport, RuntimeError> {
+    config.refuse_kills()?;
     let models = config.models(Device::open(config.device)?);
     let mut cluster = Cluster::new(config.cluster.clone(), models, data)?
         .with_liveness(config.liveness)

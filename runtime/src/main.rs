@@ -12,7 +12,8 @@ use rudra_actors::{InvalidSetting, RunReport};
 use rudra_runtime::checkpoint::describe;
 use rudra_runtime::local::{ProgressMode, run_local};
 use rudra_runtime::node::{
-    NodeOptions, STATE_FILE, resumed_config, run_learner, run_loopback, run_scheduler, run_shard,
+    NodeOptions, STATE_FILE, recorded_so_far, resumed_config, run_learner, run_loopback, run_scheduler,
+    run_shard,
 };
 use rudra_runtime::{Checkpoint, Config, RunDir, RuntimeError, bench, experiment, report, secret, simulate};
 use rudra_transport::tls::CertDir;
@@ -127,20 +128,23 @@ fn run(command: Command) -> Result<(), RuntimeError> {
             tracing::info!(dir = %dir.path().display(), "run directory");
             let report = match transport {
                 Transport::Memory => {
-                    run_local(&config, data, Some(dir.path()), ProgressMode::detect(), metrics_addr)?
+                    run_local(&config, data, Some(dir.path()), ProgressMode::detect(), metrics_addr)
                 }
                 Transport::Quic => {
-                    run_loopback(&config, data, Some(dir.path()), ProgressMode::detect(), metrics_addr)?
+                    run_loopback(&config, data, Some(dir.path()), ProgressMode::detect(), metrics_addr)
                 }
             };
-            finish(&dir, &config, &report)
+            finish(&dir, &config, report, RunReport::empty)
         }
-        Command::Experiment { config, out, time_limit } => {
+        Command::Experiment { config, out, time_limit, connect_timeout } => {
             let config = Config::load(config.config.as_deref(), &config.set)?;
             let data = config.data.load()?;
             let dir = RunDir::create(out.as_deref(), "experiment")?;
-            let limit = std::time::Duration::from_secs(time_limit);
-            let e = experiment::run(&config, &data, &dir, limit)?;
+            let bounds = experiment::Bounds {
+                limit: std::time::Duration::from_secs(time_limit),
+                connect_timeout: connect_timeout.into(),
+            };
+            let e = experiment::run(&config, &data, &dir, &bounds)?;
             println!(
                 "test accuracy {:.4} clean, {:.4} with faults; {} updates lost in crashes, {} fewer made; \
                  {} timeline events; wrote {}",
@@ -151,6 +155,9 @@ fn run(command: Command) -> Result<(), RuntimeError> {
                 e.timeline.len(),
                 dir.path().display()
             );
+            if let Some(why) = &e.stopped {
+                println!("the run with faults stopped before its end: {why}");
+            }
             Ok(())
         }
         Command::Relay {
@@ -242,8 +249,24 @@ fn run(command: Command) -> Result<(), RuntimeError> {
 
 /// Write the run directory's report and plots and print the summary line. A plot that cannot
 /// be drawn is a warning: the run itself succeeded.
-fn finish(dir: &RunDir, config: &Config, report: &RunReport) -> Result<(), RuntimeError> {
-    let s = dir.record(config, report)?.summary;
+/// A run's end: its results written and printed; or, for a run that failed, what it had
+/// recorded (`so_far`) and why it stopped, in its run directory.
+fn finish(
+    dir: &RunDir,
+    config: &Config,
+    run: Result<RunReport, RuntimeError>,
+    so_far: impl FnOnce() -> RunReport,
+) -> Result<(), RuntimeError> {
+    let report = match run {
+        Ok(report) => report,
+        Err(e) => {
+            if let Err(not_written) = dir.record_failure(config, &so_far(), &e) {
+                tracing::warn!("the failed run's record was not written: {not_written}");
+            }
+            return Err(e);
+        }
+    };
+    let s = dir.record(config, &report)?.summary;
     let reached = s.time_to_target.map_or_else(
         || format!("{} never reached", s.target_accuracy),
         |t| format!("{} reached after {t:.1} s", s.target_accuracy),
@@ -369,14 +392,15 @@ fn run_node(
                 Some(dir) => (resumed_config(dir)?, Some(dir.clone())),
                 None => (Config::load(config.config.as_deref(), &config.set)?, out),
             };
-            let data = config.data.load()?;
             let dir = RunDir::create(out.as_deref(), config.protocol_name())?;
             dir.write_config(&config)?;
             opts.run_dir = Some(dir.path().to_owned());
-            let report = run_scheduler(&config, (data, None), &opts, ProgressMode::detect());
+            let report = (config.data.load())
+                .and_then(|data| run_scheduler(&config, (data, None), &opts, ProgressMode::detect()));
+            let so_far = recorded_so_far(dir.path());
             // The run ended, finished or failed: there is no job left to take back.
             let _ = std::fs::remove_file(dir.path().join(STATE_FILE));
-            finish(&dir, &config, &report?)
+            finish(&dir, &config, report, || so_far)
         }
         RoleArg::Shard => run_shard(&opts, None),
         RoleArg::Learner => run_learner(&opts, None, None),

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use rudra_actors::RunReport;
 
 use crate::checkpoint::Checkpoint;
-use crate::summary::{RecordedRun, metrics_csv};
+use crate::summary::{RecordedRun, Summary, metrics_csv};
 use crate::{Config, RuntimeError};
 
 /// A run's output directory.
@@ -36,10 +36,12 @@ impl RunDir {
         &self.path
     }
 
-    /// Write the file `name` in the directory.
+    /// Write the file `name` in the directory (into a new file renamed over the old, so that a
+    /// reader, or a crash, never sees half of it).
     pub fn write_file(&self, name: &str, contents: &str) -> Result<(), RuntimeError> {
-        let path = self.path.join(name);
-        std::fs::write(&path, contents).map_err(|source| RuntimeError::Io { path, source })
+        let (path, tmp) = (self.path.join(name), self.path.join(format!("{name}.tmp")));
+        std::fs::write(&tmp, contents).map_err(|source| RuntimeError::Io { path: tmp.clone(), source })?;
+        std::fs::rename(&tmp, &path).map_err(|source| RuntimeError::Io { path, source })
     }
 
     /// `config.toml`, the configuration as resolved.
@@ -73,17 +75,42 @@ impl RunDir {
     /// succeeded). Returns the run as recorded.
     pub fn record(&self, config: &Config, report: &RunReport) -> Result<RecordedRun, RuntimeError> {
         let run = RecordedRun::of(&self.path, config, report);
-        self.write_file("metrics.csv", &metrics_csv(&run.metrics))?;
+        self.record_so_far(report)?;
         self.write_checkpoint(config, &report.params)?;
-        let json =
-            serde_json::to_string_pretty(&run.summary).map_err(|e| RuntimeError::Config(e.to_string()))?;
-        self.write_file("summary.json", &json)?;
-        let timeline = serde_json::to_string_pretty(&report.timeline)
-            .map_err(|e| RuntimeError::Config(e.to_string()))?;
-        self.write_file("timeline.json", &timeline)?;
+        self.write_summary(&run.summary)?;
         if let Err(e) = crate::plot::draw_run(&run) {
             tracing::warn!("the run's plots were not drawn: {e}");
         }
         Ok(run)
+    }
+
+    /// `metrics.csv` and `timeline.json` of what a run has recorded so far (rewritten as it
+    /// goes, so a run that dies keeps what it measured).
+    pub fn record_so_far(&self, so_far: &RunReport) -> Result<(), RuntimeError> {
+        self.write_file("metrics.csv", &metrics_csv(&so_far.metrics))?;
+        let timeline = serde_json::to_string_pretty(&so_far.timeline)
+            .map_err(|e| RuntimeError::Config(e.to_string()))?;
+        self.write_file("timeline.json", &timeline)
+    }
+
+    /// A run that stopped on `error`, having recorded `so_far` (nothing, if it failed to
+    /// start): what it recorded, and `summary.json` with `outcome = "failed"` and the error, so
+    /// that no run directory is left half written.
+    pub fn record_failure(
+        &self,
+        config: &Config,
+        so_far: &RunReport,
+        error: &RuntimeError,
+    ) -> Result<(), RuntimeError> {
+        let mut summary = Summary::new(config, so_far);
+        summary.outcome = "failed".into();
+        summary.error = Some(error.to_string());
+        self.record_so_far(so_far)?;
+        self.write_summary(&summary)
+    }
+
+    fn write_summary(&self, summary: &Summary) -> Result<(), RuntimeError> {
+        let json = serde_json::to_string_pretty(summary).map_err(|e| RuntimeError::Config(e.to_string()))?;
+        self.write_file("summary.json", &json)
     }
 }

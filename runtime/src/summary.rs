@@ -71,8 +71,11 @@ pub struct Summary {
     pub wall_seconds: f64,
     /// `samples / wall_seconds`.
     pub samples_per_second: f64,
-    /// `completed`, or `diverged` (see `diverged`).
+    /// `completed`, `diverged` (see `diverged`) or `failed` (see `error`).
     pub outcome: String,
+    /// Why a failed run stopped (what it had recorded by then is in the rest of the summary).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
     /// Where the run diverged, if it did.
     pub diverged: Option<Diverged>,
     /// Test accuracy at the end.
@@ -129,6 +132,7 @@ impl Summary {
             samples_per_second: report.samples as f64 / report.wall_seconds.max(1e-9),
             outcome: if report.diverged.is_some() { "diverged" } else { "completed" }.to_owned(),
             diverged: report.diverged,
+            error: None,
             final_test_accuracy: report.final_test_accuracy,
             final_train_loss: report.final_train_loss,
             staleness: report.staleness.clone(),
@@ -219,10 +223,14 @@ impl RecordedRun {
             return Err(input_error(dir, "is not a run directory (no such directory)"));
         }
         let path = dir.join("summary.json");
-        let summary = serde_json::from_str(&read_input(&path)?)
+        let summary: Summary = serde_json::from_str(&read_input(&path)?)
             .map_err(|e| input_error(&path, format!("is not a run summary: {e}")))?;
         let path = dir.join("metrics.csv");
         let metrics = parse_metrics(&path, &read_input(&path)?)?;
+        // A run that failed may have stopped before its first evaluation.
+        if metrics.is_empty() && summary.outcome != "failed" {
+            return Err(input_error(&path, "has no evaluations; a finished run writes at least one row"));
+        }
         Ok(Self { dir: dir.to_owned(), label: label_of(dir), summary, metrics })
     }
 }
@@ -270,9 +278,6 @@ pub fn parse_metrics(path: &Path, text: &str) -> Result<Vec<MetricsRow>, Runtime
             })
         })
         .collect::<Result<Vec<_>, RuntimeError>>()?;
-    if rows.is_empty() {
-        return Err(input_error(path, "has no evaluations; a finished run writes at least one row"));
-    }
     Ok(rows)
 }
 
@@ -385,7 +390,7 @@ mod tests {
         assert!(e.contains("run/metrics.csv") && e.contains("line 3") && e.contains("`updates`"), "{e}");
         let e = err("wall_seconds,epoch\n1,1\n");
         assert!(e.contains("no column `updates`"), "{e}");
-        assert!(err(&format!("{HEADER}\n")).contains("no evaluations"));
+        assert!(parse_metrics(Path::new("m.csv"), &format!("{HEADER}\n")).unwrap().is_empty());
         let e = err(&format!("{HEADER}\n1,1,250\n"));
         assert!(e.contains("`samples` is \"\""), "{e}");
     }

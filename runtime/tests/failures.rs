@@ -335,3 +335,19 @@ fn without_its_scheduler_every_node_exits_non_zero_and_keeps_its_checkpoint() {
 fn summary(dir: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap()
 }
+
+/// A scheduler that cannot start (its metrics address is taken) leaves no half run directory:
+/// `summary.json` says the run failed, and why.
+#[test]
+fn a_failed_start_marks_the_run_directory_as_failed() {
+    let c = Cluster::new(&[]);
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let mut scheduler = c.start_scheduler(&["--metrics-addr", &addr], &[]);
+    let status = exit_within("the scheduler", &mut scheduler, Duration::from_secs(30));
+    assert!(!status.success());
+    let summary = summary(&c.path("run"));
+    assert_eq!(summary["outcome"], "failed", "{summary}");
+    assert!(summary["error"].as_str().is_some_and(|e| e.contains(&addr)), "{summary}");
+    assert_eq!(summary["updates"], 0, "{summary}");
+}

@@ -5,14 +5,13 @@
 //! each reports samples/s, its ratio to the in-memory run, and the time to 96% test accuracy.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rudra_actors::TrainingData;
-use rudra_transport::tls::CertDir;
 
 use super::{BenchRow, median};
 use crate::local::{ProgressMode, run_local};
+use crate::processes::{Launch, Processes, issue_certs, names};
 use crate::summary::RecordedRun;
 use crate::{Config, RuntimeError};
 
@@ -61,18 +60,6 @@ fn in_memory(config: &Config, data: &TrainingData, dir: &Path) -> Result<Measure
     Ok(measured(&RecordedRun::of(dir, config, &report)))
 }
 
-/// Kills the processes of a run that fails, so none outlives the benchmark.
-struct Processes(Vec<(&'static str, Child)>);
-
-impl Drop for Processes {
-    fn drop(&mut self) {
-        for (_, c) in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
 /// The workload as four processes over loopback QUIC: the scheduler's run directory is
 /// `dir/run`.
 fn processes(
@@ -81,50 +68,17 @@ fn processes(
     certs: &Path,
     dir: &Path,
 ) -> Result<Measured, RuntimeError> {
-    let exe = std::env::current_exe().map_err(bench_error)?;
-    let port =
-        std::net::UdpSocket::bind("127.0.0.1:0").and_then(|s| s.local_addr()).map_err(bench_error)?.port();
-    let addr = format!("127.0.0.1:{port}");
-    let certs = certs.to_str().ok_or_else(|| bench_error("the certificate path is not UTF-8"))?;
-    let node = |args: &[&str]| {
-        let mut c = Command::new(&exe);
-        c.args(args).current_dir(dir).env("RUST_LOG", "warn").stdin(Stdio::null()).stdout(Stdio::null());
-        c
-    };
-    let mut children = Processes(Vec::new());
-    for name in ["shard-0", "learner-0", "learner-1"] {
-        let role = if name.starts_with("shard") { "shard" } else { "learner" };
-        let child = node(&["--role", role, "--name", name, "--scheduler", &addr, "--certs", certs])
-            .spawn()
-            .map_err(bench_error)?;
-        children.0.push((name, child));
-    }
     let run = dir.join("run");
-    let mut scheduler = node(&["--role", "scheduler", "--listen", &addr, "--certs", certs]);
-    scheduler.arg("--out").arg(&run);
-    if let Some(f) = file {
-        scheduler.arg("--config").arg(f);
-    }
-    for s in sets {
-        scheduler.args(["--set", s]);
-    }
-    children.0.push(("scheduler", scheduler.spawn().map_err(bench_error)?));
-    let limit = Duration::from_secs(600);
-    let start = Instant::now();
-    for (name, child) in &mut children.0 {
-        loop {
-            if let Some(status) = child.try_wait().map_err(bench_error)? {
-                if !status.success() {
-                    return Err(bench_error(format!("{name} exited with {status}")));
-                }
-                break;
-            }
-            if start.elapsed() > limit {
-                return Err(bench_error(format!("the processes did not finish within {limit:?}")));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
+    let launch = Launch {
+        certs,
+        logs: dir,
+        run_dir: &run,
+        config: (file, sets),
+        nodes: (1, 2),
+        connect_timeout: Duration::from_secs(60),
+        log_filter: "warn",
+    };
+    Processes::start(&launch)?.run(&[], Duration::from_secs(600))?.require_success("cluster benchmark")?;
     Ok(measured(&RecordedRun::read(&run)?))
 }
 
@@ -134,11 +88,7 @@ pub fn run(file: Option<&Path>, base: &[String], repeats: usize) -> Result<Vec<B
     let data = memory_config.data.load()?;
     let tmp = tempfile::tempdir().map_err(bench_error)?;
     let cert_dir = tmp.path().join("certs");
-    let certs = CertDir::new(&cert_dir);
-    certs.init()?;
-    for name in ["scheduler", "shard-0", "learner-0", "learner-1"] {
-        certs.issue(name)?;
-    }
+    issue_certs(&cert_dir, &names(1, 2))?;
     let settings: Vec<(String, Option<(&str, &str)>)> = std::iter::once(("in memory, f32".to_owned(), None))
         .chain(
             CODECS

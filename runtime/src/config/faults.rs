@@ -1,9 +1,12 @@
-//! `[faults]` turned into a checked [`FaultPlan`].
+//! `[faults]` turned into a checked [`FaultPlan`], and `[[faults.kill]]` into the [`Kill`]s
+//! that `rudra-node experiment` carries out on processes.
 
 use std::time::Duration;
 
 use rudra_actors::faults::{Crash, FaultPlan, LinkRule, Node, Nodes, Partition, Slow};
 use rudra_transport::{FaultWindow, LearnerId, LinkFaults, ShardId};
+
+use serde::Serialize;
 
 use super::invalid;
 use super::raw::RawFaults;
@@ -124,5 +127,80 @@ impl RawFaults {
             })
             .collect::<Result<_, RuntimeError>>()?;
         Ok(FaultPlan { seed: self.seed, links, partitions, crashes, slow })
+    }
+}
+
+/// A process of the run killed (SIGKILL) by `rudra-node experiment`, and perhaps started again
+/// with the command it had.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Kill {
+    /// `scheduler`, `shard-N` or `learner-N`: the process's name.
+    pub node: String,
+    /// When, after the run started (the scheduler gathered its nodes).
+    pub at: Duration,
+    /// Started again this long after (none: it stays down).
+    pub restart_after: Option<Duration>,
+}
+
+impl RawFaults {
+    /// The checked `[[faults.kill]]` entries: one per process at most, each naming a process of
+    /// the run. A killed scheduler must come back (the run's record is its to write), and a shard
+    /// that comes back needs checkpoints and a protocol whose exchanges are retried.
+    pub(super) fn kills(
+        &self,
+        learners: u32,
+        shards: u32,
+        elastic: bool,
+        checkpoints: bool,
+    ) -> Result<Vec<Kill>, RuntimeError> {
+        let key = "faults.kill.node";
+        let mut kills: Vec<Kill> = Vec::new();
+        for k in &self.kill {
+            let index = |prefix: &str| k.node.strip_prefix(prefix).and_then(|n| n.parse::<u32>().ok());
+            match (k.node.as_str(), index("shard-"), index("learner-")) {
+                ("scheduler", ..) if k.restart_after_ms.is_none() => {
+                    return Err(invalid(
+                        "faults.kill.restart_after_ms",
+                        "a killed scheduler must restart in an experiment: the run's record is the scheduler's to write",
+                    ));
+                }
+                ("scheduler", ..) => {}
+                (_, Some(x), _) if x >= shards => {
+                    return Err(invalid(key, format!("{}: there are {shards} shards", k.node)));
+                }
+                (_, Some(_), _) if k.restart_after_ms.is_some() && elastic => {
+                    return Err(invalid(
+                        key,
+                        "a shard that restarts needs hardsync, softsync or async: an EASGD exchange is not retried",
+                    ));
+                }
+                (_, Some(_), _) if k.restart_after_ms.is_some() && !checkpoints => {
+                    return Err(invalid(
+                        "checkpoint.every_updates",
+                        "is 0; a shard that restarts goes on from its checkpoint, so set it above 0",
+                    ));
+                }
+                (_, Some(_), _) => {}
+                (_, _, Some(l)) if l >= learners => {
+                    return Err(invalid(key, format!("{}: there are {learners} learners", k.node)));
+                }
+                (_, _, Some(_)) => {}
+                _ => {
+                    return Err(invalid(
+                        key,
+                        format!("is {:?}; give `scheduler`, `shard-N` or `learner-N`", k.node),
+                    ));
+                }
+            }
+            if kills.iter().any(|earlier| earlier.node == k.node) {
+                return Err(invalid(key, format!("{} is killed twice; kill each process once", k.node)));
+            }
+            kills.push(Kill {
+                node: k.node.clone(),
+                at: Duration::from_millis(k.at_ms),
+                restart_after: k.restart_after_ms.map(Duration::from_millis),
+            });
+        }
+        Ok(kills)
     }
 }

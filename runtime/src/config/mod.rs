@@ -12,9 +12,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use data::{DataSource, DatasetKind};
+pub use faults::Kill;
 pub use raw::{
-    RawCheckpoint, RawCluster, RawCompute, RawConfig, RawCrash, RawFaults, RawLinkRule, RawPartition,
-    RawProtocol, RawSlow, RawTraining, RawTransport,
+    RawCheckpoint, RawCluster, RawCompute, RawConfig, RawCrash, RawFaults, RawKill, RawLinkRule,
+    RawPartition, RawProtocol, RawSlow, RawTraining, RawTransport,
 };
 use rudra_actors::checkpoint::Checkpoints;
 use rudra_actors::faults::{FaultPlan, Liveness};
@@ -161,6 +162,8 @@ pub struct Config {
     pub liveness: Liveness,
     /// Faults to inject.
     pub faults: FaultPlan,
+    /// Processes `rudra-node experiment` kills (`[[faults.kill]]`).
+    pub kills: Vec<Kill>,
     /// The simulator's settings.
     pub simulation: Simulation,
     /// The shards' checkpoints.
@@ -390,8 +393,9 @@ impl TryFrom<RawConfig> for Config {
             every_updates: raw.checkpoint.every_updates,
             dir: non_empty("checkpoint.dir", raw.checkpoint.dir.clone())?,
         };
-        let faults =
-            raw.faults.plan(cluster.learners, cluster.shards, elastic, checkpoint.every_updates > 0)?;
+        let checkpoints = checkpoint.every_updates > 0;
+        let faults = raw.faults.plan(cluster.learners, cluster.shards, elastic, checkpoints)?;
+        let kills = raw.faults.kills(cluster.learners, cluster.shards, elastic, checkpoints)?;
         let resolved = toml::to_string_pretty(&raw).map_err(|e| RuntimeError::Config(e.to_string()))?;
         Ok(Self {
             cluster,
@@ -402,6 +406,7 @@ impl TryFrom<RawConfig> for Config {
             device,
             liveness,
             faults,
+            kills,
             simulation,
             checkpoint,
             target_accuracy: t.target_accuracy,
@@ -424,10 +429,32 @@ impl Config {
 
     /// This configuration without its `[faults]`: the clean run beside a faulty one.
     pub fn without_faults(&self) -> Result<Self, RuntimeError> {
+        self.with_faults_changed(|f| *f = RawFaults::default())
+    }
+
+    /// This configuration without its `[[faults.kill]]`: what the processes of an experiment
+    /// run, the experiment killing them.
+    pub fn without_kills(&self) -> Result<Self, RuntimeError> {
+        self.with_faults_changed(|f| f.kill.clear())
+    }
+
+    fn with_faults_changed(&self, change: impl FnOnce(&mut RawFaults)) -> Result<Self, RuntimeError> {
         let mut raw: RawConfig =
             toml::from_str(&self.resolved).map_err(|e| RuntimeError::Config(e.to_string()))?;
-        raw.faults = RawFaults::default();
+        change(&mut raw.faults);
         raw.try_into()
+    }
+
+    /// Refuse `[[faults.kill]]` where no processes are killed: in one process, or a scheduler
+    /// started by hand.
+    pub fn refuse_kills(&self) -> Result<(), RuntimeError> {
+        if self.kills.is_empty() {
+            return Ok(());
+        }
+        Err(invalid(
+            "faults.kill",
+            "kills processes, which `rudra-node experiment --config FILE` does; run the scenario with it",
+        ))
     }
 
     /// The configured network, initialised from `training.seed`, its learners computing on

@@ -167,6 +167,8 @@ pub struct RawFaults {
     pub crash: Vec<RawCrash>,
     /// `[[faults.slow]]`
     pub slow: Vec<RawSlow>,
+    /// `[[faults.kill]]`
+    pub kill: Vec<RawKill>,
 }
 
 /// `[[faults.link]]`: faults on the links between two sets of nodes, both ways.
@@ -221,6 +223,19 @@ pub struct RawCrash {
     /// When, milliseconds after the start.
     pub at_ms: u64,
     /// A shard restarts this many milliseconds after it crashed.
+    pub restart_after_ms: Option<u64>,
+}
+
+/// `[[faults.kill]]`: a process of the run killed by `rudra-node experiment` (SIGKILL), and
+/// perhaps started again with the command it had.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawKill {
+    /// `scheduler`, `shard-N` or `learner-N`.
+    pub node: String,
+    /// When, milliseconds after the run started (the scheduler gathered its nodes).
+    pub at_ms: u64,
+    /// Started again this many milliseconds after it was killed (none: it stays down).
     pub restart_after_ms: Option<u64>,
 }
 

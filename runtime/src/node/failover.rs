@@ -6,14 +6,14 @@
 //! the run to its end, into the same run directory.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use actix::Addr;
-use rudra_actors::SchedulerState;
 use rudra_actors::messages::{GetState, GetStats, TrackerReport};
 use rudra_actors::scheduler::SchedulerActor;
 use rudra_actors::tracker::StalenessTracker;
+use rudra_actors::{RunReport, SchedulerState};
 use rudra_transport::LearnerId;
 use rudra_transport::quic::{Goodbye, QuicEndpoint};
 use rudra_transport::{Role, ShardId};
@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use super::join::{Invitation, Joiner, read_join};
 use super::net;
-use crate::{Config, RuntimeError};
+use crate::{Config, RunDir, RuntimeError};
 
 /// The state file in the run directory.
 pub const STATE_FILE: &str = "scheduler.json";
@@ -50,14 +50,23 @@ impl JobState {
             .map_err(|e| RuntimeError::Config(format!("{} is not a scheduler's state: {e}", path.display())))
     }
 
-    /// Write the state into `dir` (to a new file renamed over the old, so a crash mid-write
-    /// leaves the previous one).
-    pub(super) fn write(&self, dir: &Path) -> Result<(), RuntimeError> {
-        let (path, tmp) = (dir.join(STATE_FILE), dir.join(format!("{STATE_FILE}.tmp")));
+    /// Write the state into `dir`.
+    pub(super) fn write(&self, dir: &RunDir) -> Result<(), RuntimeError> {
         let text = serde_json::to_string(self).map_err(|e| RuntimeError::Config(e.to_string()))?;
-        std::fs::write(&tmp, text).map_err(|source| RuntimeError::Io { path: tmp.clone(), source })?;
-        std::fs::rename(&tmp, &path).map_err(|source| RuntimeError::Io { path, source })
+        dir.write_file(STATE_FILE, &text)
     }
+
+    /// What the run had recorded when the state was written.
+    fn so_far(&self) -> RunReport {
+        self.scheduler.report_so_far(self.tracker.staleness.clone(), self.tracker.updates)
+    }
+}
+
+/// What the run in directory `dir` had recorded by the scheduler's last state (nothing if it
+/// wrote none): a run that stops on an error keeps it.
+#[must_use]
+pub fn recorded_so_far(dir: &Path) -> RunReport {
+    JobState::read(dir).map_or_else(|_| RunReport::empty(), |s| s.so_far())
 }
 
 /// The configuration of the job whose state is in run directory `dir`.
@@ -66,9 +75,10 @@ pub fn resumed_config(dir: &Path) -> Result<Config, RuntimeError> {
 }
 
 /// Every [`STATE_EVERY`], write the job's state (the scheduler's and the tracker's) into `dir`,
-/// until the scheduler stops.
+/// with `metrics.csv` and `timeline.json` of what the run has recorded, until the scheduler
+/// stops.
 pub(super) async fn keep_state(
-    dir: PathBuf,
+    dir: RunDir,
     invitation: Invitation,
     scheduler: Addr<SchedulerActor>,
     tracker: Addr<StalenessTracker>,
@@ -82,7 +92,7 @@ pub(super) async fn keep_state(
             return; // The run is over.
         };
         let job = JobState { invitation: invitation.clone(), scheduler: scheduler_state, tracker: counts };
-        if let Err(e) = job.write(&dir) {
+        if let Err(e) = job.write(&dir).and_then(|()| dir.record_so_far(&job.so_far())) {
             tracing::warn!("{e}; a restarted scheduler would go on from an older state");
         }
     }

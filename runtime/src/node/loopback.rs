@@ -23,6 +23,7 @@ pub fn run_loopback(
     progress: ProgressMode,
     metrics_addr: Option<SocketAddr>,
 ) -> Result<RunReport, RuntimeError> {
+    config.refuse_kills()?;
     let dir =
         tempfile::tempdir().map_err(|source| RuntimeError::Io { path: std::env::temp_dir(), source })?;
     let certs = CertDir::new(dir.path());

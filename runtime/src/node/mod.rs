@@ -26,7 +26,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-pub use failover::{STATE_FILE, resumed_config};
+pub use failover::{STATE_FILE, recorded_so_far, resumed_config};
 pub use learner::run_learner;
 pub use loopback::run_loopback;
 use rudra_actors::InvalidSetting;

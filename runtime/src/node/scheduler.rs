@@ -39,6 +39,7 @@ pub fn run_scheduler(
     opts: &NodeOptions,
     progress: ProgressMode,
 ) -> Result<RunReport, RuntimeError> {
+    config.refuse_kills()?;
     let config = config.clone();
     let opts = opts.clone();
     let models = models.unwrap_or_else(|| config.models(Device::Cpu(CpuBackend)));
@@ -212,7 +213,8 @@ async fn drive(
     actix::spawn(accept_rejoins(ep.clone(), Arc::clone(&roster)));
     actix::spawn(send_heartbeats(Arc::clone(&roster), config.liveness.heartbeat));
     if let Some(dir) = &opts.run_dir {
-        actix::spawn(failover::keep_state(dir.clone(), invitation, scheduler.clone(), tracker));
+        let dir = crate::RunDir::create(Some(dir), config.protocol_name())?;
+        actix::spawn(failover::keep_state(dir, invitation, scheduler.clone(), tracker));
     }
     let report = report.await.map_err(|_| net("the scheduler stopped without a report"))??;
     // Every node was told to stop; give them a moment to hang up first.
