@@ -41,6 +41,7 @@ fn main() -> anyhow::Result<()> {
             rule: SyncRule::Softsync { n: 2 },
             modulation: LrModulation::PerGradient,
             max_staleness: None,
+            backups: 0,
             elastic: None,
         },
         batch_size: 32,

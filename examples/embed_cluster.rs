@@ -23,6 +23,7 @@ fn main() -> anyhow::Result<()> {
             rule: SyncRule::Softsync { n: 3 },
             modulation: LrModulation::PerGradient,
             max_staleness: None,
+            backups: 0,
             elastic: None,
         },
         batch_size: 16,

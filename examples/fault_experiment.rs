@@ -25,6 +25,7 @@ fn spec() -> ClusterSpec {
             rule: SyncRule::Softsync { n: 4 },
             modulation: LrModulation::PerGradient,
             max_staleness: Some(6),
+            backups: 0,
             elastic: None,
         },
         batch_size: 32,

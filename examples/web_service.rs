@@ -48,6 +48,7 @@ async fn main() -> anyhow::Result<()> {
             rule: SyncRule::Softsync { n: 2 },
             modulation: LrModulation::None,
             max_staleness: None,
+            backups: 0,
             elastic: None,
         },
         batch_size: 32,

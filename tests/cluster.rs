@@ -38,6 +38,7 @@ fn spec(learners: u32, shards: u32, rule: SyncRule, batch_size: usize) -> Cluste
             rule,
             modulation: LrModulation::PerGradient,
             max_staleness: None,
+            backups: 0,
             elastic: None,
         },
         batch_size,
@@ -110,8 +111,16 @@ fn softsync_over_actors_applies_every_gradient_and_counts_updates() -> anyhow::R
 
 fn elastic(method: ElasticMethod, tau: u64, lr: f32, momentum: f32) -> ClusterSpec {
     let mut s = spec(3, 2, SyncRule::Hardsync, 16);
-    s.protocol.elastic =
-        Some(ElasticSpec { method, tau, alpha: 0.3, beta: 0.9, momentum, lr_decay_gamma: 0.0 });
+    s.protocol.elastic = Some(ElasticSpec {
+        method,
+        tau,
+        alpha: 0.3,
+        beta: 0.9,
+        momentum,
+        lr_decay_gamma: 0.0,
+        outer_lr: 0.7,
+        outer_momentum: 0.9,
+    });
     s.schedule.base = lr;
     s
 }
@@ -190,9 +199,14 @@ fn every_elastic_method_trains_over_actors() -> anyhow::Result<()> {
         (ElasticMethod::Eamsgd, 4, 0.01, 0.9),
         (ElasticMethod::Downpour, 1, 0.1, 0.0),
         (ElasticMethod::MDownpour, 1, 0.02, 0.9),
+        (ElasticMethod::Diloco { sync: true }, 4, 0.05, 0.0),
+        (ElasticMethod::Diloco { sync: false }, 4, 0.05, 0.0),
     ] {
         let mut spec = elastic(method, tau, lr, momentum);
         (spec.learners, spec.epochs) = (4, 2);
+        if let (ElasticMethod::Diloco { sync: false }, Some(e)) = (method, &mut spec.protocol.elastic) {
+            e.outer_lr = 0.3; // every Δ is an outer step of its own (configs/diloco-async.toml)
+        }
         let report = run(&spec, data.clone())?;
         assert!(report.final_test_accuracy > 0.8, "{method:?}: test accuracy {}", report.final_test_accuracy);
         assert!(report.updates > 0, "{method:?}");
@@ -200,8 +214,8 @@ fn every_elastic_method_trains_over_actors() -> anyhow::Result<()> {
         // exchanges of four learners find the others' exchanges since their own.
         let s = &report.staleness;
         assert!(s.applied > 0, "{method:?}: exchanges are counted as applied");
-        if method == (ElasticMethod::Easgd { sync: true }) {
-            assert_eq!(s.max, 0, "sync EASGD");
+        if matches!(method, ElasticMethod::Easgd { sync: true } | ElasticMethod::Diloco { sync: true }) {
+            assert_eq!(s.max, 0, "sync rounds");
         } else {
             assert!(s.mean > 0.5, "{method:?}: ⟨σ⟩ {}", s.mean);
         }

@@ -26,8 +26,12 @@ pub struct ProtocolSpec {
     pub modulation: LrModulation,
     /// The staleness bound `s`, if any.
     pub max_staleness: Option<u64>,
+    /// Hardsync's backup learners b (0 ≤ b < λ): a round completes with the first λ − b
+    /// gradients on the current weights; the late ones are dropped and counted.
+    pub backups: u32,
     /// The EASGD family instead of Rudra's SGD shards: the shards hold the center variable
-    /// and `rule`, `modulation` and `max_staleness` do not apply.
+    /// and `rule` does not apply; `modulation` and `max_staleness` apply only to async DiLoCo's
+    /// outer step.
     pub elastic: Option<ElasticSpec>,
 }
 
@@ -45,6 +49,12 @@ pub enum ElasticMethod {
     Downpour,
     /// DOWNPOUR with τ = 1 and Nesterov momentum kept at the shards.
     MDownpour,
+    /// DiLoCo: DOWNPOUR's learners (H = τ local steps, then the pseudo-gradient
+    /// Δ = x_start − x^i, and the new center adopted) and an outer Nesterov step at the shards.
+    Diloco {
+        /// One outer step per round, on the mean Δ of the round's active learners (σ ≡ 0).
+        sync: bool,
+    },
 }
 
 /// Settings of the EASGD family (Zhang, Choromanska, LeCun); the learning rate η is the schedule's base.
@@ -62,12 +72,17 @@ pub struct ElasticSpec {
     pub momentum: f32,
     /// Decay γ of `η_t = η / (1 + γ t)^0.5` on each learner's own clock.
     pub lr_decay_gamma: f32,
+    /// DiLoCo: outer learning rate η_o.
+    pub outer_lr: f32,
+    /// DiLoCo: outer Nesterov momentum μ_o.
+    pub outer_momentum: f32,
 }
 
 impl ElasticSpec {
-    /// The center shards' rule with learning rate `lr`.
+    /// The center shards' rule with learning rate `lr`; `modulation` and `max_staleness` are
+    /// read by async DiLoCo only.
     #[must_use]
-    pub fn center_rule(&self, lr: f32) -> CenterRule {
+    pub fn center_rule(&self, lr: f32, modulation: LrModulation, max_staleness: Option<u64>) -> CenterRule {
         match self.method {
             ElasticMethod::Easgd { sync: true } => CenterRule::ElasticSync { beta: self.beta },
             ElasticMethod::Easgd { sync: false } | ElasticMethod::Eamsgd => {
@@ -75,6 +90,13 @@ impl ElasticSpec {
             }
             ElasticMethod::Downpour => CenterRule::Downpour,
             ElasticMethod::MDownpour => CenterRule::MDownpour { momentum: self.momentum, lr },
+            ElasticMethod::Diloco { sync } => CenterRule::Diloco {
+                sync,
+                outer_lr: self.outer_lr,
+                outer_momentum: self.outer_momentum,
+                modulation,
+                max_staleness,
+            },
         }
     }
 
@@ -93,7 +115,9 @@ impl ElasticSpec {
             ElasticMethod::Easgd { .. } | ElasticMethod::Eamsgd => {
                 LocalRule::Elastic(ElasticLearner::new(settings, len))
             }
-            ElasticMethod::Downpour => LocalRule::Downpour(DownpourLearner::new(self.tau, lr, len)),
+            ElasticMethod::Downpour | ElasticMethod::Diloco { .. } => {
+                LocalRule::Downpour(DownpourLearner::new(self.tau, lr, len))
+            }
             ElasticMethod::MDownpour => LocalRule::MDownpour,
         }
     }
@@ -120,12 +144,14 @@ impl ElasticSpec {
         // β first: α defaults to β / λ.
         positive("protocol.beta", self.beta)?;
         positive("protocol.alpha", self.alpha)?;
-        if !(self.momentum.is_finite() && (0.0..1.0).contains(&self.momentum)) {
-            return Err(InvalidSetting::new(
-                "protocol.momentum",
-                format!("is {}; it must be in [0, 1)", self.momentum),
-            ));
+        for (key, momentum) in
+            [("protocol.momentum", self.momentum), ("protocol.outer_momentum", self.outer_momentum)]
+        {
+            if !(momentum.is_finite() && (0.0..1.0).contains(&momentum)) {
+                return Err(InvalidSetting::new(key, format!("is {momentum}; it must be in [0, 1)")));
+            }
         }
+        positive("protocol.outer_lr", self.outer_lr)?;
         if !(self.lr_decay_gamma.is_finite() && self.lr_decay_gamma >= 0.0) {
             return Err(InvalidSetting::new(
                 "training.lr_decay_gamma",
@@ -211,6 +237,21 @@ impl ClusterSpec {
                 format!("is {n}; it must be between 1 and λ = {}", self.learners),
             ));
         }
+        let backups = self.protocol.backups;
+        if backups > 0 && (self.protocol.elastic.is_some() || self.protocol.rule != SyncRule::Hardsync) {
+            return Err(InvalidSetting::new(
+                "protocol.backups",
+                format!(
+                    "is {backups}; backup learners belong to hardsync (softsync and async never wait for all)"
+                ),
+            ));
+        }
+        if backups >= self.learners {
+            return Err(InvalidSetting::new(
+                "protocol.backups",
+                format!("is {backups}; it must be below λ = {}", self.learners),
+            ));
+        }
         if self.batch_size == 0 {
             return Err(InvalidSetting::new("training.batch_size", "must be at least 1"));
         }
@@ -249,6 +290,7 @@ impl ClusterSpec {
             rule: self.protocol.rule,
             modulation: self.protocol.modulation,
             max_staleness: self.protocol.max_staleness,
+            backups: self.protocol.backups,
             schedule: self.schedule,
             gradients_per_epoch: self.steps_per_learner(train_len) / u64::from(self.epochs)
                 * u64::from(self.learners),
@@ -269,7 +311,7 @@ impl ClusterSpec {
             )),
             Some(e) => ShardCore::Center(CenterShard::new(
                 ShardId(s as u32),
-                e.center_rule(self.schedule.base),
+                e.center_rule(self.schedule.base, self.protocol.modulation, self.protocol.max_staleness),
                 values,
                 self.active_learners(),
             )),
@@ -315,6 +357,7 @@ impl ClusterSpec {
             * u64::from(self.learners);
         SchedulerCore::new(self.learners, self.shards, per_epoch, u64::from(self.epochs))
             .with_evals_per_epoch(u64::from(self.evals_per_epoch))
+            .with_backups(self.protocol.backups)
     }
 
     /// Examples all learners process over the run, for a training set of `train_len`.
@@ -324,12 +367,13 @@ impl ClusterSpec {
     }
 
     /// Whether learners' exchanges add up like gradients (DOWNPOUR's accumulated update,
-    /// MDOWNPOUR's gradient) rather than being parameters (EASGD's x^i).
+    /// MDOWNPOUR's gradient, DiLoCo's pseudo-gradient) rather than being parameters (EASGD's
+    /// x^i).
     #[must_use]
     pub fn exchanges_gradients(&self) -> bool {
         matches!(
             self.protocol.elastic.as_ref().map(|e| e.method),
-            Some(ElasticMethod::Downpour | ElasticMethod::MDownpour)
+            Some(ElasticMethod::Downpour | ElasticMethod::MDownpour | ElasticMethod::Diloco { .. })
         )
     }
 

@@ -57,6 +57,7 @@ impl<'a> Driver<'a> {
                     rule,
                     modulation: LrModulation::None,
                     max_staleness: bound,
+                    backups: 0,
                     schedule: LrSchedule { base: lr, decay: 1.0 },
                     gradients_per_epoch: u64::MAX,
                 };

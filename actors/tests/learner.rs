@@ -120,6 +120,7 @@ fn a_duplicated_answer_changes_neither_the_model_nor_the_clock_the_gradient_is_c
             rule: SyncRule::Softsync { n: 1 },
             modulation: LrModulation::None,
             max_staleness: None,
+            backups: 0,
             elastic: None,
         },
         batch_size: 1,

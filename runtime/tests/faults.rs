@@ -278,3 +278,35 @@ fn shard_lost_experiment_stops_the_run_and_every_node_exits_non_zero() {
     let stop = scheduler.lines().rev().find(|l| l.starts_with("error:")).unwrap_or_default();
     assert!(stop.contains("shard-1") && stop.contains("not back within 5s"), "{scheduler}");
 }
+
+/// Async DiLoCo with a learner four times slower than the others and `max_staleness = 2`: the
+/// slow learner's pseudo-gradients come many outer steps late and are dropped; none applied
+/// has σ > 2.
+#[test]
+fn async_diloco_with_a_slow_learner_never_applies_a_pseudo_gradient_over_the_bound() {
+    let set = ["protocol.max_staleness=2", "protocol.tau=4", "faults.slow=[{learner = 0, factor = 4.0}]"];
+    let (report, _) = run("../diloco-async.toml", &set);
+    let s = &report.staleness;
+    assert!(s.max <= 2, "max σ {}", s.max);
+    assert!(s.dropped_by.get(&rudra_actors::protocol::DropReason::TooStale).is_some_and(|&n| n > 0), "{s:?}");
+    assert!(s.applied > 100, "{s:?}");
+}
+
+/// Hardsync with one backup learner and one learner four times slower: every update applies
+/// λ − 1 = 3 gradients on the current weights (σ ≡ 0), and the slow learner's late gradients
+/// are dropped as `stale-round`.
+#[test]
+fn hardsync_with_a_backup_closes_rounds_without_the_slow_learner() {
+    let set = [
+        "protocol.kind=hardsync",
+        "protocol.backups=1",
+        "faults.slow=[{learner = 0, factor = 4.0}]",
+        "faults.crash=[]",
+    ];
+    let (report, _) = run("learner-killed.toml", &set);
+    let s = &report.staleness;
+    assert_eq!(s.max, 0);
+    assert_eq!(s.applied, 2 * 3 * report.updates, "two shards, three gradients per update: {s:?}");
+    let late = s.dropped_by.get(&rudra_actors::protocol::DropReason::StaleRound).copied().unwrap_or(0);
+    assert!(late > 0, "{s:?}");
+}

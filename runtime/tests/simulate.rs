@@ -126,9 +126,10 @@ fn staleness_follows_rudras_law_with_thirty_equal_speed_learners() {
 }
 
 #[test]
-fn stragglers_slow_hardsync_to_their_pace_but_not_softsync() {
-    let rate = |kind: &str, fraction: &str| {
+fn stragglers_slow_hardsync_to_their_pace_but_not_softsync_or_hardsync_with_backups() {
+    let rate_with = |kind: &str, fraction: &str, backups: u32| {
         let r = run(&[
+            &format!("protocol.backups={backups}"),
             "cluster.learners=100",
             "cluster.shards=1",
             "protocol.n=4",
@@ -141,6 +142,7 @@ fn stragglers_slow_hardsync_to_their_pace_but_not_softsync() {
         ]);
         (r.gradients_per_virtual_second(), r.utilisation(), r.learners.iter().filter(|l| l.straggler).count())
     };
+    let rate = |kind: &str, fraction: &str| rate_with(kind, fraction, 0);
     // 100 learners at 0.1 s per gradient: 1000 gradients/s; five at 0.4 s.
     let (hard, hard_use, stragglers) = rate("hardsync", "0.05");
     assert_eq!(stragglers, 5);
@@ -151,6 +153,10 @@ fn stragglers_slow_hardsync_to_their_pace_but_not_softsync() {
     assert!((hard - 250.0).abs() < 10.0, "hardsync runs at the stragglers' pace: {hard}");
     assert!((soft - 962.5).abs() < 20.0, "4-softsync loses only the stragglers' share: {soft}");
     assert!(hard_use < 0.3 && soft_use > 0.99, "learners wait at the hardsync barrier");
+    // Five backups: every round closes with the 95 fast learners' gradients.
+    let (backed, backed_use, _) = rate_with("hardsync", "0.05", 5);
+    eprintln!("hardsync with 5 backups {backed:.1}/s (utilisation {backed_use:.3})");
+    assert!(backed > 900.0 && backed_use > 0.9, "backups keep hardsync at the fast learners' pace: {backed}");
 }
 
 #[test]

@@ -96,6 +96,10 @@ pub struct SchedulerCore {
     stopping: bool,
     /// The first mean train loss measured.
     first_loss: Option<f64>,
+    /// Hardsync's backup learners: the run ends once all but this many active learners have
+    /// finished (the slowest are cut off, as their late gradients are).
+    #[serde(default)]
+    backups: u32,
 }
 
 impl SchedulerCore {
@@ -123,7 +127,15 @@ impl SchedulerCore {
             last_tick: None,
             stopping: false,
             first_loss: None,
+            backups: 0,
         }
+    }
+
+    /// End the run once all but `backups` active learners have finished their epochs.
+    #[must_use]
+    pub fn with_backups(mut self, backups: u32) -> Self {
+        self.backups = backups;
+        self
     }
 
     /// Remove a learner not heard from for `timeout` from the active set.
@@ -235,7 +247,10 @@ impl SchedulerCore {
     }
 
     fn finish_if_done(&mut self) -> Vec<SchedulerEvent> {
-        if self.stopping || !self.active().is_subset(&self.finished) {
+        let active = self.active();
+        let finished = active.intersection(&self.finished).count();
+        let enough = active.len().saturating_sub(self.backups as usize).max(1);
+        if self.stopping || !(active.is_subset(&self.finished) || finished >= enough) {
             return Vec::new();
         }
         self.stopping = true;
@@ -376,6 +391,19 @@ mod tests {
         let mut s = started();
         assert!(matches!(s.on_loss(1, f64::INFINITY)[0], SchedulerEvent::Diverged(_)), "even the first");
         assert!(started().on_loss(0, 0.0).is_empty(), "no steps, no loss");
+    }
+
+    #[test]
+    fn with_backups_the_run_ends_once_all_but_the_backups_have_finished() {
+        let mut s = SchedulerCore::new(3, 1, 100, 1).with_backups(1);
+        let _ = s.on_shard_joined(ShardId(0));
+        for l in 0..3 {
+            let _ = s.on_learner_joined(LearnerId(l));
+        }
+        assert!(s.on_learner_finished(LearnerId(2)).is_empty(), "one of the two needed");
+        let events = s.on_learner_finished(LearnerId(0));
+        assert!(matches!(events[0], SchedulerEvent::Evaluate { final_: true, .. }), "{events:?}");
+        assert_eq!(events[1], SchedulerEvent::Stop, "learner 1 is cut off");
     }
 
     #[test]

@@ -99,6 +99,8 @@ fn cluster(
                 beta,
                 momentum: 0.0,
                 lr_decay_gamma: 0.0,
+                outer_lr: 0.7,
+                outer_momentum: 0.9,
             });
         }
     }

@@ -48,11 +48,13 @@ pub enum ProtocolKind {
     Downpour,
     /// DOWNPOUR with momentum at the shards.
     MDownpour,
+    /// DiLoCo: local training, an outer Nesterov step at the shards.
+    Diloco,
 }
 
 impl ProtocolKind {
     /// Every protocol, Rudra's first.
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 8] = [
         Self::Hardsync,
         Self::Softsync,
         Self::Async,
@@ -60,6 +62,7 @@ impl ProtocolKind {
         Self::Eamsgd,
         Self::Downpour,
         Self::MDownpour,
+        Self::Diloco,
     ];
 
     /// The name in the configuration.
@@ -73,6 +76,7 @@ impl ProtocolKind {
             Self::Eamsgd => "eamsgd",
             Self::Downpour => "downpour",
             Self::MDownpour => "mdownpour",
+            Self::Diloco => "diloco",
         }
     }
 
@@ -88,6 +92,7 @@ impl ProtocolKind {
         match self {
             Self::Eamsgd => 0.01,
             Self::MDownpour => 0.02,
+            Self::Diloco => 0.05,
             _ => 0.2,
         }
     }
@@ -226,10 +231,14 @@ fn check_every_protocol_key(raw: &RawConfig) -> Result<(), RuntimeError> {
     if p.tau == Some(0) {
         return Err(invalid("protocol.tau", "must be at least 1"));
     }
-    if let Some(m) = p.momentum
-        && !(m.is_finite() && (0.0..1.0).contains(&m))
+    positive("protocol.outer_lr", p.outer_lr)?;
+    for (key, momentum) in [("protocol.momentum", p.momentum), ("protocol.outer_momentum", p.outer_momentum)]
     {
-        return Err(invalid("protocol.momentum", format!("is {m}; it must be in [0, 1)")));
+        if let Some(m) = momentum
+            && !(m.is_finite() && (0.0..1.0).contains(&m))
+        {
+            return Err(invalid(key, format!("is {m}; it must be in [0, 1)")));
+        }
     }
     let gamma = raw.training.lr_decay_gamma;
     if !(gamma.is_finite() && gamma >= 0.0) {
@@ -278,8 +287,14 @@ impl TryFrom<RawConfig> for Config {
         let kind = ProtocolKind::parse(&p.kind)?;
         check_every_protocol_key(&raw)?;
         let elastic = |method| {
-            let default_tau =
-                if matches!(method, ElasticMethod::Easgd { .. } | ElasticMethod::Eamsgd) { 10 } else { 1 };
+            let default_tau = if matches!(
+                method,
+                ElasticMethod::Easgd { .. } | ElasticMethod::Eamsgd | ElasticMethod::Diloco { .. }
+            ) {
+                10
+            } else {
+                1
+            };
             let beta = p.beta.unwrap_or(0.9);
             ElasticSpec {
                 method,
@@ -288,13 +303,20 @@ impl TryFrom<RawConfig> for Config {
                 beta,
                 momentum: p.momentum.unwrap_or(kind.default_momentum()),
                 lr_decay_gamma: raw.training.lr_decay_gamma,
+                outer_lr: p.outer_lr.unwrap_or(0.7),
+                outer_momentum: p.outer_momentum.unwrap_or(0.9),
             }
         };
         let (rule, elastic) = match kind {
             ProtocolKind::Hardsync => (SyncRule::Hardsync, None),
             ProtocolKind::Softsync => (SyncRule::Softsync { n: p.n }, None),
             ProtocolKind::Async => (SyncRule::Softsync { n: raw.cluster.learners }, None),
-            ProtocolKind::Easgd => (SyncRule::Hardsync, Some(elastic(ElasticMethod::Easgd { sync: p.sync }))),
+            ProtocolKind::Easgd => {
+                (SyncRule::Hardsync, Some(elastic(ElasticMethod::Easgd { sync: p.sync.unwrap_or(false) })))
+            }
+            ProtocolKind::Diloco => {
+                (SyncRule::Hardsync, Some(elastic(ElasticMethod::Diloco { sync: p.sync.unwrap_or(true) })))
+            }
             ProtocolKind::Eamsgd => (SyncRule::Hardsync, Some(elastic(ElasticMethod::Eamsgd))),
             ProtocolKind::Downpour => (SyncRule::Hardsync, Some(elastic(ElasticMethod::Downpour))),
             ProtocolKind::MDownpour => (SyncRule::Hardsync, Some(elastic(ElasticMethod::MDownpour))),
@@ -345,7 +367,13 @@ impl TryFrom<RawConfig> for Config {
         let cluster = ClusterSpec {
             learners: raw.cluster.learners,
             shards: raw.cluster.shards,
-            protocol: ProtocolSpec { rule, modulation, max_staleness: p.max_staleness, elastic },
+            protocol: ProtocolSpec {
+                rule,
+                modulation,
+                max_staleness: p.max_staleness,
+                backups: p.backups,
+                elastic,
+            },
             batch_size: t.batch_size,
             epochs: t.epochs,
             schedule: LrSchedule {
@@ -505,6 +533,13 @@ impl Config {
                 ElasticMethod::Eamsgd => format!("eamsgd τ={} α={} δ={}", e.tau, e.alpha, e.momentum),
                 ElasticMethod::Downpour => format!("downpour τ={}", e.tau),
                 ElasticMethod::MDownpour => format!("mdownpour δ={}", e.momentum),
+                ElasticMethod::Diloco { sync } => format!(
+                    "diloco{} H={} η_o={} μ_o={}",
+                    if sync { " sync" } else { "" },
+                    e.tau,
+                    e.outer_lr,
+                    e.outer_momentum
+                ),
             },
             (None, SyncRule::Hardsync) => "hardsync".into(),
             (None, SyncRule::Softsync { n }) => format!("{} n={n}", self.protocol_name()),

@@ -90,7 +90,7 @@ pub struct RawCluster {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawProtocol {
-    /// `hardsync | softsync | async | easgd | eamsgd | downpour | mdownpour`.
+    /// `hardsync | softsync | async | easgd | eamsgd | downpour | mdownpour | diloco`.
     pub kind: String,
     /// Softsync splitting parameter.
     pub n: u32,
@@ -98,9 +98,13 @@ pub struct RawProtocol {
     pub lr_modulation: String,
     /// Optional staleness bound.
     pub max_staleness: Option<u64>,
-    /// EASGD: synchronous rounds.
-    pub sync: bool,
-    /// EASGD family: communication period τ (default 10 for EASGD/EAMSGD, 1 for DOWNPOUR).
+    /// Hardsync: backup learners (default 0).
+    #[serde(default)]
+    pub backups: u32,
+    /// EASGD and DiLoCo: synchronous rounds (default false for EASGD, true for DiLoCo).
+    pub sync: Option<bool>,
+    /// EASGD family: communication period τ (default 10 for EASGD/EAMSGD/DiLoCo, 1 for
+    /// DOWNPOUR).
     pub tau: Option<u64>,
     /// EASGD family: moving rate α (default β / λ).
     pub alpha: Option<f32>,
@@ -108,6 +112,10 @@ pub struct RawProtocol {
     pub beta: Option<f32>,
     /// EAMSGD and MDOWNPOUR: Nesterov momentum δ (default 0.99; 0.9 for MDOWNPOUR).
     pub momentum: Option<f32>,
+    /// DiLoCo: outer learning rate η_o (default 0.7).
+    pub outer_lr: Option<f32>,
+    /// DiLoCo: outer Nesterov momentum μ_o (default 0.9).
+    pub outer_momentum: Option<f32>,
 }
 
 /// `[training]`

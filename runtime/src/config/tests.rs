@@ -53,6 +53,23 @@ fn elastic_protocols_take_the_papers_defaults() {
     let gamma = e(&["protocol.kind=mdownpour", "training.lr_decay_gamma=0.5"]);
     assert_eq!((gamma.method, gamma.lr_decay_gamma), (ElasticMethod::MDownpour, 0.5));
     assert_eq!(load(&[]).unwrap().cluster.protocol.elastic, None);
+    let d = e(&["protocol.kind=diloco"]);
+    assert_eq!(
+        (d.method, d.tau, d.outer_lr, d.outer_momentum),
+        (ElasticMethod::Diloco { sync: true }, 10, 0.7, 0.9)
+    );
+    assert_eq!(
+        e(&["protocol.kind=diloco", "protocol.sync=false"]).method,
+        ElasticMethod::Diloco { sync: false }
+    );
+    assert_eq!(load(&["protocol.kind=diloco"]).unwrap().cluster.schedule.base, 0.05);
+}
+
+#[test]
+fn diloco_outer_settings_are_checked_naming_the_key() {
+    assert_eq!(key_of(&["protocol.kind=diloco", "protocol.outer_lr=0"]), "protocol.outer_lr");
+    assert_eq!(key_of(&["protocol.outer_lr=-1"]), "protocol.outer_lr", "whatever the protocol");
+    assert_eq!(key_of(&["protocol.kind=diloco", "protocol.outer_momentum=1"]), "protocol.outer_momentum");
 }
 
 /// The key an invalid configuration's error names (or its message).

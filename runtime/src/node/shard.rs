@@ -357,6 +357,7 @@ mod tests {
                 rule: SyncRule::Softsync { n: 2 },
                 modulation: LrModulation::None,
                 max_staleness: None,
+                backups: 0,
                 schedule: LrSchedule { base: 0.5, decay: 1.0 },
                 gradients_per_epoch: 100,
             };

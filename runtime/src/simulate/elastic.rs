@@ -1,4 +1,4 @@
-//! The EASGD family (EASGD sync and async, EAMSGD, DOWNPOUR, MDOWNPOUR) in the simulator: one
+//! The EASGD family (EASGD sync and async, EAMSGD, DOWNPOUR, MDOWNPOUR, DiLoCo) in the simulator: one
 //! [`ElasticWorker`] per learner and one [`CenterShard`] per shard, fed the inputs the learner
 //! and shard actors feed them. The worker says when to exchange and where to compute; the
 //! world only carries its messages and computes its gradients, as the learner actor does.
@@ -126,8 +126,12 @@ impl World for ElasticWorld {
                 let events = center.on_exchange(learner, &values[self.ranges[shard.index()].clone()])?;
                 drop(values);
                 for event in events {
-                    if let ShardEvent::Serve { learner, weights, .. } = event {
-                        eng.send(ElasticMsg::Center { learner, center: weights });
+                    match event {
+                        ShardEvent::Serve { learner, weights, .. } => {
+                            eng.send(ElasticMsg::Center { learner, center: weights });
+                        }
+                        ShardEvent::Gradient(g) => eng.record_gradient(&g),
+                        ShardEvent::Update(u) => eng.record_update(&u),
                     }
                 }
             }

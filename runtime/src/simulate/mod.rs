@@ -52,12 +52,15 @@ use crate::local::ProgressMode;
 use crate::{Config, RunDir, RuntimeError};
 
 /// The protocol a simulation of `config` runs: `[protocol]`'s kind, with `-sync` for sync
-/// EASGD.
+/// EASGD and sync DiLoCo.
 #[must_use]
 pub fn protocol_label(config: &Config) -> String {
     let name = config.protocol_name();
     match config.cluster.protocol.elastic {
-        Some(ElasticSpec { method: ElasticMethod::Easgd { sync: true }, .. }) => format!("{name}-sync"),
+        Some(ElasticSpec {
+            method: ElasticMethod::Easgd { sync: true } | ElasticMethod::Diloco { sync: true },
+            ..
+        }) => format!("{name}-sync"),
         _ => name.to_owned(),
     }
 }
@@ -210,7 +213,7 @@ fn synthetic_elastic_cores(
         .map(|(s, r)| {
             CenterShard::new(
                 ShardId(s as u32),
-                elastic.center_rule(lr),
+                elastic.center_rule(lr, spec.protocol.modulation, spec.protocol.max_staleness),
                 init[r.clone()].to_vec(),
                 active.clone(),
             )

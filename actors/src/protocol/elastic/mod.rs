@@ -8,6 +8,10 @@
 //!   round, and then `x̃ ← (1 − β) x̃ + β · mean_i x^i`.
 //! - DOWNPOUR: the shard adds the learner's accumulated `v` to x̃ and answers with the new x̃.
 //! - MDOWNPOUR: the shard keeps Nesterov momentum `u ← δu − η g; x̃ ← x̃ + δu − η g`.
+//! - DiLoCo: the learner sends DOWNPOUR's `v = x^i − x_start = −Δ`; the shard takes an outer
+//!   Nesterov step `b ← μ_o b + Δ; x̃ ← x̃ − η_o (Δ + μ_o b)`, on the mean Δ of a round (sync,
+//!   every learner then adopts the new x̃) or on each Δ as it arrives (async, η_o modulated by
+//!   its staleness and Δ dropped past the bound).
 
 #[cfg(test)]
 mod tests;
@@ -18,7 +22,9 @@ use std::sync::Arc;
 use rudra_compute::cpu;
 use rudra_transport::{Clock, DropReason, LearnerId, Outcome, ShardId, Staleness};
 
-use super::{CoreError, GradientRecord, ShardEvent, ShardState, UpdateRecord, Weights};
+use super::{
+    CoreError, GradientRecord, LrModulation, ShardEvent, ShardState, StalenessStats, UpdateRecord, Weights,
+};
 
 /// How a center shard combines what learners send.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -42,6 +48,42 @@ pub enum CenterRule {
         /// Learning rate η.
         lr: f32,
     },
+    /// DiLoCo: Nesterov SGD (PyTorch's `nesterov=True`) on the pseudo-gradient Δ = −v that
+    /// learners send.
+    Diloco {
+        /// A barrier round over the active learners and one outer step on their mean Δ (σ ≡ 0).
+        sync: bool,
+        /// η_o.
+        outer_lr: f32,
+        /// μ_o.
+        outer_momentum: f32,
+        /// Async: η_o(σ), as α0 is modulated for gradients.
+        modulation: LrModulation,
+        /// Async: a Δ with σ > s is dropped (`too-stale`).
+        max_staleness: Option<u64>,
+    },
+}
+
+impl CenterRule {
+    /// Whether exchanges meet in barrier rounds.
+    fn is_sync(self) -> bool {
+        matches!(self, Self::ElasticSync { .. } | Self::Diloco { sync: true, .. })
+    }
+
+    /// Whether the shard keeps a velocity (checkpointed with the center).
+    fn has_velocity(self) -> bool {
+        matches!(self, Self::MDownpour { .. } | Self::Diloco { .. })
+    }
+}
+
+/// DiLoCo's outer step on Δ = −scale·u (u: the learners' v, summed): `b ← μ b + Δ;
+/// x̃ ← x̃ − η (Δ + μ b)`, with `velocity` holding b.
+fn outer_step(center: &mut [f32], velocity: &mut [f32], u: &[f32], scale: f32, lr: f32, momentum: f32) {
+    for ((x, b), &u) in center.iter_mut().zip(velocity.iter_mut()).zip(u) {
+        let delta = -(scale * u);
+        *b = momentum * *b + delta;
+        *x -= lr * (delta + momentum * *b);
+    }
 }
 
 /// A shard holding the center variable x̃ of its range.
@@ -64,8 +106,10 @@ pub struct CenterShard {
     round: BTreeSet<LearnerId>,
     /// The clock of the center each learner last received.
     received: BTreeMap<LearnerId, Clock>,
-    /// MDOWNPOUR's velocity.
+    /// MDOWNPOUR's velocity, or DiLoCo's outer momentum buffer.
     velocity: Vec<f32>,
+    /// Async DiLoCo: the staleness of the Δ applied, for `mean` modulation.
+    stats: StalenessStats,
     /// Effects of the input being handled, returned when it is done.
     events: Vec<ShardEvent>,
 }
@@ -75,9 +119,8 @@ impl CenterShard {
     #[must_use]
     pub fn new(id: ShardId, rule: CenterRule, center: Vec<f32>, active: BTreeSet<LearnerId>) -> Self {
         let len = center.len();
-        let velocity = if matches!(rule, CenterRule::MDownpour { .. }) { vec![0.0; len] } else { Vec::new() };
-        let round_sum =
-            if matches!(rule, CenterRule::ElasticSync { .. }) { vec![0.0; len] } else { Vec::new() };
+        let velocity = if rule.has_velocity() { vec![0.0; len] } else { Vec::new() };
+        let round_sum = if rule.is_sync() { vec![0.0; len] } else { Vec::new() };
         Self {
             id,
             rule,
@@ -89,6 +132,7 @@ impl CenterShard {
             round: BTreeSet::new(),
             received: BTreeMap::new(),
             velocity,
+            stats: StalenessStats::default(),
             events: Vec::new(),
         }
     }
@@ -105,7 +149,7 @@ impl CenterShard {
         Weights { shard: self.id, clock: self.clock, values: Arc::clone(&self.center).into() }
     }
 
-    /// What a checkpoint keeps: the center, the clock and MDOWNPOUR's velocity (see
+    /// What a checkpoint keeps: the center, the clock and the velocity of MDOWNPOUR or DiLoCo (see
     /// [`ShardState`]).
     #[must_use]
     pub fn state(&self) -> ShardState {
@@ -135,7 +179,8 @@ impl CenterShard {
     }
 
     /// A learner sends its values for this shard's range: x^i for EASGD, the accumulated `v`
-    /// for DOWNPOUR, a gradient for MDOWNPOUR. Rejected without any change when malformed.
+    /// for DOWNPOUR and DiLoCo, a gradient for MDOWNPOUR. Rejected without any change when
+    /// malformed.
     pub fn on_exchange(&mut self, learner: LearnerId, values: &[f32]) -> Result<Vec<ShardEvent>, CoreError> {
         if !self.active.contains(&learner) {
             return Err(CoreError::Protocol(format!("{learner} is not an active learner of {}", self.id)));
@@ -148,16 +193,15 @@ impl CenterShard {
                 self.center.len()
             )));
         }
-        if let CenterRule::ElasticSync { .. } = self.rule
-            && !self.round.insert(learner)
-        {
+        if self.rule.is_sync() && !self.round.insert(learner) {
             return Err(CoreError::Protocol(format!("{learner} sent twice in round {}", self.clock)));
         }
         if !cpu::all_finite(values) {
             self.record(learner, Outcome::Dropped(DropReason::NonFinite));
-            match self.rule {
-                CenterRule::ElasticSync { .. } => self.close_round_if_complete(),
-                _ => self.reply(learner),
+            if self.rule.is_sync() {
+                self.close_round_if_complete();
+            } else {
+                self.reply(learner);
             }
             return Ok(std::mem::take(&mut self.events));
         }
@@ -195,6 +239,29 @@ impl CenterShard {
                 self.advance(1);
                 self.reply(learner);
             }
+            CenterRule::Diloco { sync: true, outer_lr, .. } => {
+                self.record(learner, Outcome::Applied { alpha: outer_lr });
+                cpu::axpy(1.0, values, &mut self.round_sum);
+                self.round_values += 1;
+                self.close_round_if_complete();
+            }
+            CenterRule::Diloco { sync: false, outer_lr, outer_momentum, modulation, max_staleness } => {
+                let computed_on = self.received.get(&learner).copied().unwrap_or_default();
+                let sigma = self.clock.staleness_of(computed_on).unwrap_or_default();
+                if max_staleness.is_some_and(|s| sigma.0 > s) {
+                    self.record(learner, Outcome::Dropped(DropReason::TooStale));
+                } else {
+                    // As an SGD shard: count σ, then α(σ) (`mean` includes it).
+                    self.stats.record_applied(sigma);
+                    let lr = modulation.alpha(outer_lr, sigma, self.stats.mean());
+                    self.record(learner, Outcome::Applied { alpha: lr });
+                    let center = Arc::make_mut(&mut self.center);
+                    outer_step(center, &mut self.velocity, values, 1.0, lr, outer_momentum);
+                    self.advance(1);
+                }
+                // Applied or dropped, the learner adopts the current center as its next x_start.
+                self.reply(learner);
+            }
         }
         Ok(std::mem::take(&mut self.events))
     }
@@ -211,9 +278,10 @@ impl CenterShard {
     /// Record `learner`'s exchange, applied now or dropped, with its staleness.
     fn record(&mut self, learner: LearnerId, outcome: Outcome) {
         let computed_on = self.received.get(&learner).copied().unwrap_or_default();
-        let staleness = match self.rule {
-            CenterRule::ElasticSync { .. } => Staleness(0),
-            _ => self.clock.staleness_of(computed_on).unwrap_or_default(),
+        let staleness = if self.rule.is_sync() {
+            Staleness(0)
+        } else {
+            self.clock.staleness_of(computed_on).unwrap_or_default()
         };
         let record = GradientRecord { shard: self.id, learner, computed_on, staleness, outcome };
         self.events.push(ShardEvent::Gradient(record));
@@ -231,24 +299,52 @@ impl CenterShard {
         self.events.push(ShardEvent::Update(UpdateRecord { shard: self.id, clock: self.clock, gradients }));
     }
 
+    /// Close a sync round once every active learner has taken its turn: EASGD serves the center
+    /// from before the round and then moves it; DiLoCo steps first and serves the new center
+    /// (each learner's next x_start).
     fn close_round_if_complete(&mut self) {
-        let CenterRule::ElasticSync { beta } = self.rule else { return };
-        if !self.active.is_subset(&self.round) {
+        if !self.rule.is_sync() || !self.active.is_subset(&self.round) {
             return;
         }
-        let before = self.snapshot();
-        for &learner in &self.round {
-            self.events.push(ShardEvent::Serve { learner, seq: 0, weights: before.clone() });
-        }
         let p = self.round_values;
-        if p > 0 {
-            let center = Arc::make_mut(&mut self.center);
-            // x̃ ← (1 − β) x̃ + β · mean_i x^i, over the learners whose x^i was finite
-            cpu::scale(1.0 - beta, center);
-            cpu::axpy_drain(beta / p as f32, &mut self.round_sum, center);
+        let serve = |shard: &mut Self| {
+            let weights = shard.snapshot();
+            for learner in std::mem::take(&mut shard.round) {
+                shard.received.insert(learner, weights.clock);
+                shard.events.push(ShardEvent::Serve { learner, seq: 0, weights: weights.clone() });
+            }
+        };
+        match self.rule {
+            CenterRule::ElasticSync { beta } => {
+                serve(self);
+                if p > 0 {
+                    let center = Arc::make_mut(&mut self.center);
+                    // x̃ ← (1 − β) x̃ + β · mean_i x^i, over the learners whose x^i was finite
+                    cpu::scale(1.0 - beta, center);
+                    cpu::axpy_drain(beta / p as f32, &mut self.round_sum, center);
+                }
+                self.advance(p);
+            }
+            CenterRule::Diloco { outer_lr, outer_momentum, .. } => {
+                if p > 0 {
+                    // Δ = the mean of the round's finite Δ^i
+                    let center = Arc::make_mut(&mut self.center);
+                    outer_step(
+                        center,
+                        &mut self.velocity,
+                        &self.round_sum,
+                        1.0 / p as f32,
+                        outer_lr,
+                        outer_momentum,
+                    );
+                    self.round_sum.fill(0.0);
+                }
+                self.advance(p);
+                serve(self);
+            }
+            _ => {}
         }
-        (self.round_values, self.round) = (0, BTreeSet::new());
-        self.advance(p);
+        self.round_values = 0;
     }
 }
 

@@ -1,4 +1,4 @@
-//! The elastic cores (EASGD, EAMSGD, DOWNPOUR, MDOWNPOUR) against exact arithmetic.
+//! The elastic cores (EASGD, EAMSGD, DOWNPOUR, MDOWNPOUR, DiLoCo) against exact arithmetic.
 
 use super::*;
 use crate::protocol::{LrModulation, SgdShard, SgdShardConfig, SyncRule};
@@ -310,6 +310,7 @@ fn downpour_with_tau_one_is_async_sgd_without_modulation() {
         rule: SyncRule::Softsync { n: 2 },
         modulation: LrModulation::None,
         max_staleness: None,
+        backups: 0,
         schedule: crate::protocol::LrSchedule { base: lr, decay: 1.0 },
         gradients_per_epoch: u64::MAX,
     };
@@ -346,4 +347,164 @@ fn downpour_with_tau_one_is_async_sgd_without_modulation() {
         learners[who].step(&mut xs[who], &g);
         assert_eq!(center.snapshot().values, sgd.snapshot().values);
     }
+}
+
+fn diloco(sync: bool, outer_lr: f32, mu: f32, modulation: LrModulation, bound: Option<u64>) -> CenterRule {
+    CenterRule::Diloco { sync, outer_lr, outer_momentum: mu, modulation, max_staleness: bound }
+}
+
+/// H = 1, SGD inside, η_o = 1, μ_o = 0 is DOWNPOUR τ = 1: the same answers and σ at every
+/// exchange and the same center, to the bit (x̃ − 1·(−v + 0·b) = x̃ + v).
+#[test]
+fn diloco_with_one_inner_step_unit_outer_rate_and_no_momentum_is_downpour_tau_one() {
+    let lr = 0.1;
+    let grad =
+        |x: &[f32]| -> Vec<f32> { x.iter().enumerate().map(|(i, v)| v * (1.0 + i as f32) - 0.5).collect() };
+    let init = vec![1.0, -2.0, 0.5];
+    let rules = [CenterRule::Downpour, diloco(false, 1.0, 0.0, LrModulation::None, None)];
+    let mut centers = rules.map(|r| CenterShard::new(ShardId(0), r, init.clone(), both()));
+    let mut learners: [[DownpourLearner; 2]; 2] =
+        std::array::from_fn(|_| std::array::from_fn(|_| DownpourLearner::new(1, lr, 3)));
+    let mut xs = [[init.clone(), init.clone()], [init.clone(), init.clone()]];
+    for &who in &[0usize, 1, 1, 0, 0, 0, 1, 0, 1, 1] {
+        let id = LearnerId(who as u32);
+        let mut seen = Vec::new();
+        for k in 0..2 {
+            // The worker's DOWNPOUR step: send v (0 at first), adopt the answer, one local step.
+            let v = learners[k][who].take_accumulated();
+            let events = centers[k].on_exchange(id, &v).unwrap();
+            let s = sigmas(&events);
+            let (_, c) = replies(events).remove(0);
+            xs[k][who].clone_from(&c);
+            let g = grad(&xs[k][who]);
+            learners[k][who].step(&mut xs[k][who], &g);
+            seen.push((s, c));
+        }
+        assert_eq!(seen[0], seen[1], "exchange of {id}");
+    }
+    assert_eq!(centers[0].snapshot().values, centers[1].snapshot().values);
+    assert_eq!(centers[0].clock(), centers[1].clock());
+}
+
+/// Sync, λ = 1, η_o = 1, μ_o = 0 is plain local SGD; modulation and the bound do not apply in
+/// rounds.
+#[test]
+fn sync_diloco_with_one_learner_unit_outer_rate_and_no_momentum_is_local_training() {
+    let (tau, lr) = (3u64, 0.1f32);
+    let rule = diloco(true, 1.0, 0.0, LrModulation::PerGradient, Some(0));
+    let init = vec![1.0, -1.0];
+    let mut shard = CenterShard::new(ShardId(0), rule, init.clone(), [L0].into_iter().collect());
+    let mut dl = DownpourLearner::new(tau, lr, 2);
+    let grad = |x: &[f32]| -> Vec<f32> { vec![x[0] - 2.0, 3.0 * x[1] + 1.0] };
+    let (mut x, mut local) = (init.clone(), init);
+    for t in 0..4 * tau {
+        if dl.exchanges_now() {
+            let events = shard.on_exchange(L0, &dl.take_accumulated()).unwrap();
+            assert_eq!(sigmas(&events), vec![(L0, 0, Outcome::Applied { alpha: 1.0 })]);
+            let (_, c) = replies(events).remove(0);
+            close(&c, &x); // x_start + Σ(−ηg) = x, to rounding
+            x = c;
+            assert_eq!(shard.clock(), Clock(t / tau + 1), "one outer step per H steps");
+        }
+        let g = grad(&x);
+        dl.step(&mut x, &g);
+        let g = grad(&local);
+        cpu::axpy(-lr, &g, &mut local);
+        close(&x, &local);
+    }
+    let events = shard.on_exchange(L0, &dl.take_accumulated()).unwrap(); // the finishing exchange
+    close(&replies(events)[0].1, &local);
+}
+
+/// PyTorch's SGD(nesterov=True) on Δ = −v: b ← μ b + Δ; x̃ ← x̃ − η (Δ + μ b), by hand and
+/// against an f64 reference.
+#[test]
+fn diloco_outer_step_is_nesterov_sgd_on_the_pseudo_gradient() {
+    let rule = diloco(false, 0.5, 0.5, LrModulation::None, None);
+    let mut s = CenterShard::new(ShardId(0), rule, vec![1.0], both());
+    s.on_exchange(L0, &[-0.4]).unwrap(); // Δ = 0.4: b = 0.4; x̃ = 1 − 0.5·(0.4 + 0.2)
+    close(&s.snapshot().values, &[0.7]);
+    s.on_exchange(L0, &[0.0]).unwrap(); // Δ = 0: b = 0.2; x̃ = 0.7 − 0.5·0.1
+    close(&s.snapshot().values, &[0.65]);
+    s.on_exchange(L1, &[0.2]).unwrap(); // Δ = −0.2: b = −0.1; x̃ = 0.65 − 0.5·(−0.2 − 0.05)
+    close(&s.snapshot().values, &[0.775]);
+    close(&s.state().velocity, &[-0.1]);
+    let (lr, mu) = (0.7f32, 0.9f32);
+    let rule = diloco(false, lr, mu, LrModulation::None, None);
+    let mut s = CenterShard::new(ShardId(0), rule, vec![0.3, -0.2], both());
+    let (mut x, mut b) = ([0.3f64, -0.2], [0.0f64; 2]);
+    for k in 0u32..20 {
+        let u = [((k * 7 % 5) as f32 - 2.0) * 0.05, ((k * 3 % 4) as f32 - 1.5) * 0.1];
+        s.on_exchange(LearnerId(k % 2), &u).unwrap();
+        for i in 0..2 {
+            let d = -f64::from(u[i]);
+            b[i] = f64::from(mu) * b[i] + d;
+            x[i] -= f64::from(lr) * (d + f64::from(mu) * b[i]);
+        }
+        let got = s.snapshot().values;
+        assert!((0..2).all(|i| (f64::from(got[i]) - x[i]).abs() < 1e-5), "{k}: {got:?} vs {x:?}");
+    }
+}
+
+/// Sync: one outer step per round on the mean Δ, and every learner adopts the center after it.
+#[test]
+fn sync_diloco_steps_once_per_round_on_the_mean_and_serves_the_new_center() {
+    let rule = diloco(true, 0.5, 0.5, LrModulation::None, None);
+    let mut s = CenterShard::new(ShardId(0), rule, vec![1.0, 2.0], both());
+    assert!(replies(s.on_exchange(L0, &[-0.2, 0.4]).unwrap()).is_empty(), "the round waits");
+    assert!(s.on_exchange(L0, &[0.0, 0.0]).is_err(), "twice in one round");
+    let events = s.on_exchange(L1, &[-0.6, 0.0]).unwrap(); // mean Δ = [0.4, −0.2] = b
+    assert!(sigmas(&events).iter().all(|&(_, s, _)| s == 0));
+    let r = replies(events); // x̃ = [1 − 0.5·(0.4 + 0.2), 2 − 0.5·(−0.2 − 0.1)]
+    assert_eq!(r.iter().map(|(l, _)| *l).collect::<Vec<_>>(), vec![L0, L1]);
+    r.iter().for_each(|(_, c)| close(c, &[0.7, 2.15]));
+    assert_eq!(s.clock(), Clock(1));
+    s.on_exchange(L0, &[0.0, 0.0]).unwrap();
+    s.on_exchange(L1, &[0.0, 0.0]).unwrap(); // Δ = 0: b = [0.2, −0.1]; x̃ −= 0.5·μ·b
+    close(&s.snapshot().values, &[0.65, 2.175]);
+    s.on_exchange(L0, &[f32::NAN, 0.0]).unwrap(); // dropped: the round's mean is L1's alone
+    assert!(replies(s.on_membership([L0, L1].into_iter().collect())).is_empty(), "waits for L1");
+    assert_eq!(replies(s.on_exchange(L1, &[0.0, 0.0]).unwrap()).len(), 2, "both learners are served");
+}
+
+/// Async: σ = outer steps since the learner's x_start; η_o(σ) by `lr_modulation`; a Δ with
+/// σ > s is dropped as too stale, and its learner adopts the current center.
+#[test]
+fn async_diloco_modulates_the_outer_rate_and_drops_what_is_too_stale() {
+    let rule = diloco(false, 0.8, 0.0, LrModulation::PerGradient, Some(2));
+    let mut s = CenterShard::new(ShardId(0), rule, vec![0.0], (0..3).map(LearnerId).collect());
+    let mut got = Vec::new();
+    for l in [0, 1, 2, 1, 0, 0] {
+        let events = s.on_exchange(LearnerId(l), &[1.0]).unwrap(); // Δ = −1
+        got.extend(sigmas(&events));
+        assert_eq!(replies(events)[0].1, s.snapshot().values.to_vec(), "adopts the current center");
+    }
+    let (a, l) = (|a| Outcome::Applied { alpha: a }, LearnerId);
+    let expected = vec![
+        (l(0), 0, a(0.8)),
+        (l(1), 1, a(0.8)),
+        (l(2), 2, a(0.4)),
+        (l(1), 1, a(0.8)),
+        (l(0), 3, Outcome::Dropped(DropReason::TooStale)),
+        (l(0), 0, a(0.8)),
+    ];
+    assert_eq!(got, expected);
+    close(&s.snapshot().values, &[3.6]); // 0.8 + 0.8 + 0.4 + 0.8 + (dropped) + 0.8
+    assert_eq!(s.clock(), Clock(5));
+}
+
+/// DiLoCo's outer momentum is checkpointed with the center: a restored shard goes on exactly.
+#[test]
+fn diloco_outer_velocity_is_checkpointed() {
+    let rule = diloco(false, 0.5, 0.5, LrModulation::None, None);
+    let mut a = CenterShard::new(ShardId(0), rule, vec![1.0], both());
+    a.on_exchange(L0, &[-0.4]).unwrap();
+    let saved = a.state();
+    close(&saved.velocity, &[0.4]);
+    let mut b = CenterShard::new(ShardId(0), rule, vec![0.0], both());
+    b.restore(saved.clone()).unwrap();
+    a.on_exchange(L1, &[0.0]).unwrap();
+    b.on_exchange(L1, &[0.0]).unwrap();
+    assert_eq!(a.snapshot().values, b.snapshot().values);
+    assert!(b.restore(ShardState { velocity: Vec::new(), ..saved }).is_err(), "no outer velocity: refused");
 }

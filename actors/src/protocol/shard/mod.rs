@@ -69,6 +69,9 @@ pub struct SgdShardConfig {
     pub modulation: LrModulation,
     /// The staleness bound `s`, if any.
     pub max_staleness: Option<u64>,
+    /// Hardsync: backup learners b; a round completes with the first λ − b gradients on the
+    /// current weights, and the rest arrive late (dropped as `stale-round`).
+    pub backups: u32,
     /// The base learning rate `α0` per epoch.
     pub schedule: LrSchedule,
     /// Gradients (from all learners) per epoch: the epoch of a gradient is the number received
@@ -205,12 +208,13 @@ impl SgdShard {
         self.held.len()
     }
 
-    /// Gradients needed per update: `λ` for hardsync, `⌊λ/n⌋` (at least 1) for softsync.
+    /// Gradients needed per update: `λ − b` (at least 1) for hardsync with b backups,
+    /// `⌊λ/n⌋` (at least 1) for softsync.
     #[must_use]
     pub fn gradients_per_update(&self) -> usize {
         let lambda = self.active.len().max(1);
         match self.cfg.rule {
-            SyncRule::Hardsync => lambda,
+            SyncRule::Hardsync => lambda.saturating_sub(self.cfg.backups as usize).max(1),
             SyncRule::Softsync { n } => (lambda / n.max(1) as usize).max(1),
         }
     }

@@ -54,6 +54,7 @@ fn shard(rule: SyncRule, modulation: LrModulation, bound: Option<u64>, learners:
         rule,
         modulation,
         max_staleness: bound,
+        backups: 0,
         schedule,
         gradients_per_epoch: 1,
     };
@@ -451,4 +452,43 @@ fn non_finite_gradients_are_dropped_and_counted_and_never_reach_the_weights() {
         assert!(values(&s)[0] < before[0], "{rule:?}: finite gradients apply again");
         assert_eq!(s.stats().summary().dropped_by.get(&DropReason::NonFinite), Some(&2), "{rule:?}");
     }
+}
+
+/// Hardsync with b backup learners: every round applies exactly the first λ − b gradients on
+/// the current weights (σ ≡ 0); a gradient that comes late is dropped as `stale-round`, and its
+/// learner's next pull gets the new weights at once. With b = 0 it is hardsync.
+#[test]
+fn hardsync_with_backups_applies_the_first_lambda_minus_b_gradients_of_every_round() {
+    let with = |backups| {
+        let mut s = shard(SyncRule::Hardsync, LrModulation::None, None, 4);
+        s.core.cfg.backups = backups;
+        s
+    };
+    assert_eq!(with(0).gradients_per_update(), 4);
+    assert_eq!(with(3).gradients_per_update(), 1);
+    let mut s = with(1);
+    let g = [[1.0, 0.0, 0.0], [0.0, 2.0, 0.0], [0.0, 0.0, 4.0], [8.0, 8.0, 8.0]];
+    for round in 0..3u64 {
+        for l in L {
+            pull(&mut s, l).unwrap();
+        }
+        let before = values(&s);
+        // Learner `round` is the straggler of this round; the others push first.
+        let (late, first): (Vec<LearnerId>, Vec<LearnerId>) = L.iter().partition(|l| l.0 as u64 == round);
+        for &l in &first {
+            push(&mut s, l, Clock(round), &g[l.0 as usize]).unwrap();
+        }
+        let (_, records, updates) = drain(&mut s);
+        assert_eq!(updates.len(), 1, "round {round}");
+        assert_eq!(updates[0].gradients, 3, "λ − b = 3 gradients per round");
+        assert!(records.iter().all(|r| r.staleness.0 == 0 && matches!(r.outcome, Outcome::Applied { .. })));
+        let mean: Vec<f32> =
+            (0..3).map(|i| first.iter().map(|l| g[l.0 as usize][i]).sum::<f32>() / 3.0).collect();
+        close(&values(&s), &before.iter().zip(&mean).map(|(w, m)| w - 0.5 * m).collect::<Vec<_>>());
+        push(&mut s, late[0], Clock(round), &g[late[0].0 as usize]).unwrap();
+        let (_, records, updates) = drain(&mut s);
+        assert!(updates.is_empty());
+        assert_eq!(records[0].outcome, Outcome::Dropped(DropReason::StaleRound), "late");
+    }
+    assert_eq!(s.stats().summary().dropped, 3);
 }
