@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::collections::VecDeque;
 
 use rudra::actors::protocol::{
-    LearnerLoop, LrModulation, LrSchedule, ShardCore, ShardEvent, SyncRule, WorkerEvent,
+    LearnerLoop, LrModulation, LrSchedule, OptimizerSpec, ShardCore, ShardEvent, SyncRule, WorkerEvent,
 };
 use rudra::actors::{
     Cluster, ClusterSpec, ElasticMethod, ElasticSpec, Models, ProtocolSpec, RunReport, TrainingData,
@@ -120,6 +120,7 @@ fn elastic(method: ElasticMethod, tau: u64, lr: f32, momentum: f32) -> ClusterSp
         lr_decay_gamma: 0.0,
         outer_lr: 0.7,
         outer_momentum: 0.9,
+        optimizer: OptimizerSpec::Sgd,
     });
     s.schedule.base = lr;
     s
@@ -139,7 +140,7 @@ fn sync_easgd_over_actors_equals_a_sequential_driver_of_the_cores() -> anyhow::R
     let init = model().init(spec.seed);
     let mut learners: Vec<_> = (0..3)
         .map(|l| match spec.learner_loop(l, Arc::clone(&train), &init) {
-            (LearnerLoop::Elastic(w), batches) => (w, batches),
+            (LearnerLoop::Elastic(w), batches) => (*w, batches),
             (other, _) => panic!("expected an elastic loop, got {other:?}"),
         })
         .collect();
@@ -220,6 +221,16 @@ fn every_elastic_method_trains_over_actors() -> anyhow::Result<()> {
             assert!(s.mean > 0.5, "{method:?}: ⟨σ⟩ {}", s.mean);
         }
     }
+    // DiLoCo as published: AdamW inside, outer Nesterov at the shards.
+    let mut spec = elastic(ElasticMethod::Diloco { sync: true }, 4, 0.001, 0.0);
+    (spec.learners, spec.epochs) = (4, 2);
+    if let Some(e) = &mut spec.protocol.elastic {
+        e.optimizer = OptimizerSpec::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 };
+    }
+    let report = run(&spec, data)?;
+    // About nine rounds on 6,000 examples: 0.74–0.78 measured; the full configuration (README)
+    // ends at 0.974. This says that AdamW's steps train over the actors, not how well.
+    assert!(report.final_test_accuracy > 0.65, "DiLoCo with AdamW: {}", report.final_test_accuracy);
     Ok(())
 }
 

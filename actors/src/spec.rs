@@ -12,8 +12,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::protocol::{
     CenterRule, CenterShard, DownpourLearner, ElasticLearner, ElasticSettings, ElasticWorker, LearnerCore,
-    LearnerLoop, LocalRule, LrModulation, LrSchedule, SchedulerCore, SgdShard, SgdShardConfig, ShardCore,
-    SyncRule,
+    LearnerLoop, LocalRule, LrModulation, LrSchedule, OptimizerSpec, SchedulerCore, SgdShard, SgdShardConfig,
+    ShardCore, SyncRule,
 };
 use crate::{InvalidSetting, Models};
 
@@ -76,6 +76,8 @@ pub struct ElasticSpec {
     pub outer_lr: f32,
     /// DiLoCo: outer Nesterov momentum μ_o.
     pub outer_momentum: f32,
+    /// The learners' local optimizer (EASGD, DOWNPOUR, DiLoCo; plain SGD for the others).
+    pub optimizer: OptimizerSpec,
 }
 
 impl ElasticSpec {
@@ -110,13 +112,14 @@ impl ElasticSpec {
             lr,
             lr_decay_gamma: self.lr_decay_gamma,
             momentum,
+            optimizer: self.optimizer,
         };
         match self.method {
             ElasticMethod::Easgd { .. } | ElasticMethod::Eamsgd => {
                 LocalRule::Elastic(ElasticLearner::new(settings, len))
             }
             ElasticMethod::Downpour | ElasticMethod::Diloco { .. } => {
-                LocalRule::Downpour(DownpourLearner::new(self.tau, lr, len))
+                LocalRule::Downpour(DownpourLearner::new(self.tau, lr, len).with_optimizer(self.optimizer))
             }
             ElasticMethod::MDownpour => LocalRule::MDownpour,
         }
@@ -152,10 +155,54 @@ impl ElasticSpec {
             }
         }
         positive("protocol.outer_lr", self.outer_lr)?;
+        self.validate_optimizer()?;
         if !(self.lr_decay_gamma.is_finite() && self.lr_decay_gamma >= 0.0) {
             return Err(InvalidSetting::new(
                 "training.lr_decay_gamma",
                 format!("is {}; it must be 0 or more", self.lr_decay_gamma),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl ElasticSpec {
+    /// The local optimizer: its settings in range, and only for the methods whose learners
+    /// take plain SGD steps between exchanges (EAMSGD has its own momentum, MDOWNPOUR takes no
+    /// local step).
+    fn validate_optimizer(&self) -> Result<(), InvalidSetting> {
+        let fraction = |key, v: f32| {
+            if v.is_finite() && (0.0..1.0).contains(&v) {
+                Ok(())
+            } else {
+                Err(InvalidSetting::new(key, format!("is {v}; it must be in [0, 1)")))
+            }
+        };
+        match self.optimizer {
+            OptimizerSpec::Sgd => return Ok(()),
+            OptimizerSpec::Momentum { momentum } => fraction("training.momentum", momentum)?,
+            OptimizerSpec::AdamW { beta1, beta2, eps, weight_decay } => {
+                fraction("training.beta1", beta1)?;
+                fraction("training.beta2", beta2)?;
+                if !(eps.is_finite() && eps > 0.0) {
+                    return Err(InvalidSetting::new(
+                        "training.eps",
+                        format!("is {eps}; it must be positive"),
+                    ));
+                }
+                if !(weight_decay.is_finite() && weight_decay >= 0.0) {
+                    return Err(InvalidSetting::new(
+                        "training.weight_decay",
+                        format!("is {weight_decay}; it must be 0 or more"),
+                    ));
+                }
+            }
+        }
+        if matches!(self.method, ElasticMethod::Eamsgd | ElasticMethod::MDownpour) {
+            return Err(InvalidSetting::new(
+                "training.optimizer",
+                "is for easgd, downpour and diloco, whose learners take plain SGD steps between exchanges \
+                 (eamsgd keeps its own Nesterov momentum; mdownpour takes no local step)",
             ));
         }
         Ok(())
@@ -346,7 +393,7 @@ impl ClusterSpec {
             self.shard_ranges(init.len()),
             steps,
         );
-        (LearnerLoop::Elastic(worker), batches)
+        (LearnerLoop::Elastic(Box::new(worker)), batches)
     }
 
     /// The scheduler's core for a training set of `train_len`.

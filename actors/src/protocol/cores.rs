@@ -118,7 +118,7 @@ pub enum LearnerLoop {
     /// Pull, compute, push (hardsync, softsync, async).
     Sgd(LearnerCore),
     /// Local steps and periodic exchanges (the EASGD family).
-    Elastic(ElasticWorker),
+    Elastic(Box<ElasticWorker>),
 }
 
 impl LearnerLoop {

@@ -260,7 +260,14 @@ mod tests {
     }
 
     fn easgd(tau: u64, momentum: f32) -> LocalRule {
-        let s = ElasticSettings { tau, alpha: 0.5, lr: 0.1, lr_decay_gamma: 0.0, momentum };
+        let s = ElasticSettings {
+            tau,
+            alpha: 0.5,
+            lr: 0.1,
+            lr_decay_gamma: 0.0,
+            momentum,
+            optimizer: crate::protocol::OptimizerSpec::Sgd,
+        };
         LocalRule::Elastic(ElasticLearner::new(s, 3))
     }
 

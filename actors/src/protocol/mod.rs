@@ -15,6 +15,8 @@
 //! - `scheduler`: registration, evaluation points and the stop; the learning-rate schedule
 //!   (applied by each shard on its own gradient count, so it is exact in every deployment).
 //! - `modulation`: the staleness-dependent learning rate α(σ).
+//! - `optimizer`: the local optimizers of learners that step on their own (SGD, momentum,
+//!   AdamW).
 //! - `error`: why a core refuses an input.
 
 mod cores;
@@ -23,6 +25,7 @@ mod elastic_worker;
 mod error;
 mod learner;
 mod modulation;
+mod optimizer;
 mod records;
 mod scheduler;
 mod shard;
@@ -36,6 +39,7 @@ pub use elastic_worker::{ElasticWorker, LocalRule, WorkerEvent};
 pub use error::CoreError;
 pub use learner::{LearnerCore, LearnerEvent, NextPull};
 pub use modulation::LrModulation;
+pub use optimizer::{LocalOptimizer, OptimizerSpec};
 pub use records::{GradientRecord, ShardEvent, ShardState, UpdateRecord, Weights};
 pub use rudra_transport::{DropReason, Outcome};
 pub use scheduler::{DIVERGENCE_FACTOR, Divergence, LrSchedule, SchedulerCore, SchedulerEvent};

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rudra_actors::protocol::{LrModulation, SyncRule};
+use rudra_actors::protocol::{LrModulation, OptimizerSpec, SyncRule};
 use rudra_actors::{ElasticMethod, ElasticSpec, TrainingData};
 use rudra_compute::{BatchStream, CpuBackend, Dataset, Device, Minibatches, Model, ModelSpec, Partition};
 
@@ -101,6 +101,7 @@ fn cluster(
                 lr_decay_gamma: 0.0,
                 outer_lr: 0.7,
                 outer_momentum: 0.9,
+                optimizer: OptimizerSpec::Sgd,
             });
         }
     }

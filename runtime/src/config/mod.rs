@@ -19,7 +19,7 @@ pub use raw::{
 };
 use rudra_actors::checkpoint::Checkpoints;
 use rudra_actors::faults::{FaultPlan, Liveness};
-use rudra_actors::protocol::{LrModulation, LrSchedule, SyncRule};
+use rudra_actors::protocol::{LrModulation, LrSchedule, OptimizerSpec, SyncRule};
 use rudra_actors::{ClusterSpec, ElasticMethod, ElasticSpec, InvalidSetting, Models, ProtocolSpec};
 use rudra_compute::{Device, DeviceKind, ModelSpec};
 use rudra_transport::payload::MAX_BLOCK;
@@ -232,8 +232,21 @@ fn check_every_protocol_key(raw: &RawConfig) -> Result<(), RuntimeError> {
         return Err(invalid("protocol.tau", "must be at least 1"));
     }
     positive("protocol.outer_lr", p.outer_lr)?;
-    for (key, momentum) in [("protocol.momentum", p.momentum), ("protocol.outer_momentum", p.outer_momentum)]
+    let t = &raw.training;
+    positive("training.eps", t.eps)?;
+    if let Some(w) = t.weight_decay
+        && !(w.is_finite() && w >= 0.0)
     {
+        return Err(invalid("training.weight_decay", format!("is {w}; it must be 0 or more")));
+    }
+    let fractions = [
+        ("protocol.momentum", p.momentum),
+        ("protocol.outer_momentum", p.outer_momentum),
+        ("training.momentum", t.momentum),
+        ("training.beta1", t.beta1),
+        ("training.beta2", t.beta2),
+    ];
+    for (key, momentum) in fractions {
         if let Some(m) = momentum
             && !(m.is_finite() && (0.0..1.0).contains(&m))
         {
@@ -245,6 +258,21 @@ fn check_every_protocol_key(raw: &RawConfig) -> Result<(), RuntimeError> {
         return Err(invalid("training.lr_decay_gamma", format!("is {gamma}; it must be 0 or more")));
     }
     Ok(())
+}
+
+/// `training.optimizer` with its settings.
+fn optimizer(t: &RawTraining) -> Result<OptimizerSpec, RuntimeError> {
+    match t.optimizer.as_str() {
+        "sgd" => Ok(OptimizerSpec::Sgd),
+        "momentum" => Ok(OptimizerSpec::Momentum { momentum: t.momentum.unwrap_or(0.9) }),
+        "adamw" => Ok(OptimizerSpec::AdamW {
+            beta1: t.beta1.unwrap_or(0.9),
+            beta2: t.beta2.unwrap_or(0.999),
+            eps: t.eps.unwrap_or(1e-8),
+            weight_decay: t.weight_decay.unwrap_or(0.01),
+        }),
+        other => Err(invalid("training.optimizer", format!("{other:?} is not one of sgd, momentum, adamw"))),
+    }
 }
 
 /// `[transport]`: the codecs of gradients and weights.
@@ -286,6 +314,7 @@ impl TryFrom<RawConfig> for Config {
         let p = &raw.protocol;
         let kind = ProtocolKind::parse(&p.kind)?;
         check_every_protocol_key(&raw)?;
+        let optimizer = optimizer(&raw.training)?;
         let elastic = |method| {
             let default_tau = if matches!(
                 method,
@@ -305,6 +334,7 @@ impl TryFrom<RawConfig> for Config {
                 lr_decay_gamma: raw.training.lr_decay_gamma,
                 outer_lr: p.outer_lr.unwrap_or(0.7),
                 outer_momentum: p.outer_momentum.unwrap_or(0.9),
+                optimizer,
             }
         };
         let (rule, elastic) = match kind {
@@ -321,6 +351,16 @@ impl TryFrom<RawConfig> for Config {
             ProtocolKind::Downpour => (SyncRule::Hardsync, Some(elastic(ElasticMethod::Downpour))),
             ProtocolKind::MDownpour => (SyncRule::Hardsync, Some(elastic(ElasticMethod::MDownpour))),
         };
+        if elastic.is_none() && optimizer != OptimizerSpec::Sgd {
+            return Err(invalid(
+                "training.optimizer",
+                format!(
+                    "is {:?}; a local optimizer is for easgd, downpour and diloco, whose learners step on their own \
+                     ({} applies gradients at the shards)",
+                    raw.training.optimizer, p.kind
+                ),
+            ));
+        }
         let modulation = match p.lr_modulation.as_str() {
             "none" => LrModulation::None,
             "per-gradient" => LrModulation::PerGradient,

@@ -147,10 +147,28 @@ pub struct RawTraining {
     pub target_accuracy: f64,
     /// EASGD family: γ in `η_t = η / (1 + γ t)^0.5` on each learner's clock (0 = off).
     pub lr_decay_gamma: f32,
+    /// Learners' local optimizer (EASGD, DOWNPOUR, DiLoCo): `sgd | momentum | adamw`.
+    #[serde(default = "sgd")]
+    pub optimizer: String,
+    /// `momentum`: μ (default 0.9).
+    pub momentum: Option<f32>,
+    /// `adamw`: β1 (default 0.9).
+    pub beta1: Option<f32>,
+    /// `adamw`: β2 (default 0.999).
+    pub beta2: Option<f32>,
+    /// `adamw`: ε (default 1e-8).
+    pub eps: Option<f32>,
+    /// `adamw`: decoupled weight decay w (default 0.01).
+    pub weight_decay: Option<f32>,
     /// Passes over each learner's partition.
     pub epochs: u32,
     /// Seed of weights, partitions and shuffles.
     pub seed: u64,
+}
+
+/// `training.optimizer`'s default.
+fn sgd() -> String {
+    "sgd".into()
 }
 
 /// `[compute]`

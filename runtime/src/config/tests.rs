@@ -66,6 +66,24 @@ fn elastic_protocols_take_the_papers_defaults() {
 }
 
 #[test]
+fn local_optimizers_are_for_learners_that_step_on_their_own() {
+    let optimizer = |set: &[&str]| load(set).unwrap().cluster.protocol.elastic.unwrap().optimizer;
+    let adamw = OptimizerSpec::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 };
+    assert_eq!(optimizer(&["protocol.kind=diloco", "training.optimizer=adamw"]), adamw);
+    assert_eq!(
+        optimizer(&["protocol.kind=downpour", "training.optimizer=momentum", "training.momentum=0.5"]),
+        OptimizerSpec::Momentum { momentum: 0.5 }
+    );
+    assert_eq!(optimizer(&["protocol.kind=easgd"]), OptimizerSpec::Sgd);
+    assert_eq!(key_of(&["training.optimizer=adamw"]), "training.optimizer", "softsync steps at the shards");
+    assert_eq!(key_of(&["protocol.kind=eamsgd", "training.optimizer=momentum"]), "training.optimizer");
+    assert_eq!(key_of(&["protocol.kind=diloco", "training.optimizer=adam"]), "training.optimizer");
+    assert_eq!(key_of(&["training.beta1=1"]), "training.beta1", "whatever the protocol");
+    assert_eq!(key_of(&["training.eps=0"]), "training.eps");
+    assert_eq!(key_of(&["training.weight_decay=-1"]), "training.weight_decay");
+}
+
+#[test]
 fn diloco_outer_settings_are_checked_naming_the_key() {
     assert_eq!(key_of(&["protocol.kind=diloco", "protocol.outer_lr=0"]), "protocol.outer_lr");
     assert_eq!(key_of(&["protocol.outer_lr=-1"]), "protocol.outer_lr", "whatever the protocol");

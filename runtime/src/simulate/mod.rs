@@ -190,7 +190,7 @@ fn model_elastic_cores(
     let workers = loops
         .into_iter()
         .map(|l| match l {
-            LearnerLoop::Elastic(worker) => Ok(worker),
+            LearnerLoop::Elastic(worker) => Ok(*worker),
             LearnerLoop::Sgd(_) => Err(mismatch("a learner")),
         })
         .collect::<Result<_, _>>()?;

@@ -23,7 +23,8 @@ use rudra_compute::cpu;
 use rudra_transport::{Clock, DropReason, LearnerId, Outcome, ShardId, Staleness};
 
 use super::{
-    CoreError, GradientRecord, LrModulation, ShardEvent, ShardState, StalenessStats, UpdateRecord, Weights,
+    CoreError, GradientRecord, LocalOptimizer, LrModulation, OptimizerSpec, ShardEvent, ShardState,
+    StalenessStats, UpdateRecord, Weights,
 };
 
 /// How a center shard combines what learners send.
@@ -361,6 +362,8 @@ pub struct ElasticSettings {
     pub lr_decay_gamma: f32,
     /// Nesterov momentum δ (0 for EASGD).
     pub momentum: f32,
+    /// EASGD's local optimizer (EAMSGD's is its Nesterov momentum).
+    pub optimizer: OptimizerSpec,
 }
 
 /// The learner side of EASGD / EAMSGD: local SGD (with Nesterov momentum for EAMSGD) and an
@@ -370,6 +373,9 @@ pub struct ElasticLearner {
     s: ElasticSettings,
     t: u64,
     velocity: Vec<f32>,
+    /// EASGD's local optimizer (plain SGD unless set) and its step's buffer.
+    optimizer: LocalOptimizer,
+    step: Vec<f32>,
 }
 
 impl ElasticLearner {
@@ -377,7 +383,8 @@ impl ElasticLearner {
     #[must_use]
     pub fn new(settings: ElasticSettings, len: usize) -> Self {
         let velocity = if settings.momentum == 0.0 { Vec::new() } else { vec![0.0; len] };
-        Self { s: settings, t: 0, velocity }
+        let optimizer = LocalOptimizer::new(settings.optimizer, len);
+        Self { s: settings, t: 0, velocity, optimizer, step: Vec::new() }
     }
 
     /// Whether it keeps a momentum (EAMSGD): its gradient is then taken at x + δv, not at x.
@@ -425,7 +432,10 @@ impl ElasticLearner {
             cpu::scale(1.0 - alpha, x);
             cpu::axpy(alpha, c, x);
         }
-        if self.velocity.is_empty() {
+        if !self.optimizer.is_sgd() {
+            self.optimizer.update(lr, x, g, &mut self.step);
+            cpu::axpy(-1.0, &self.step, x);
+        } else if self.velocity.is_empty() {
             cpu::axpy(-lr, g, x);
         } else {
             for (v, g) in self.velocity.iter_mut().zip(g) {
@@ -445,13 +455,24 @@ pub struct DownpourLearner {
     lr: f32,
     t: u64,
     accumulated: Vec<f32>,
+    /// The local optimizer (plain SGD unless set; DiLoCo's inner optimizer) and its step.
+    optimizer: LocalOptimizer,
+    step: Vec<f32>,
 }
 
 impl DownpourLearner {
     /// A learner over `len` parameters with period `tau` and rate `lr`.
     #[must_use]
     pub fn new(tau: u64, lr: f32, len: usize) -> Self {
-        Self { tau: tau.max(1), lr, t: 0, accumulated: vec![0.0; len] }
+        let optimizer = LocalOptimizer::new(OptimizerSpec::Sgd, 0);
+        Self { tau: tau.max(1), lr, t: 0, accumulated: vec![0.0; len], optimizer, step: Vec::new() }
+    }
+
+    /// Local steps by `optimizer` rather than plain SGD: `u` its step, `x ← x − u; v ← v − u`.
+    #[must_use]
+    pub fn with_optimizer(mut self, optimizer: OptimizerSpec) -> Self {
+        self.optimizer = LocalOptimizer::new(optimizer, self.accumulated.len());
+        self
     }
 
     /// Whether this step begins with an exchange (τ divides t^i).
@@ -466,10 +487,17 @@ impl DownpourLearner {
         std::mem::replace(&mut self.accumulated, zeros)
     }
 
-    /// One local step with the gradient `g` at x^i: `x ← x − η g; v ← v − η g`.
+    /// One local step with the gradient `g` at x^i: `x ← x − η g; v ← v − η g` (with another
+    /// optimizer, its step u in place of η g).
     pub fn step(&mut self, x: &mut [f32], g: &[f32]) {
-        cpu::axpy(-self.lr, g, x);
-        cpu::axpy(-self.lr, g, &mut self.accumulated);
+        if self.optimizer.is_sgd() {
+            cpu::axpy(-self.lr, g, x);
+            cpu::axpy(-self.lr, g, &mut self.accumulated);
+        } else {
+            self.optimizer.update(self.lr, x, g, &mut self.step);
+            cpu::axpy(-1.0, &self.step, x);
+            cpu::axpy(-1.0, &self.step, &mut self.accumulated);
+        }
         self.t += 1;
     }
 }

@@ -28,7 +28,7 @@ fn close(a: &[f32], b: &[f32]) {
 }
 
 fn easgd(tau: u64, alpha: f32, lr: f32, momentum: f32) -> ElasticSettings {
-    ElasticSettings { tau, alpha, lr, lr_decay_gamma: 0.0, momentum }
+    ElasticSettings { tau, alpha, lr, lr_decay_gamma: 0.0, momentum, optimizer: OptimizerSpec::Sgd }
 }
 
 #[test]
