@@ -213,6 +213,21 @@ pub(crate) enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Run a study: the configuration in FILE once per point of its `[study]` axes (and
+    /// seeds), each point in its own run directory, into `study.csv`, `study.md` and a figure.
+    Study {
+        /// The study file: a configuration with a `[study]` section.
+        file: PathBuf,
+        /// Override one key of every point, e.g. `--set training.epochs=1` (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+        /// Output directory (default: `runs/<timestamp>-study`).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Keep the points already complete in --out and run the rest.
+        #[arg(long)]
+        resume: bool,
+    },
     /// Measure against baselines in the same run: training throughput against a bare SGD
     /// loop (`--suite training`), QUIC against TCP loopback and memcpy (`--suite transport`),
     /// the simulator's events per second with 10,000 learners (`--suite simulator`), or its

@@ -34,6 +34,7 @@ pub mod report;
 mod rundir;
 pub mod secret;
 pub mod simulate;
+pub mod study;
 mod summary;
 
 pub use checkpoint::Checkpoint;

@@ -15,7 +15,9 @@ use rudra_runtime::node::{
     NodeOptions, STATE_FILE, recorded_so_far, resumed_config, run_learner, run_loopback, run_scheduler,
     run_shard,
 };
-use rudra_runtime::{Checkpoint, Config, RunDir, RuntimeError, bench, experiment, report, secret, simulate};
+use rudra_runtime::{
+    Checkpoint, Config, RunDir, RuntimeError, bench, experiment, report, secret, simulate, study,
+};
 use rudra_transport::tls::CertDir;
 use rudra_transport::{LinkFaults, Relay, RelayRules, Role};
 
@@ -194,6 +196,9 @@ fn run(command: Command) -> Result<(), RuntimeError> {
                 let _up = switch(up_at_ms, false);
                 Ok(relay.run().await?)
             })
+        }
+        Command::Study { file, set, out, resume } => {
+            study::run_command(&file, &set, out.as_deref(), resume).map(drop)
         }
         Command::Simulate { config, out } => simulate::run_command(
             config.config.as_deref(),

@@ -80,6 +80,48 @@ pub fn draw_comparison(runs: &[RecordedRun], out: &Path) -> Result<Vec<PathBuf>,
     Ok(vec![time, updates])
 }
 
+/// One line of a study's figure: its label and, per step of the x axis, the value (NaN: none).
+pub type StudyLine = (String, Vec<f64>);
+
+/// A study's figure at `path`: `y_label` against the steps of the x axis (`x_label`, one tick
+/// per step, labelled `steps`), one line per entry of `lines`.
+pub fn draw_study(
+    path: &Path,
+    (x_label, steps): (&str, &[String]),
+    y_label: &str,
+    lines: &[StudyLine],
+) -> Result<(), RuntimeError> {
+    draw(path, |root| {
+        let x = -0.25..(steps.len().max(1) as f64 - 0.75);
+        let y = padded(lines.iter().flat_map(|(_, v)| v.iter().copied()), 0.0..f64::INFINITY);
+        let caption = format!("{y_label} vs {x_label}");
+        let mut chart = framed(root, &caption).build_cartesian_2d(x, y)?;
+        chart
+            .configure_mesh()
+            .x_desc(x_label)
+            .y_desc(y_label)
+            .x_labels(steps.len().max(2))
+            .x_label_formatter(&|v| {
+                let i = v.round();
+                let label = (i >= 0.0 && (v - i).abs() < 1e-6).then(|| steps.get(i as usize)).flatten();
+                label.cloned().unwrap_or_default()
+            })
+            .label_style((FONT, 14))
+            .axis_desc_style((FONT, 16))
+            .draw()?;
+        for (i, (label, values)) in lines.iter().enumerate() {
+            let points: Vec<(f64, f64)> = values
+                .iter()
+                .enumerate()
+                .map(|(x, &y)| (x as f64, y))
+                .filter(|(_, y)| y.is_finite())
+                .collect();
+            line(&mut chart, label, &points, Palette99::pick(i).to_rgba())?;
+        }
+        legend(&mut chart, SeriesLabelPosition::UpperRight)
+    })
+}
+
 /// A 960×900 white PNG at `path`, drawn by `paint`; nothing is left at `path` if it fails.
 fn draw(path: &Path, paint: impl FnOnce(&Area<'_>) -> Drawn) -> Result<(), RuntimeError> {
     let drawn = {

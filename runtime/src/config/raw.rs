@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::DEFAULT_TOML;
 use crate::RuntimeError;
 use crate::simulate::RawSimulation;
+use crate::study::settings::RawStudy;
 
 /// The configuration as written by the user, before validation.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -24,6 +25,9 @@ pub struct RawConfig {
     pub compute: RawCompute,
     /// `[simulation]`, read by `rudra-node simulate` only.
     pub simulation: RawSimulation,
+    /// `[study]`, read by `rudra-node study` only.
+    #[serde(default)]
+    pub study: RawStudy,
     /// `[faults]`: faults to inject (none by default).
     #[serde(default)]
     pub faults: RawFaults,

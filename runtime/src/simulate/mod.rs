@@ -42,7 +42,7 @@ pub use driver::{EventCounts, LearnerReport, LossRow, ShardReport};
 use elastic::ElasticWorld;
 use gradients::Gradients;
 use model::{ComputeModel, Network};
-pub use output::{SimReport, SimSummary, Trend};
+pub use output::{SimReport, SimSummary, Trend, write_run};
 use progress::Progress;
 use settings::GradientSource;
 pub use settings::{RawSimulation, Simulation};

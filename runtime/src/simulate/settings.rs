@@ -155,6 +155,14 @@ pub struct SweepAxis {
     pub values: Vec<Vec<String>>,
 }
 
+impl SweepAxis {
+    /// One step of the axis (a row of its values) as `key=value` overrides.
+    #[must_use]
+    pub fn assignments(&self, row: &[String]) -> Vec<String> {
+        self.keys.iter().zip(row).map(|(k, v)| format!("{k}={v}")).collect()
+    }
+}
+
 /// The validated `[simulation]` section.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Simulation {
@@ -296,7 +304,7 @@ impl Simulation {
         if s.loss_every == 0 {
             return Err(invalid("simulation.loss_every", "must be at least 1"));
         }
-        let sweep = s.sweep.iter().map(sweep_axis).collect::<Result<_, _>>()?;
+        let sweep = s.sweep.iter().map(|a| sweep_axis(a, "simulation.sweep")).collect::<Result<_, _>>()?;
         Ok(Self { gradients, seed: s.seed, compute, network, stop, loss_every: s.loss_every, sweep })
     }
 
@@ -309,11 +317,7 @@ impl Simulation {
             points = points
                 .iter()
                 .flat_map(|point| {
-                    axis.values.iter().map(move |row| {
-                        let mut p: Vec<String> = point.clone();
-                        p.extend(axis.keys.iter().zip(row).map(|(k, v)| format!("{k}={v}")));
-                        p
-                    })
+                    axis.values.iter().map(move |row| [point.clone(), axis.assignments(row)].concat())
                 })
                 .collect();
         }
@@ -321,18 +325,18 @@ impl Simulation {
     }
 }
 
-fn sweep_axis(raw: &RawSweepAxis) -> Result<SweepAxis, RuntimeError> {
-    const KEY: &str = "simulation.sweep";
+/// An axis as written into the checked one; errors name `key` (the section's list).
+pub(crate) fn sweep_axis(raw: &RawSweepAxis, key: &'static str) -> Result<SweepAxis, RuntimeError> {
     let keys = match (&raw.key, &raw.keys) {
         (Some(k), None) => vec![k.clone()],
         (None, Some(ks)) if !ks.is_empty() => ks.clone(),
-        _ => return Err(invalid(KEY, "each axis needs either `key` or a non-empty `keys`")),
+        _ => return Err(invalid(key, "each axis needs either `key` or a non-empty `keys`")),
     };
-    if let Some(k) = keys.iter().find(|k| k.starts_with(KEY)) {
-        return Err(invalid(KEY, format!("an axis cannot set {k}")));
+    if let Some(k) = keys.iter().find(|k| k.starts_with(key)) {
+        return Err(invalid(key, format!("an axis cannot set {k}")));
     }
     if raw.values.is_empty() {
-        return Err(invalid(KEY, format!("the axis over {} has no values", keys.join(", "))));
+        return Err(invalid(key, format!("the axis over {} has no values", keys.join(", "))));
     }
     let values = raw
         .values
@@ -343,7 +347,7 @@ fn sweep_axis(raw: &RawSweepAxis) -> Result<SweepAxis, RuntimeError> {
                 Ok(row.iter().map(toml::Value::to_string).collect())
             }
             (v, false) => Err(invalid(
-                KEY,
+                key,
                 format!("{v} is not an array of {} values, one for each of {}", keys.len(), keys.join(", ")),
             )),
         })

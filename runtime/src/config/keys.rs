@@ -1,0 +1,88 @@
+//! The checks of `[protocol]`, `[training]`'s optimizer and `[transport]` that need no other
+//! section: every key is checked whatever the protocol reads.
+
+use rudra_actors::protocol::OptimizerSpec;
+use rudra_transport::payload::MAX_BLOCK;
+use rudra_transport::{Codec, Codecs, Encoding};
+
+use super::raw::{RawConfig, RawTraining, RawTransport};
+use super::{invalid, one_of};
+use crate::RuntimeError;
+
+/// Every key of `[protocol]` (and γ of `[training]`) is checked whatever the protocol, so a
+/// bad value never waits for the protocol that reads it.
+pub(super) fn check_every_protocol_key(raw: &RawConfig) -> Result<(), RuntimeError> {
+    let p = &raw.protocol;
+    let positive = |key, v: Option<f32>| match v {
+        Some(v) if !(v.is_finite() && v > 0.0) => Err(invalid(key, format!("is {v}; it must be positive"))),
+        _ => Ok(()),
+    };
+    // β first: α defaults to β / λ.
+    positive("protocol.beta", p.beta)?;
+    positive("protocol.alpha", p.alpha)?;
+    positive("training.learning_rate", raw.training.learning_rate)?;
+    if p.tau == Some(0) {
+        return Err(invalid("protocol.tau", "must be at least 1"));
+    }
+    positive("protocol.outer_lr", p.outer_lr)?;
+    let t = &raw.training;
+    positive("training.eps", t.eps)?;
+    if let Some(w) = t.weight_decay
+        && !(w.is_finite() && w >= 0.0)
+    {
+        return Err(invalid("training.weight_decay", format!("is {w}; it must be 0 or more")));
+    }
+    let fractions = [
+        ("protocol.momentum", p.momentum),
+        ("protocol.outer_momentum", p.outer_momentum),
+        ("training.momentum", t.momentum),
+        ("training.beta1", t.beta1),
+        ("training.beta2", t.beta2),
+    ];
+    for (key, momentum) in fractions {
+        if let Some(m) = momentum
+            && !(m.is_finite() && (0.0..1.0).contains(&m))
+        {
+            return Err(invalid(key, format!("is {m}; it must be in [0, 1)")));
+        }
+    }
+    let gamma = raw.training.lr_decay_gamma;
+    if !(gamma.is_finite() && gamma >= 0.0) {
+        return Err(invalid("training.lr_decay_gamma", format!("is {gamma}; it must be 0 or more")));
+    }
+    Ok(())
+}
+
+/// `training.optimizer` with its settings.
+pub(super) fn optimizer(t: &RawTraining) -> Result<OptimizerSpec, RuntimeError> {
+    match t.optimizer.as_str() {
+        "sgd" => Ok(OptimizerSpec::Sgd),
+        "momentum" => Ok(OptimizerSpec::Momentum { momentum: t.momentum.unwrap_or(0.9) }),
+        "adamw" => Ok(OptimizerSpec::AdamW {
+            beta1: t.beta1.unwrap_or(0.9),
+            beta2: t.beta2.unwrap_or(0.999),
+            eps: t.eps.unwrap_or(1e-8),
+            weight_decay: t.weight_decay.unwrap_or(0.01),
+        }),
+        other => Err(invalid("training.optimizer", format!("{other:?} is not one of sgd, momentum, adamw"))),
+    }
+}
+
+/// `[transport]`: the codecs of gradients and weights.
+pub(super) fn codecs(t: &RawTransport) -> Result<Codecs, RuntimeError> {
+    let block = t.codec_block;
+    if !(1..=MAX_BLOCK).contains(&block) {
+        return Err(invalid(
+            "transport.codec_block",
+            format!("is {block}; it must be between 1 and {MAX_BLOCK}"),
+        ));
+    }
+    let encoding = |key, name: &str| {
+        let codec = one_of(key, name, &Codec::ALL, Codec::as_str)?;
+        Ok::<_, RuntimeError>(Encoding { codec, block })
+    };
+    Ok(Codecs {
+        gradients: encoding("transport.gradient_codec", &t.gradient_codec)?,
+        weights: encoding("transport.weight_codec", &t.weight_codec)?,
+    })
+}
