@@ -91,6 +91,7 @@ fuzz_target!(|input: Input| {
                 rule: SyncRule::Softsync { n: 1 },
                 modulation: LrModulation::PerGradient,
                 max_staleness: Some(4),
+                backups: 0,
                 schedule: LrSchedule { base: 0.1, decay: 1.0 },
                 gradients_per_epoch: 10,
             };
