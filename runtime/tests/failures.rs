@@ -6,6 +6,15 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+/// The tests start clusters of processes whose nodes must be ready within a few seconds (the
+/// failure and connect timeouts they measure): on two cores, two at once starve each other, so
+/// each test holds this while it runs.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// A cluster's processes in one directory, each logging to `NAME.log`.
 struct Cluster {
     dir: tempfile::TempDir,
@@ -111,6 +120,7 @@ fn exit_within(name: &str, child: &mut Child, limit: Duration) -> ExitStatus {
 /// every node exits non-zero, saying why.
 #[test]
 fn a_killed_shard_is_named_in_seconds_and_every_node_exits_non_zero_with_the_reason() {
+    let _one = one_at_a_time();
     let names = ["shard-0", "shard-1", "learner-0", "learner-1"];
     let c = Cluster::new(&names);
     let timeout = ["--connect-timeout", "4s"];
@@ -144,6 +154,7 @@ fn a_killed_shard_is_named_in_seconds_and_every_node_exits_non_zero_with_the_rea
 /// names it within two seconds and the run goes on without it.
 #[test]
 fn a_learner_that_fails_on_bad_data_is_named_and_the_run_goes_on() {
+    let _one = one_at_a_time();
     let names = ["shard-0", "learner-0", "learner-1"];
     let c = Cluster::new(&names);
     // The data directory is relative: learner 1 runs where it does not exist.
@@ -180,6 +191,7 @@ fn a_learner_that_fails_on_bad_data_is_named_and_the_run_goes_on() {
 /// and the run finishes undisturbed.
 #[test]
 fn a_second_process_of_one_name_is_refused_every_time_and_the_run_finishes() {
+    let _one = one_at_a_time();
     let names = ["shard-0", "learner-0", "learner-1"];
     let c = Cluster::new(&names);
     let nodes: Vec<(&str, Child)> = names.iter().map(|n| (*n, c.node(n, &[]))).collect();
@@ -209,6 +221,7 @@ fn a_second_process_of_one_name_is_refused_every_time_and_the_run_finishes() {
 /// rather than hang.
 #[test]
 fn resume_at_the_start_of_a_new_job_is_refused_and_nothing_hangs() {
+    let _one = one_at_a_time();
     let names = ["shard-0", "learner-0"];
     let c = Cluster::new(&names);
     let settings = [
@@ -281,6 +294,7 @@ fn kill_the_scheduler(
 /// summary whose update count is the shard's and an accuracy within a point of a clean run.
 #[test]
 fn a_killed_scheduler_restarted_with_resume_takes_the_run_back() {
+    let _one = one_at_a_time();
     let timeout = ["--connect-timeout", "30s"];
     let clean = Cluster::new(&["shard-0", "learner-0", "learner-1"]);
     let mut nodes: Vec<Child> =
@@ -313,6 +327,7 @@ fn a_killed_scheduler_restarted_with_resume_takes_the_run_back() {
 /// clock.
 #[test]
 fn without_its_scheduler_every_node_exits_non_zero_and_keeps_its_checkpoint() {
+    let _one = one_at_a_time();
     let c = Cluster::new(&["shard-0", "learner-0", "learner-1"]);
     let (nodes, _) = kill_the_scheduler(&c, false, &["--connect-timeout", "4s"]);
     let killed = Instant::now();
@@ -340,6 +355,7 @@ fn summary(dir: &Path) -> serde_json::Value {
 /// `summary.json` says the run failed, and why.
 #[test]
 fn a_failed_start_marks_the_run_directory_as_failed() {
+    let _one = one_at_a_time();
     let c = Cluster::new(&[]);
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap().to_string();
