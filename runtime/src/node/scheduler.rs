@@ -243,25 +243,44 @@ async fn await_ready(
             let _ = gone_tx.send((peer.name().to_owned(), ended)).await;
         });
     }
+    // Every learner is waited for at once: one that fails is named as it leaves, whatever the
+    // others are doing.
+    let deadline = tokio::time::Instant::now() + within;
+    let mut waiting: Vec<usize> = (0..learners.len()).collect();
     let mut failed = Vec::new();
-    for (l, j) in learners.iter_mut().enumerate() {
-        let next = tokio::select! {
-            next = tokio::time::timeout(within, j.rx.recv()) => next,
+    while !waiting.is_empty() {
+        let next = std::future::poll_fn(|cx| {
+            for (i, &l) in waiting.iter().enumerate() {
+                if let std::task::Poll::Ready(message) = learners[l].rx.poll_recv(cx) {
+                    return std::task::Poll::Ready((i, message));
+                }
+            }
+            std::task::Poll::Pending
+        });
+        let (i, message) = tokio::select! {
+            next = tokio::time::timeout_at(deadline, next) => match next {
+                Ok(next) => next,
+                Err(_) => {
+                    let slow = learners[waiting[0]].peer.name();
+                    return Err(net(format!("{slow} was not ready within {within:?}")));
+                }
+            },
             Some((shard, ended)) = gone.recv() => {
                 tracing::error!(peer = shard, "left before the start: {ended}");
                 return Err(net(format!("{shard} failed before the start: {ended}")));
             }
         };
-        match next {
-            Ok(Some(rudra_transport::Inbound::Control(rudra_transport::Msg::Ready))) => {}
-            Ok(Some(other)) => {
+        let l = waiting.remove(i);
+        let j = &learners[l];
+        match message {
+            Some(rudra_transport::Inbound::Control(rudra_transport::Msg::Ready)) => {}
+            Some(other) => {
                 return Err(net(format!("{} sent {:?} before ready", j.peer.name(), other.kind())));
             }
-            Ok(None) => {
+            None => {
                 tracing::error!(peer = j.peer.name(), "left before the start: {}", j.peer.ended().await);
                 failed.push(LearnerId(l as u32));
             }
-            Err(_) => return Err(net(format!("{} was not ready within {within:?}", j.peer.name()))),
         }
     }
     if failed.len() == learners.len() {
