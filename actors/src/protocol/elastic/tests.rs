@@ -299,11 +299,15 @@ fn sync_easgd_with_alpha_one_over_p_and_beta_one_is_model_averaging() {
     }
 }
 
+/// The gradient of a separable quadratic, `x_i (1 + i) − 0.5`, for the exchange-by-exchange
+/// comparisons.
+fn grad(x: &[f32]) -> Vec<f32> {
+    x.iter().enumerate().map(|(i, v)| v * (1.0 + i as f32) - 0.5).collect()
+}
+
 #[test]
 fn downpour_with_tau_one_is_async_sgd_without_modulation() {
     let lr = 0.1;
-    let grad =
-        |x: &[f32]| -> Vec<f32> { x.iter().enumerate().map(|(i, v)| v * (1.0 + i as f32) - 0.5).collect() };
     let init = vec![1.0, -2.0, 0.5];
     let cfg = SgdShardConfig {
         id: ShardId(0),
@@ -358,8 +362,6 @@ fn diloco(sync: bool, outer_lr: f32, mu: f32, modulation: LrModulation, bound: O
 #[test]
 fn diloco_with_one_inner_step_unit_outer_rate_and_no_momentum_is_downpour_tau_one() {
     let lr = 0.1;
-    let grad =
-        |x: &[f32]| -> Vec<f32> { x.iter().enumerate().map(|(i, v)| v * (1.0 + i as f32) - 0.5).collect() };
     let init = vec![1.0, -2.0, 0.5];
     let rules = [CenterRule::Downpour, diloco(false, 1.0, 0.0, LrModulation::None, None)];
     let mut centers = rules.map(|r| CenterShard::new(ShardId(0), r, init.clone(), both()));
@@ -395,7 +397,7 @@ fn sync_diloco_with_one_learner_unit_outer_rate_and_no_momentum_is_local_trainin
     let init = vec![1.0, -1.0];
     let mut shard = CenterShard::new(ShardId(0), rule, init.clone(), [L0].into_iter().collect());
     let mut dl = DownpourLearner::new(tau, lr, 2);
-    let grad = |x: &[f32]| -> Vec<f32> { vec![x[0] - 2.0, 3.0 * x[1] + 1.0] };
+    let grad = |x: &[f32]| -> Vec<f32> { vec![x[0] - 2.0, 3.0 * x[1] + 1.0] }; // another quadratic
     let (mut x, mut local) = (init.clone(), init);
     for t in 0..4 * tau {
         if dl.exchanges_now() {
