@@ -29,7 +29,10 @@ pub struct LearnerActor {
     grad: Arc<Vec<f32>>,
     /// With a single shard, its weights are computed on in place rather than copied.
     shared: Option<Arc<Vec<f32>>>,
-    unreported: Progress,
+    /// What this learner has done, as last reported and since.
+    totals: Progress,
+    /// Steps already in a report.
+    reported_steps: u64,
     liveness: Liveness,
     /// Computation is stretched to this many times its length (a slow learner).
     slowdown: f64,
@@ -123,7 +126,7 @@ impl LearnerActor {
         let wire = WireState::new(&parts, parts.shards.len());
         let LearnerParts { model, batches, shards, answers, scheduler, liveness, slowdown, .. } = parts;
         let grad = Arc::new(vec![0.0; model.param_count()]);
-        let unreported = Progress::none(core.id());
+        let totals = Progress::start(core.id());
         Self {
             core,
             model,
@@ -133,7 +136,8 @@ impl LearnerActor {
             scheduler,
             grad,
             shared: None,
-            unreported,
+            totals,
+            reported_steps: 0,
             liveness,
             slowdown: slowdown.max(1.0),
             last_activity: std::time::Instant::now(),
@@ -164,11 +168,11 @@ impl LearnerActor {
         });
     }
 
-    /// Send the progress not yet reported.
+    /// Report the totals so far.
     fn report(&mut self) {
-        let fresh = Progress::none(self.id());
-        self.unreported.wire_bytes += self.wire.traffic_since();
-        self.scheduler.progress.do_send(std::mem::replace(&mut self.unreported, fresh));
+        self.totals.wire_bytes += self.wire.traffic_since();
+        self.reported_steps = self.totals.steps;
+        self.scheduler.progress.do_send(self.totals.clone());
     }
 
     fn id(&self) -> LearnerId {
@@ -199,7 +203,7 @@ impl LearnerActor {
                 LearnerEvent::Push { shard, computed_on, seq, pull: NextPull { seq: next, last } } => {
                     self.last_activity = std::time::Instant::now();
                     let Some(values) = self.push_payload(shard.index(), seq) else { continue };
-                    self.unreported.payload_bytes += values.bytes() as u64;
+                    self.totals.payload_bytes += values.bytes() as u64;
                     let then =
                         Pull { learner, seq: next, last, reply_to: self.answers[shard.index()].clone() };
                     self.shards[shard.index()].push.do_send(Push { learner, seq, computed_on, values, then });
@@ -234,7 +238,7 @@ impl LearnerActor {
                         } else {
                             self.wire.codecs.weights.encode(&part, None)
                         };
-                        self.unreported.payload_bytes += payload.bytes() as u64;
+                        self.totals.payload_bytes += payload.bytes() as u64;
                         let reply_to = reply_to.clone();
                         link.exchange.do_send(Exchange {
                             learner: self.core.id(),
@@ -277,7 +281,7 @@ impl LearnerActor {
             // Each learner has a thread of its own: only this learner slows down.
             std::thread::sleep(started.elapsed().mul_f64(self.slowdown - 1.0));
         }
-        let p = &mut self.unreported;
+        let p = &mut self.totals;
         (p.samples, p.steps, p.loss_sum) = (p.samples + samples, p.steps + 1, p.loss_sum + f64::from(loss));
         let step = self.core.steps_done() + 1;
         if !loss.is_finite() {
@@ -292,7 +296,7 @@ impl LearnerActor {
             return Err(ActorError::NonFiniteGradient(format!("{}: step {step}, loss {loss}", self.id())));
         }
         // The first step is reported at once: its loss is the run's baseline for divergence.
-        if self.unreported.steps >= REPORT_EVERY || step == 1 {
+        if self.totals.steps - self.reported_steps >= REPORT_EVERY || step == 1 {
             self.report();
         }
         Ok(())
@@ -400,7 +404,7 @@ impl Handler<Served> for LearnerActor {
                 let events = decoded(values).and_then(|v| Ok(worker.on_center(shard, &v)?));
                 match events {
                     Ok(events) => {
-                        self.unreported.payload_bytes += bytes;
+                        self.totals.payload_bytes += bytes;
                         self.carry_out_elastic(events, ctx);
                     }
                     Err(e) => refused(learner, &e),
@@ -408,7 +412,7 @@ impl Handler<Served> for LearnerActor {
             }
             LearnerLoop::Sgd(core) => match core.on_weights(shard, clock, seq) {
                 Ok(events) => {
-                    self.unreported.payload_bytes += bytes;
+                    self.totals.payload_bytes += bytes;
                     let taken = decoded(values).and_then(|v| self.take_weights(shard.index(), &v));
                     if let Err(e) = taken {
                         return self.fail(&e, ctx);

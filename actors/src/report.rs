@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::messages::Progress;
 use crate::protocol::{SchedulerCore, StalenessSummary};
 
 /// One evaluation of the model during a run (a row of `metrics.csv`).
@@ -171,6 +172,10 @@ pub struct SchedulerState {
     pub taken_at: f64,
     /// Examples processed so far by each learner.
     pub learner_samples: Vec<u64>,
+    /// Each learner's totals as last heard: a report that did not reach the scheduler before
+    /// it went is counted from these by the next one.
+    #[serde(default)]
+    pub reported: Vec<Option<Progress>>,
     /// The evaluations so far.
     pub rows: Vec<MetricsRow>,
     /// The timeline so far.

@@ -38,6 +38,8 @@ pub struct SchedulerActor {
     test: Arc<Dataset>,
     total_samples: u64,
     learner_samples: Vec<u64>,
+    /// Each learner's totals as last heard (what its next report is counted against).
+    reported: Vec<Option<Progress>>,
     metrics: Option<Arc<Metrics>>,
     started: Option<Instant>,
     loss_window: (f64, u64),
@@ -118,6 +120,7 @@ impl SchedulerActor {
             test,
             total_samples,
             learner_samples: vec![0; learners as usize],
+            reported: vec![None; learners as usize],
             metrics,
             started: None,
             loss_window: (0.0, 0),
@@ -148,6 +151,8 @@ impl SchedulerActor {
         self.started = state.core.started().then(|| ago(state.wall_seconds)).flatten();
         self.core = state.core;
         self.learner_samples = state.learner_samples;
+        self.reported = state.reported;
+        self.reported.resize(self.learner_samples.len(), None);
         self.rows = state.rows;
         self.timeline = state.timeline;
         self.updates_lost = state.updates_lost;
@@ -388,6 +393,7 @@ impl Handler<GetState> for SchedulerActor {
             wall_seconds: self.elapsed(),
             taken_at: unix_seconds(),
             learner_samples: self.learner_samples.clone(),
+            reported: self.reported.clone(),
             rows: self.rows.clone(),
             timeline: self.timeline.clone(),
             updates_lost: self.updates_lost,
@@ -510,18 +516,20 @@ impl Handler<ShardRestarted> for SchedulerActor {
 
 impl Handler<Progress> for SchedulerActor {
     type Result = ();
-    fn handle(&mut self, msg: Progress, ctx: &mut Context<Self>) {
-        let heard = self.core.on_heard(msg.learner, self.born.elapsed());
+    fn handle(&mut self, totals: Progress, ctx: &mut Context<Self>) {
+        let heard = self.core.on_heard(totals.learner, self.born.elapsed());
         self.carry_out(heard, ctx);
+        let Some(last) = self.reported.get_mut(totals.learner.index()) else {
+            return tracing::warn!("progress from unknown {}", totals.learner);
+        };
+        let Some(msg) = totals.since(last.as_ref()) else { return };
+        *last = Some(totals);
         self.loss_window.0 += msg.loss_sum;
         self.loss_window.1 += msg.steps;
         let b = &mut self.bytes;
         (b.steps, b.payload, b.wire) =
             (b.steps + msg.steps, b.payload + msg.payload_bytes, b.wire + msg.wire_bytes);
-        match self.learner_samples.get_mut(msg.learner.index()) {
-            Some(n) => *n += msg.samples,
-            None => tracing::warn!("progress from unknown {}", msg.learner),
-        }
+        self.learner_samples[msg.learner.index()] += msg.samples;
         if let Some(m) = &self.metrics {
             m.add_learner_samples(msg.learner, msg.samples);
             m.add_payload_bytes(msg.payload_bytes);

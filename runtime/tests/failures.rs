@@ -317,6 +317,8 @@ fn a_killed_scheduler_restarted_with_resume_takes_the_run_back() {
     let accuracy = |s: &serde_json::Value| s["final_test_accuracy"].as_f64().unwrap();
     assert!(accuracy(&faulty) >= accuracy(&clean_run) - 0.01, "{faulty} against {clean_run}");
     assert_eq!(faulty["updates"].as_u64().unwrap(), checkpoint_clock(&c.path("checkpoints"), "shard-0"));
+    // What the learners did while no scheduler heard them is counted once, as in the clean run.
+    assert_eq!(faulty["samples"], clean_run["samples"], "{faulty} against {clean_run}");
     let metrics = std::fs::read_to_string(c.path("run/metrics.csv")).unwrap();
     let epochs: Vec<f64> =
         metrics.lines().skip(1).map(|l| l.split(',').nth(1).unwrap().parse().unwrap()).collect();

@@ -156,6 +156,8 @@ pub enum Msg {
     Progress {
         /// The learner that computed them.
         learner: LearnerId,
+        /// Which start of the learner the totals count from.
+        session: u64,
         /// Examples.
         samples: u64,
         /// Gradients.
@@ -333,6 +335,7 @@ pub fn samples() -> Vec<Msg> {
         Msg::Stop,
         Msg::Progress {
             learner: LearnerId(1),
+            session: 0x5eed,
             samples: 256,
             steps: 8,
             loss_sum: 3.5,

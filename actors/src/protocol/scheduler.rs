@@ -319,7 +319,8 @@ impl SchedulerCore {
     #[must_use]
     pub fn on_progress(&mut self, samples: u64) -> Vec<SchedulerEvent> {
         self.samples += samples;
-        if self.stopping {
+        // Once every epoch's examples are in, the final evaluation follows the learners' end.
+        if self.stopping || self.samples >= self.examples_per_epoch * self.epochs_total {
             return Vec::new();
         }
         let k = self.evals_per_epoch;
@@ -513,5 +514,18 @@ mod tests {
             })
             .collect();
         assert_eq!(points, vec![0, 0, 0, 1, 1, 1, 1], "7 points; the 8th is the final evaluation");
+    }
+
+    #[test]
+    fn a_report_that_brings_every_example_leaves_the_evaluation_to_the_end() {
+        let mut s = SchedulerCore::new(1, 1, 100, 3);
+        let _ = (s.on_shard_joined(ShardId(0)), s.on_learner_joined(LearnerId(0)));
+        assert_eq!(s.on_progress(150), vec![SchedulerEvent::Evaluate { epoch: 1, final_: false }]);
+        // A scheduler that was away hears the rest at once: one evaluation, the final one.
+        assert!(s.on_progress(150).is_empty());
+        assert_eq!(
+            s.on_learner_finished(LearnerId(0)),
+            vec![SchedulerEvent::Evaluate { epoch: 1, final_: true }, SchedulerEvent::Stop]
+        );
     }
 }

@@ -71,8 +71,8 @@ impl ToWire for Heartbeat {
 
 impl ToWire for Progress {
     fn to_wire(self) -> Msg {
-        let Self { learner, samples, steps, loss_sum, payload_bytes, wire_bytes } = self;
-        Msg::Progress { learner, samples, steps, loss_sum, payload_bytes, wire_bytes }
+        let Self { learner, session, samples, steps, loss_sum, payload_bytes, wire_bytes } = self;
+        Msg::Progress { learner, session, samples, steps, loss_sum, payload_bytes, wire_bytes }
     }
 }
 
@@ -170,6 +170,7 @@ pub fn from_learner(learner: LearnerId, m: Inbound) -> Result<FromLearner, Unexp
     match m {
         Inbound::Control(Msg::Progress {
             learner: l,
+            session,
             samples,
             steps,
             loss_sum,
@@ -177,6 +178,7 @@ pub fn from_learner(learner: LearnerId, m: Inbound) -> Result<FromLearner, Unexp
             wire_bytes,
         }) if l == learner => Ok(FromLearner::Progress(Progress {
             learner,
+            session,
             samples,
             steps,
             loss_sum,
@@ -413,6 +415,7 @@ mod tests {
         assert!(data(Msg::Heartbeat).is_err());
         let progress = Msg::Progress {
             learner: LearnerId(3),
+            session: 1,
             samples: 1,
             steps: 1,
             loss_sum: 0.0,

@@ -50,7 +50,8 @@ pub struct AnswerSnapshot {
 pub struct Arrived(pub Served);
 
 /// The remote node reconnected (or restarted and rejoined): send to it on `peer` from now on.
-/// Snapshot requests not answered yet are asked again there.
+/// Snapshot requests not answered yet are asked again there, and a learner's last progress
+/// and end are sent again.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Rebind(pub Peer);
@@ -73,6 +74,10 @@ pub struct RemotePeer {
     /// With [`RemotePeer::holding`]: what could not be sent while the connection was down, in
     /// order, to go out on the next [`Rebind`]. Without it a message that cannot go is lost.
     held: Option<VecDeque<Msg>>,
+    /// With [`RemotePeer::holding`]: the last progress totals and the end a learner sent. Both
+    /// tell where the learner stands whenever they arrive, so they go again on every new
+    /// connection: one sent into a connection that had just died is not lost.
+    standing: [Option<Msg>; 2],
 }
 
 impl RemotePeer {
@@ -86,7 +91,8 @@ impl RemotePeer {
     /// [`RemotePeer::holding`]) until a [`Rebind`] gives it a connection.
     #[must_use]
     pub fn unbound(shard: ShardId) -> Self {
-        Self { peer: None, shard, next_request: 0, pending: HashMap::new(), reply_to: None, held: None }
+        let (pending, standing) = (HashMap::new(), [None, None]);
+        Self { peer: None, shard, next_request: 0, pending, reply_to: None, held: None, standing }
     }
 
     /// The node's name, for the log.
@@ -106,41 +112,58 @@ impl RemotePeer {
     /// Send `msg` before handling the next message (keeps order; waits on flow control). A
     /// holding stand-in keeps it while the connection is down or others wait before it.
     fn send(&mut self, msg: Msg, ctx: &mut Context<Self>) {
+        self.send_all(vec![msg], ctx);
+    }
+
+    /// Send `msgs` in order, as [`RemotePeer::send`] sends one (several waits started in one
+    /// handler would run last first). Of a holding stand-in, those not sent are kept.
+    fn send_all(&mut self, mut msgs: Vec<Msg>, ctx: &mut Context<Self>) {
+        if self.held.is_some() {
+            for msg in &msgs {
+                match msg {
+                    Msg::Progress { .. } => self.standing[0] = Some(msg.clone()),
+                    Msg::LearnerDone { .. } => self.standing[1] = Some(msg.clone()),
+                    _ => {}
+                }
+            }
+        }
         let closed = self.peer.as_ref().is_none_or(Peer::is_closed);
         if let Some(held) = &mut self.held
             && (closed || !held.is_empty())
         {
-            return hold(held, msg, self.peer.as_ref().map_or("", Peer::name));
+            let name = self.peer.as_ref().map_or("", Peer::name);
+            return msgs.into_iter().for_each(|msg| hold(held, msg, name));
         }
         let Some(peer) = self.peer.clone() else {
-            return tracing::debug!("{:?} not sent: the node has not connected", msg.kind());
+            return tracing::debug!("{} messages not sent: the node has not connected", msgs.len());
         };
-        ctx.wait(async move { (peer.send(&msg).await, msg) }.into_actor(self).map(|(sent, msg), act, _| {
-            if let Err(e) = sent {
-                let name = act.name().to_owned();
-                match &mut act.held {
-                    Some(held) => hold(held, msg, &name),
-                    None => tracing::warn!(peer = name, "{e}"),
+        let sending = async move {
+            for (i, msg) in msgs.iter().enumerate() {
+                if let Err(e) = peer.send(msg).await {
+                    return Some((e, msgs.split_off(i)));
                 }
+            }
+            None
+        };
+        ctx.wait(sending.into_actor(self).map(|unsent, act, _| {
+            let Some((e, unsent)) = unsent else { return };
+            let name = act.name().to_owned();
+            match &mut act.held {
+                Some(held) => unsent.into_iter().for_each(|msg| hold(held, msg, &name)),
+                None => tracing::warn!(peer = name, "{e}"),
             }
         }));
     }
 }
 
-/// Keep `msg` for later: a heartbeat is stale by then and is not kept, and progress reports
-/// in a row are added up into one.
+/// Keep `msg` for later: a heartbeat is stale by then and is not kept, and a progress report
+/// replaces the one before it in a row (each carries the learner's totals).
 fn hold(held: &mut VecDeque<Msg>, msg: Msg, peer: &str) {
     if matches!(msg, Msg::Heartbeat) {
         return;
     }
-    if let (
-        Some(Msg::Progress { learner, samples, steps, loss_sum, payload_bytes, wire_bytes }),
-        Msg::Progress { learner: l, samples: n, steps: k, loss_sum: loss, payload_bytes: p, wire_bytes: w },
-    ) = (held.back_mut(), &msg)
-        && learner == l
-    {
-        (*samples, *steps, *loss_sum) = (*samples + n, *steps + k, *loss_sum + loss);
-        (*payload_bytes, *wire_bytes) = (*payload_bytes + p, *wire_bytes + w);
+    if let (Some(last @ Msg::Progress { .. }), Msg::Progress { .. }) = (held.back_mut(), &msg) {
+        *last = msg;
         return;
     }
     if held.is_empty() {
@@ -257,16 +280,13 @@ impl Handler<Rebind> for RemotePeer {
         self.peer = Some(peer);
         let mut asked: Vec<u64> = self.pending.keys().copied().collect();
         asked.sort_unstable();
-        for request in asked {
-            self.send(Msg::SnapshotRequest { request }, ctx);
-        }
         let waiting = self.held.as_mut().map(std::mem::take).unwrap_or_default();
         if !waiting.is_empty() {
             tracing::info!(peer = self.name(), "sending the {} messages kept meanwhile", waiting.len());
         }
-        for msg in waiting {
-            self.send(msg, ctx);
-        }
+        let asked = asked.into_iter().map(|request| Msg::SnapshotRequest { request });
+        let standing = self.standing.clone().into_iter().flatten();
+        self.send_all(asked.chain(waiting).chain(standing).collect(), ctx);
     }
 }
 
@@ -285,26 +305,26 @@ mod tests {
 
     use super::*;
 
-    fn progress(learner: u32, samples: u64) -> Msg {
-        let learner = LearnerId(learner);
-        Msg::Progress { learner, samples, steps: 1, loss_sum: 0.5, payload_bytes: 10, wire_bytes: 20 }
+    fn progress(samples: u64) -> Msg {
+        let learner = LearnerId(0);
+        Msg::Progress {
+            learner,
+            session: 7,
+            samples,
+            steps: 1,
+            loss_sum: 0.5,
+            payload_bytes: 10,
+            wire_bytes: 20,
+        }
     }
 
     #[test]
-    fn held_reports_keep_their_order_add_up_progress_and_drop_heartbeats() {
+    fn held_reports_keep_their_order_keep_the_latest_totals_and_drop_heartbeats() {
         let mut held = VecDeque::new();
-        for m in [progress(0, 32), Msg::Heartbeat, progress(0, 32), Msg::Ready, progress(0, 16)] {
+        for m in [progress(32), Msg::Heartbeat, progress(64), Msg::Ready, progress(96)] {
             hold(&mut held, m, "scheduler");
         }
-        let merged = Msg::Progress {
-            learner: LearnerId(0),
-            samples: 64,
-            steps: 2,
-            loss_sum: 1.0,
-            payload_bytes: 20,
-            wire_bytes: 40,
-        };
-        assert_eq!(Vec::from(held), vec![merged, Msg::Ready, progress(0, 16)]);
+        assert_eq!(Vec::from(held), vec![progress(64), Msg::Ready, progress(96)]);
     }
 
     #[test]
@@ -312,9 +332,9 @@ mod tests {
         let mut held = VecDeque::new();
         for n in 0..=HELD_LIMIT as u64 {
             hold(&mut held, Msg::Ready, "scheduler");
-            hold(&mut held, progress(0, n), "scheduler");
+            hold(&mut held, progress(n), "scheduler");
         }
         assert_eq!(held.len(), HELD_LIMIT);
-        assert_eq!(held.back(), Some(&progress(0, HELD_LIMIT as u64)));
+        assert_eq!(held.back(), Some(&progress(HELD_LIMIT as u64)));
     }
 }
