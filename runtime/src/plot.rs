@@ -255,20 +255,42 @@ fn curves(root: &Area<'_>, runs: &[RecordedRun], axis: Axis) -> Drawn {
 /// Applied gradients per staleness σ.
 fn staleness_histogram(root: &Area<'_>, run: &RecordedRun) -> Drawn {
     let s = &run.summary.staleness;
-    let sigmas = s.histogram.len().max(1) as u64;
-    let top = s.histogram.iter().copied().max().unwrap_or(0).max(1);
     let caption = format!("{}: staleness of applied gradients, ⟨σ⟩ = {:.2}", run.label, s.mean);
-    let mut chart =
-        framed(root, &caption).build_cartesian_2d((0..sigmas).into_segmented(), 0..top + top / 20 + 1)?;
+    histogram(root, &caption, &s.histogram, 14)
+}
+
+/// Several staleness histograms side by side at `path`, each captioned with its label and ⟨σ⟩.
+pub fn draw_histograms(path: &Path, histograms: &[(String, &[u64])]) -> Result<(), RuntimeError> {
+    draw(path, |root| {
+        let cols = (histograms.len() as f64).sqrt().ceil().max(1.0) as usize;
+        let rows = histograms.len().div_ceil(cols).max(1);
+        for (area, (label, counts)) in root.split_evenly((rows, cols)).iter().zip(histograms) {
+            let applied: u64 = counts.iter().sum();
+            let sum: u64 = counts.iter().zip(0..).map(|(&n, sigma)| n * sigma).sum();
+            let mean = if applied == 0 { 0.0 } else { sum as f64 / applied as f64 };
+            histogram(area, &format!("{label}: ⟨σ⟩ = {mean:.2}"), counts, (14 / cols as u32).max(8))?;
+        }
+        Ok(())
+    })
+}
+
+/// Applied gradients per staleness σ, as bars, in `root`.
+fn histogram(root: &Area<'_>, caption: &str, counts: &[u64], font: u32) -> Drawn {
+    let sigmas = counts.len().max(1) as u64;
+    let top = counts.iter().copied().max().unwrap_or(0).max(1);
+    let mut frame = ChartBuilder::on(root);
+    frame.caption(caption, (FONT, font + 10)).margin(font).x_label_area_size(font * 3 + 3);
+    let mut chart = (frame.y_label_area_size(font * 6))
+        .build_cartesian_2d((0..sigmas).into_segmented(), 0..top + top / 20 + 1)?;
     chart
         .configure_mesh()
         .disable_x_mesh()
         .x_desc("σ (updates between a gradient's pull and its application)")
         .y_desc("gradients")
-        .label_style((FONT, 14))
-        .axis_desc_style((FONT, 16))
+        .label_style((FONT, font))
+        .axis_desc_style((FONT, font + 2))
         .draw()?;
-    chart.draw_series(s.histogram.iter().zip(0..).map(|(&count, sigma)| {
+    chart.draw_series(counts.iter().zip(0..).map(|(&count, sigma)| {
         let mut bar = Rectangle::new(
             [(SegmentValue::Exact(sigma), 0), (SegmentValue::Exact(sigma + 1), count)],
             BLUE.mix(0.7).filled(),

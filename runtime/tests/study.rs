@@ -20,6 +20,7 @@ fn local_study(data: &str) -> String {
     format!(
         "[cluster]\nlearners = 2\nshards = 1\n[protocol]\nn = 1\n[training]\ndata_dir = \"{data}\"\ntrain_examples = 2000\n\
          test_examples = 500\nepochs = 1\n[study]\nruns = \"local\"\n\
+         figures = [\"test_error\", \"time_to_target\", \"curves\", \"staleness\"]\n\
          [[study.axis]]\nkey = \"protocol.kind\"\nvalues = [\"hardsync\", \"async\"]\n\
          [[study.axis]]\nkeys = [\"cluster.learners\", \"training.batch_size\"]\nvalues = [[1, 64], [2, 32]]\n"
     )
@@ -54,7 +55,11 @@ fn a_local_study_writes_its_points_table_and_figure_and_resumes_to_the_same_tabl
     assert!(
         md.contains("| point | protocol.kind | cluster.learners |") && md.matches("| async |").count() == 2
     );
-    assert!(is_png(&out.join("study.png")), "a PNG figure");
+    for figure in
+        ["test_error", "time_to_target", "accuracy_loss_vs_time", "accuracy_loss_vs_updates", "staleness"]
+    {
+        assert!(is_png(&out.join(format!("{figure}.png"))), "{figure}: a PNG figure");
+    }
     assert!(out.join("point-002/summary.json").is_file() && out.join("point-002/point.json").is_file());
     // A study killed during its third point: that point is incomplete, the first two are kept.
     std::fs::remove_file(out.join("point-002/point.json")).unwrap();
@@ -81,6 +86,7 @@ fn a_simulated_study_runs_each_point_per_seed_and_is_deterministic() {
     let file = study_file(
         dir.path(),
         "[simulation]\nstop_gradients = 2000\n[study]\nruns = \"simulate\"\nseeds = [1, 2]\n\
+         figures = [\"mean_staleness\", \"staleness\"]\n\
          [[study.axis]]\nkey = \"protocol.kind\"\nvalues = [\"hardsync\", \"async\"]\n\
          [[study.axis]]\nkey = \"cluster.learners\"\nvalues = [4, 8]\n",
     );
@@ -91,6 +97,9 @@ fn a_simulated_study_runs_each_point_per_seed_and_is_deterministic() {
         std::fs::read_to_string(out.join("study.csv")).unwrap()
     };
     let csv = run("a");
+    for figure in ["mean_staleness", "staleness"] {
+        assert!(is_png(&dir.path().join(format!("a/{figure}.png"))), "{figure}: a PNG figure");
+    }
     assert_eq!(csv.lines().count(), 1 + 8, "2 × 2 points × 2 seeds: {csv}");
     assert!(csv.lines().nth(2).unwrap().starts_with("1,hardsync,4,2,"), "{csv}");
     let sigma = |line: &str| -> f64 { line.split(',').nth(8).unwrap().parse().unwrap() };
@@ -113,6 +122,14 @@ fn a_bad_study_file_exits_2_naming_the_key_before_any_point_runs() {
     for (toml, key) in [
         ("[study]\nruns = \"remote\"\n[[study.axis]]\nkey = \"protocol.n\"\nvalues = [1]\n", "study.runs"),
         ("[study]\nruns = \"local\"\n", "study.axis"),
+        (
+            "[study]\nfigures = [\"error_bars\"]\n[[study.axis]]\nkey = \"protocol.n\"\nvalues = [1]\n",
+            "study.figures",
+        ),
+        (
+            "[study]\nruns = \"simulate\"\nfigures = [\"curves\"]\n[[study.axis]]\nkey = \"protocol.n\"\nvalues = [1]\n",
+            "study.figures",
+        ),
         ("[[study.axis]]\nkey = \"protocol.kind\"\nvalues = [\"hardsync\", \"bogus\"]\n", "protocol.kind"),
         ("[[study.axis]]\nkeys = [\"protocol.kind\", \"protocol.n\"]\nvalues = [\"async\"]\n", "study.axis"),
     ] {

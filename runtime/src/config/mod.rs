@@ -328,6 +328,10 @@ impl TryFrom<RawConfig> for Config {
             ModelKind::Cifar10Net => fits(ModelSpec::cifar10_net(), "32×32 colour images (cifar10)")?,
         };
         let device = raw.compute.device.parse().map_err(|e| invalid("compute.device", e))?;
+        let batch_size = match t.global_batch_size {
+            0 => t.batch_size,
+            global => ((global as f64 / f64::from(raw.cluster.learners.max(1))).round() as usize).max(1),
+        };
         let cluster = ClusterSpec {
             learners: raw.cluster.learners,
             shards: raw.cluster.shards,
@@ -338,7 +342,7 @@ impl TryFrom<RawConfig> for Config {
                 backups: p.backups,
                 elastic,
             },
-            batch_size: t.batch_size,
+            batch_size,
             epochs: t.epochs,
             schedule: LrSchedule {
                 base: t.learning_rate.unwrap_or(kind.default_learning_rate()),
@@ -348,8 +352,8 @@ impl TryFrom<RawConfig> for Config {
             evals_per_epoch: t.evals_per_epoch,
             codecs: keys::codecs(&raw.transport)?,
         };
-        if t.batch_size > MAX_BATCH {
-            return Err(invalid("training.batch_size", format!("is {}; at most {MAX_BATCH}", t.batch_size)));
+        if batch_size > MAX_BATCH {
+            return Err(invalid("training.batch_size", format!("is {batch_size}; at most {MAX_BATCH}")));
         }
         let data = DataSource {
             kind: dataset,

@@ -141,6 +141,9 @@ pub struct RawTraining {
     pub hidden: Vec<usize>,
     /// μ.
     pub batch_size: usize,
+    /// μλ: when above 0, μ = this / λ (rounded, at least 1) in place of `batch_size`, so
+    /// learners added share the same global minibatch.
+    pub global_batch_size: usize,
     /// α0.
     pub learning_rate: Option<f32>,
     /// Per-epoch multiplier of α0.

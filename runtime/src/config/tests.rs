@@ -19,6 +19,15 @@ fn defaults_are_the_shipped_default_config() {
 }
 
 #[test]
+fn a_global_batch_size_gives_each_learner_its_share() {
+    let mu = |sets: &[&str]| load(sets).unwrap().cluster.batch_size;
+    assert_eq!(mu(&["training.global_batch_size=128"]), 32, "128 / 4 learners");
+    assert_eq!(mu(&["training.global_batch_size=128", "cluster.learners=30"]), 4, "rounded");
+    assert_eq!(mu(&["training.global_batch_size=8", "cluster.learners=30"]), 1, "at least one");
+    assert_eq!(mu(&["training.global_batch_size=0", "training.batch_size=7"]), 7, "0: batch_size");
+}
+
+#[test]
 fn set_overrides_with_typed_values() {
     let c = load(&[
         "protocol.kind=hardsync",

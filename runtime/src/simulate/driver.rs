@@ -77,6 +77,12 @@ pub struct EventCounts {
     pub messages: u64,
     /// Messages lost and sent again.
     pub resent: u64,
+    /// Frame bytes of the messages sent.
+    pub bytes: u64,
+    /// Bytes of the values they carried.
+    pub payload_bytes: u64,
+    /// The most frame bytes on their way at one time.
+    pub peak_bytes_in_flight: u64,
     /// Gradients computed.
     pub gradients: u64,
     /// Gradients a shard applied (summed over shards).
@@ -345,7 +351,9 @@ impl<M: Message> Engine<M> {
         if self.loss_rows.last().is_none_or(|r| r.gradients != self.counts.gradients) {
             self.loss_row(world);
         }
-        self.counts.resent = self.net.resent;
+        (self.counts.resent, self.counts.bytes) = (self.net.resent, self.net.bytes);
+        (self.counts.payload_bytes, self.counts.peak_bytes_in_flight) =
+            (self.net.payload, self.net.peak_in_flight);
         for values in world.values() {
             for v in values.iter() {
                 self.hash.u64(u64::from(v.to_bits()));

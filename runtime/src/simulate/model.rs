@@ -2,6 +2,9 @@
 //! distribution, with stragglers), and how long a message travels (latency plus its encoded
 //! size over the link's bandwidth, jitter, resends of lost messages; links deliver in order).
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use rudra_transport::{Clock, LearnerId, Msg, ShardId};
@@ -101,6 +104,10 @@ pub struct Route {
 pub struct Network {
     /// Latency plus size over bandwidth, per shard: (pull, values up, values down).
     transit: Vec<(Nanos, Nanos, Nanos)>,
+    /// Frame bytes of the same three messages, per shard.
+    sizes: Vec<(u64, u64, u64)>,
+    /// Bytes of the values a shard's messages carry (f32).
+    values: Vec<u64>,
     jitter: f64,
     drop_probability: f64,
     retransmit: Nanos,
@@ -109,15 +116,25 @@ pub struct Network {
     last: Vec<Nanos>,
     /// Messages sent again after a loss.
     pub resent: u64,
+    /// Frame bytes sent, every message counted once.
+    pub bytes: u64,
+    /// Bytes of values among them.
+    pub payload: u64,
+    /// The most bytes sent and not yet arrived at any one time.
+    pub peak_in_flight: u64,
+    /// Arrival times and sizes of the messages on their way.
+    in_flight: BinaryHeap<Reverse<(Nanos, u64)>>,
+    /// Their bytes.
+    flying: u64,
 }
 
 impl Network {
     /// The network of `spec` between `learners` learners and shards holding `ranges` values
     /// each; message sizes are those of the encoded wire frames.
     pub fn new(spec: &NetworkSpec, learners: usize, ranges: &[usize]) -> Result<Self, RuntimeError> {
-        let time = |bytes: usize| nanos(spec.latency + bytes as f64 / spec.bandwidth);
-        let pull = time(Msg::Pull { learner: LearnerId(0), seq: 1, last: false }.encode()?.len());
-        let transit = ranges
+        let time = |bytes: u64| nanos(spec.latency + bytes as f64 / spec.bandwidth);
+        let pull = Msg::Pull { learner: LearnerId(0), seq: 1, last: false }.encode()?.len() as u64;
+        let sizes: Vec<(u64, u64, u64)> = ranges
             .iter()
             .map(|&len| {
                 let up = Msg::Push {
@@ -138,30 +155,38 @@ impl Network {
                 }
                 .encode()?
                 .len();
-                Ok((pull, time(up), time(down)))
+                Ok((pull, up as u64, down as u64))
             })
             .collect::<Result<_, RuntimeError>>()?;
         Ok(Self {
-            transit,
+            transit: sizes.iter().map(|&(p, u, d)| (time(p), time(u), time(d))).collect(),
+            sizes,
+            values: ranges.iter().map(|&len| 4 * len as u64).collect(),
             jitter: spec.jitter * 1e9,
             drop_probability: spec.drop_probability,
             retransmit: nanos(spec.retransmit_seconds),
             shards: ranges.len(),
             last: vec![0; learners * ranges.len() * 2],
             resent: 0,
+            bytes: 0,
+            payload: 0,
+            peak_in_flight: 0,
+            in_flight: BinaryHeap::new(),
+            flying: 0,
         })
     }
 
     /// When a message sent at `now` along `route` arrives.
     pub fn arrival(&mut self, now: Nanos, route: Route, rng: &mut ChaCha8Rng) -> Nanos {
         let s = route.shard.index();
-        let (pull, up, down) = self.transit[s];
-        let mut at = now
-            + match route.payload {
-                Payload::Pull => pull,
-                Payload::Up => up,
-                Payload::Down => down,
-            };
+        let pick = |(pull, up, down)| match route.payload {
+            Payload::Pull => pull,
+            Payload::Up => up,
+            Payload::Down => down,
+        };
+        let mut at = now + pick(self.transit[s]);
+        let size = pick(self.sizes[s]);
+        self.payload += pick((0, self.values[s], self.values[s]));
         if self.jitter > 0.0 {
             at += (self.jitter * uniform(rng)) as Nanos;
         }
@@ -174,7 +199,24 @@ impl Network {
         let down = usize::from(route.payload == Payload::Down);
         let link = &mut self.last[(route.learner.index() * self.shards + s) * 2 + down];
         *link = (*link).max(at);
-        *link
+        let at = *link;
+        self.count(now, at, size);
+        at
+    }
+
+    /// A message of `size` bytes sent at `now` arrives `at`: count its bytes, and the bytes
+    /// in flight now.
+    fn count(&mut self, now: Nanos, at: Nanos, size: u64) {
+        while let Some(&Reverse((arrival, bytes))) = self.in_flight.peek()
+            && arrival <= now
+        {
+            self.in_flight.pop();
+            self.flying -= bytes;
+        }
+        self.in_flight.push(Reverse((at, size)));
+        self.flying += size;
+        self.bytes += size;
+        self.peak_in_flight = self.peak_in_flight.max(self.flying);
     }
 }
 
@@ -247,6 +289,18 @@ mod tests {
         assert_eq!(pull, up, "a pull sent after a push does not overtake it");
         let other = net.arrival(0, Route { learner: LearnerId(1), ..route(Payload::Pull) }, &mut rng);
         assert!(other < 1_200_000, "another link is not held up: {other}");
+        let (pull_bytes, up_bytes) = (net.sizes[0].0, net.sizes[0].1);
+        assert!(up_bytes > 4000 && pull_bytes < 100, "{up_bytes} {pull_bytes}");
+        assert_eq!(net.bytes, up_bytes + 2 * pull_bytes);
+        assert_eq!(net.peak_in_flight, net.bytes, "all three on their way at once");
+        // At 6 ms all three have arrived: the bytes in flight are the new message's alone.
+        let _ = net.arrival(6_000_000, route(Payload::Up), &mut rng);
+        assert_eq!(
+            (net.bytes, net.peak_in_flight),
+            (2 * up_bytes + 2 * pull_bytes, up_bytes + 2 * pull_bytes)
+        );
+        assert_eq!(net.flying, up_bytes);
+        assert_eq!(net.payload, 2 * 4000, "the values of the two pushes");
 
         let lossy = NetworkSpec { drop_probability: 0.5, ..spec };
         let mut net = Network::new(&lossy, 1000, &[1]).unwrap();

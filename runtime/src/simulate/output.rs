@@ -189,7 +189,11 @@ impl SimSummary {
             final_test_accuracy: report.test.map_or(f64::NAN, |t| t.1),
             final_train_loss: final_loss,
             diverged: report.diverged(),
-            bytes: rudra_actors::BytesMoved::default(),
+            bytes: rudra_actors::BytesMoved {
+                steps: report.counts.gradients,
+                payload: report.counts.payload_bytes,
+                wire: report.counts.bytes,
+            },
         };
         let mut run = Summary::new(config, &run);
         run.protocol.clone_from(&report.protocol);
@@ -238,8 +242,8 @@ impl SimSummary {
         let s = &self.run;
         format!(
             "{} n={} λ={}: ⟨σ⟩ {:.3} (max {}), {} gradients, {} updates in {:.2} virtual s \
-             ({:.1} updates/s), utilisation {:.3}, loss {:.4e} → {:.4e}; {} events in {:.2} s \
-             ({:.0} events/s); trace {}",
+             ({:.1} updates/s), utilisation {:.3}, {:.1} MB sent (peak {:.2} MB in flight), \
+             loss {:.4e} → {:.4e}; {} events in {:.2} s ({:.0} events/s); trace {}",
             s.protocol,
             s.n,
             s.learners,
@@ -250,6 +254,8 @@ impl SimSummary {
             self.virtual_seconds,
             self.updates_per_virtual_second,
             self.utilisation,
+            self.events.bytes as f64 / 1e6,
+            self.events.peak_bytes_in_flight as f64 / 1e6,
             self.initial_loss,
             self.final_loss,
             self.events.processed,
@@ -320,7 +326,8 @@ fn cell(literal: &str) -> String {
 pub fn sweep_csv(keys: &[String], points: &[(Vec<String>, SimSummary)]) -> String {
     let header = format!(
         "point,{},protocol,mean_staleness,max_staleness,fraction_above_2n,gradients_per_virtual_second,\
-         updates_per_virtual_second,utilisation,initial_loss,final_loss,trend,outcome,predicted_stable,agrees,trace_hash",
+         updates_per_virtual_second,utilisation,initial_loss,final_loss,trend,outcome,predicted_stable,agrees,trace_hash,\
+         bytes_sent,peak_bytes_in_flight,test_accuracy",
         keys.join(",")
     );
     let opt = |v: Option<String>| v.unwrap_or_default();
@@ -335,7 +342,7 @@ pub fn sweep_csv(keys: &[String], points: &[(Vec<String>, SimSummary)]) -> Strin
             t => Some((t == Trend::Converged) == p),
         });
         format!(
-            "{i},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{i},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             values.join(","),
             s.run.protocol,
             s.run.staleness.mean,
@@ -350,7 +357,10 @@ pub fn sweep_csv(keys: &[String], points: &[(Vec<String>, SimSummary)]) -> Strin
             s.run.outcome,
             opt(s.predicted_stable.map(|p| p.to_string())),
             opt(agrees.map(|a| a.to_string())),
-            s.trace_hash
+            s.trace_hash,
+            s.events.bytes,
+            s.events.peak_bytes_in_flight,
+            num(s.run.final_test_accuracy),
         )
     })
 }

@@ -7,8 +7,11 @@
 //! OUT/study.csv          one row per point: its settings, accuracy and error, time and updates
 //!                        to the target, ⟨σ⟩ and max σ, samples/s, payload bytes moved
 //! OUT/study.md           the same as a table
-//! OUT/study.png          test error against the first axis, one line per combination of the
-//!                        other axes (the mean over seeds)
+//! OUT/MEASURE.png        per [study] figures: a measure (test_error.png by default) against the
+//!                        first axis, one line per combination of the other axes (mean over seeds)
+//! OUT/accuracy_loss_vs_time.png, accuracy_loss_vs_updates.png
+//!                        figure "curves": every point's curves on shared axes
+//! OUT/staleness.png      figure "staleness": every point's σ histogram, side by side
 //! ```
 //!
 //! `--resume` keeps every point that is complete (its `point.json` is written last) and runs
@@ -22,9 +25,11 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::local::{ProgressMode, run_local};
+use crate::node::run_loopback;
 use crate::simulate::{self, settings::GradientSource};
+use crate::summary::RecordedRun;
 use crate::{Config, RunDir, RuntimeError, Summary, plot};
-use settings::StudyRuns;
+use settings::{Figure, Measure, StudyRuns, invalid};
 pub use settings::{RawStudy, Study};
 
 /// What one point of a study measured (`point.json`, a row of `study.csv`).
@@ -49,6 +54,9 @@ pub struct Point {
     pub payload_bytes: u64,
     /// `completed`, `diverged` or `failed`.
     pub outcome: String,
+    /// `staleness_histogram[σ]`: applied gradients of staleness σ.
+    #[serde(default)]
+    pub staleness_histogram: Vec<u64>,
 }
 
 impl Point {
@@ -63,6 +71,7 @@ impl Point {
             samples_per_second: s.samples_per_second,
             payload_bytes: s.bytes.payload,
             outcome: s.outcome.clone(),
+            staleness_histogram: s.staleness.histogram.clone(),
         }
     }
 
@@ -72,15 +81,24 @@ impl Point {
         1.0 - self.test_accuracy
     }
 
+    /// The value of `measure` (NaN where there is none: a target never reached).
+    #[must_use]
+    pub fn measure(&self, measure: Measure) -> f64 {
+        match measure {
+            Measure::TestError => self.test_error(),
+            Measure::TimeToTarget => self.time_to_target.unwrap_or(f64::NAN),
+            Measure::UpdatesToTarget => self.updates_to_target.map_or(f64::NAN, |u| u as f64),
+            Measure::MeanStaleness => self.mean_staleness,
+            Measure::SamplesPerSecond => self.samples_per_second,
+            Measure::PayloadBytes => self.payload_bytes as f64,
+        }
+    }
+
     /// The value of each setting, without its key (in the simulator the seed comes twice, as
     /// `training.seed` and `simulation.seed`: tables take the first).
     fn values(&self) -> impl Iterator<Item = &str> {
         self.settings.iter().map(|s| s.split_once('=').map_or("", |(_, v)| v).trim_matches('"'))
     }
-}
-
-fn invalid(key: &'static str, message: impl Into<String>) -> RuntimeError {
-    RuntimeError::Invalid(rudra_actors::InvalidSetting::new(key, message))
 }
 
 /// Run the study in `file` (with `overrides` on top) into `out`; with `resume`, keep the
@@ -101,7 +119,9 @@ pub fn run_command(
             let config = Config::load(Some(file), &[overrides, &sets].concat())?;
             match study.runs {
                 StudyRuns::Simulate => simulate::validate(&config)?,
-                StudyRuns::Local => config.cluster.validate_settings(config.model.layout().len)?,
+                StudyRuns::Local | StudyRuns::Quic => {
+                    config.cluster.validate_settings(config.model.layout().len)?;
+                }
             }
             config.refuse_kills()?;
             Ok((sets, config))
@@ -132,18 +152,46 @@ pub fn run_command(
     let columns = study.columns();
     dir.write_file("study.csv", &study_csv(&columns, &points))?;
     dir.write_file("study.md", &study_md(&columns, &points))?;
-    let (x, lines) = figure(&study, &points);
-    let steps: Vec<String> = study.axes[0].values.iter().map(|row| row.join(", ").replace('"', "")).collect();
-    if let Err(e) = plot::draw_study(&dir.path().join("study.png"), (&x, &steps), "test error", &lines) {
-        tracing::warn!("the study's figure was not drawn: {e}");
+    for figure in &study.figures {
+        if let Err(e) = draw(*figure, &study, &points, dir.path()) {
+            tracing::warn!("a figure of the study was not drawn: {e}");
+        }
     }
     println!("{total} points; wrote {}", dir.path().join("study.csv").display());
     Ok(points)
 }
 
-/// The figure's x axis (the first axis's keys) and its lines: test error per step of the first
-/// axis, one line per combination of the other axes, the mean over seeds.
-fn figure(study: &Study, points: &[Point]) -> (String, Vec<plot::StudyLine>) {
+/// Draw `figure` of the study's `points` into `out`.
+fn draw(figure: Figure, study: &Study, points: &[Point], out: &Path) -> Result<(), RuntimeError> {
+    let label = |p: &Point| p.settings.join(" ").replace('"', "");
+    match figure {
+        Figure::Measure(measure) => {
+            let (x, lines) = lines(study, points, measure);
+            let steps: Vec<String> =
+                study.axes[0].values.iter().map(|row| row.join(", ").replace('"', "")).collect();
+            let path = out.join(format!("{}.png", measure.name()));
+            plot::draw_study(&path, (&x, &steps), &measure.name().replace('_', " "), &lines)
+        }
+        Figure::Curves => {
+            let runs = (points.iter().enumerate())
+                .map(|(i, p)| {
+                    let run = RecordedRun::read(&out.join(format!("point-{i:03}")))?;
+                    Ok(RecordedRun { label: label(p), ..run })
+                })
+                .collect::<Result<Vec<_>, RuntimeError>>()?;
+            plot::draw_comparison(&runs, out).map(drop)
+        }
+        Figure::Staleness => {
+            let histograms: Vec<(String, &[u64])> =
+                points.iter().map(|p| (label(p), p.staleness_histogram.as_slice())).collect();
+            plot::draw_histograms(&out.join("staleness.png"), &histograms)
+        }
+    }
+}
+
+/// A measure figure's x axis (the first axis's keys) and its lines: `measure` per step of the
+/// first axis, one line per combination of the other axes, the mean over seeds.
+fn lines(study: &Study, points: &[Point], measure: Measure) -> (String, Vec<plot::StudyLine>) {
     let first = &study.axes[0];
     let (steps, per_step) = (first.values.len(), points.len() / first.values.len().max(1));
     let width = first.keys.len();
@@ -156,10 +204,10 @@ fn figure(study: &Study, points: &[Point]) -> (String, Vec<plot::StudyLine>) {
         let values = (0..steps)
             .map(|step| {
                 let runs = &points[step * per_step + line * seeds..][..seeds];
-                runs.iter().map(Point::test_error).sum::<f64>() / seeds as f64
+                runs.iter().map(|p| p.measure(measure)).sum::<f64>() / seeds as f64
             })
             .collect();
-        let label = if label.is_empty() { "test error".into() } else { label.join(" ").replace('"', "") };
+        let label = if label.is_empty() { measure.name().into() } else { label.join(" ").replace('"', "") };
         lines.push((label, values));
     }
     (first.keys.join(", "), lines)
@@ -174,9 +222,10 @@ fn read_point(dir: &Path) -> Option<Point> {
 fn run_point(runs: StudyRuns, config: &Config, sets: &[String], dir: &RunDir) -> Result<Point, RuntimeError> {
     dir.write_config(config)?;
     let summary = match runs {
-        StudyRuns::Local => {
+        StudyRuns::Local | StudyRuns::Quic => {
             let data = config.data.load()?;
-            let report = run_local(config, data, Some(dir.path()), ProgressMode::Quiet, None)?;
+            let run = if runs == StudyRuns::Quic { run_loopback } else { run_local };
+            let report = run(config, data, Some(dir.path()), ProgressMode::Quiet, None)?;
             dir.record(config, &report)?.summary
         }
         StudyRuns::Simulate => {

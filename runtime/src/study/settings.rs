@@ -9,7 +9,8 @@ use crate::simulate::settings::{RawSweepAxis, SweepAxis, sweep_axis};
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RawStudy {
-    /// Where each point runs: `local` (real actors in this process) or `simulate`.
+    /// Where each point runs: `local` (real actors in this process), `quic` (every node on a
+    /// thread of its own, over QUIC with mutual TLS on loopback) or `simulate`.
     pub runs: String,
     /// Every point runs once per seed (`training.seed`, and `simulation.seed` in the
     /// simulator); none: once, with the configured seed.
@@ -17,11 +18,17 @@ pub struct RawStudy {
     /// `[[study.axis]]`: the settings the study varies, as `[[simulation.sweep]]` axes.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub axis: Vec<RawSweepAxis>,
+    /// The figures drawn: a measure against the first axis (`test_error`, `time_to_target`,
+    /// `updates_to_target`, `mean_staleness`, `samples_per_second`, `payload_bytes`), `curves`
+    /// (every point's test accuracy and train loss on shared axes) or `staleness` (every
+    /// point's σ histogram, side by side).
+    pub figures: Vec<String>,
 }
 
 impl Default for RawStudy {
     fn default() -> Self {
-        Self { runs: "local".into(), seeds: Vec::new(), axis: Vec::new() }
+        let figures = vec!["test_error".into()];
+        Self { runs: "local".into(), seeds: Vec::new(), axis: Vec::new(), figures }
     }
 }
 
@@ -30,6 +37,8 @@ impl Default for RawStudy {
 pub enum StudyRuns {
     /// `rudra-node local`: real actors in this process.
     Local,
+    /// `rudra-node local --transport quic`: the nodes over QUIC on loopback.
+    Quic,
     /// `rudra-node simulate`: virtual learners in virtual time.
     Simulate,
 }
@@ -43,6 +52,67 @@ pub struct Study {
     pub seeds: Vec<u64>,
     /// The axes, in order.
     pub axes: Vec<SweepAxis>,
+    /// The figures, in order.
+    pub figures: Vec<Figure>,
+}
+
+/// A figure of a study.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Figure {
+    /// A measure of each point against the first axis, one line per combination of the others.
+    Measure(Measure),
+    /// Every point's accuracy and loss curves on shared axes (real runs only).
+    Curves,
+    /// Every point's staleness histogram.
+    Staleness,
+}
+
+/// What a measure figure shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Measure {
+    /// 1 − final test accuracy.
+    TestError,
+    /// Seconds to the target accuracy.
+    TimeToTarget,
+    /// Updates to the target accuracy.
+    UpdatesToTarget,
+    /// ⟨σ⟩.
+    MeanStaleness,
+    /// Samples per second.
+    SamplesPerSecond,
+    /// Payload bytes moved.
+    PayloadBytes,
+}
+
+impl Measure {
+    const ALL: [(&'static str, Measure); 6] = [
+        ("test_error", Self::TestError),
+        ("time_to_target", Self::TimeToTarget),
+        ("updates_to_target", Self::UpdatesToTarget),
+        ("mean_staleness", Self::MeanStaleness),
+        ("samples_per_second", Self::SamplesPerSecond),
+        ("payload_bytes", Self::PayloadBytes),
+    ];
+
+    /// Its name in a study file, its figure's file and its axis label.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        Self::ALL.iter().find(|(_, m)| *m == self).map_or("", |(n, _)| n)
+    }
+}
+
+impl Figure {
+    fn parse(name: &str) -> Option<Self> {
+        match name {
+            "curves" => Some(Self::Curves),
+            "staleness" => Some(Self::Staleness),
+            _ => Measure::ALL.iter().find(|(n, _)| *n == name).map(|&(_, m)| Self::Measure(m)),
+        }
+    }
+}
+
+pub(super) fn invalid(key: &'static str, message: impl Into<String>) -> RuntimeError {
+    RuntimeError::Invalid(rudra_actors::InvalidSetting::new(key, message))
 }
 
 impl RawStudy {
@@ -50,16 +120,29 @@ impl RawStudy {
     pub(crate) fn study(&self) -> Result<Study, RuntimeError> {
         let runs = match self.runs.as_str() {
             "local" => StudyRuns::Local,
+            "quic" => StudyRuns::Quic,
             "simulate" => StudyRuns::Simulate,
             other => {
-                return Err(RuntimeError::Invalid(rudra_actors::InvalidSetting::new(
-                    "study.runs",
-                    format!("{other:?} is not one of local, simulate"),
-                )));
+                return Err(invalid("study.runs", format!("{other:?} is not one of local, quic, simulate")));
             }
         };
         let axes = self.axis.iter().map(|a| sweep_axis(a, "study.axis")).collect::<Result<_, _>>()?;
-        Ok(Study { runs, seeds: self.seeds.clone(), axes })
+        let figures = (self.figures.iter())
+            .map(|name| {
+                let figure = Figure::parse(name).ok_or_else(|| {
+                    let measures = Measure::ALL.map(|(n, _)| n).join(", ");
+                    invalid("study.figures", format!("{name:?} is not one of {measures}, curves, staleness"))
+                })?;
+                if figure == Figure::Curves && runs == StudyRuns::Simulate {
+                    return Err(invalid(
+                        "study.figures",
+                        "curves need real runs: the simulator evaluates once",
+                    ));
+                }
+                Ok(figure)
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Study { runs, seeds: self.seeds.clone(), axes, figures })
     }
 }
 
