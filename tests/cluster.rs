@@ -121,6 +121,7 @@ fn elastic(method: ElasticMethod, tau: u64, lr: f32, momentum: f32) -> ClusterSp
         outer_lr: 0.7,
         outer_momentum: 0.9,
         optimizer: OptimizerSpec::Sgd,
+        fragments: 1,
     });
     s.schedule.base = lr;
     s
@@ -168,7 +169,7 @@ fn sync_easgd_over_actors_equals_a_sequential_driver_of_the_cores() -> anyhow::R
                 drop(point);
                 queue.extend(w.on_gradient(&g)?.into_iter().map(|e| (l, e)));
             }
-            WorkerEvent::Exchange(values) => {
+            WorkerEvent::Exchange { values, .. } => {
                 for (s, (center, range)) in centers.iter_mut().zip(&ranges).enumerate() {
                     for event in center.on_exchange(LearnerId(l as u32), &values[range.clone()])? {
                         let ShardEvent::Serve { learner, weights, .. } = event else { continue };

@@ -229,9 +229,10 @@ impl LearnerActor {
     fn carry_out_elastic(&mut self, events: Vec<WorkerEvent>, ctx: &mut Context<Self>) {
         for event in events {
             match event {
-                WorkerEvent::Exchange(values) => {
+                WorkerEvent::Exchange { values, shards } => {
                     let values = Floats::from(values);
-                    for (link, reply_to) in self.shards.iter().zip(&self.answers) {
+                    let links = self.shards.iter().zip(&self.answers).skip(shards.start).take(shards.len());
+                    for (link, reply_to) in links {
                         let Some(part) = values.slice(link.range.clone()) else { continue };
                         let payload = if self.wire.exchanges_gradients {
                             self.wire.gradient(&part, link.range.clone())

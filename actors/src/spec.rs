@@ -78,6 +78,14 @@ pub struct ElasticSpec {
     pub outer_momentum: f32,
     /// The learners' local optimizer (EASGD, DOWNPOUR, DiLoCo; plain SGD for the others).
     pub optimizer: OptimizerSpec,
+    /// DiLoCo: the parameter vector goes out in this many fragments in turn, each a run of
+    /// whole shards, one every τ/F steps (Streaming DiLoCo); 1: all of it every τ steps.
+    #[serde(default = "one_fragment")]
+    pub fragments: u64,
+}
+
+fn one_fragment() -> u64 {
+    1
 }
 
 impl ElasticSpec {
@@ -119,7 +127,8 @@ impl ElasticSpec {
                 LocalRule::Elastic(ElasticLearner::new(settings, len))
             }
             ElasticMethod::Downpour | ElasticMethod::Diloco { .. } => {
-                LocalRule::Downpour(DownpourLearner::new(self.tau, lr, len).with_optimizer(self.optimizer))
+                let learner = DownpourLearner::new(self.tau, lr, len).with_optimizer(self.optimizer);
+                LocalRule::Downpour(learner.with_fragments(self.fragments))
             }
             ElasticMethod::MDownpour => LocalRule::MDownpour,
         }
@@ -155,6 +164,7 @@ impl ElasticSpec {
             }
         }
         positive("protocol.outer_lr", self.outer_lr)?;
+        self.validate_fragments()?;
         self.validate_optimizer()?;
         if !(self.lr_decay_gamma.is_finite() && self.lr_decay_gamma >= 0.0) {
             return Err(InvalidSetting::new(
@@ -167,6 +177,22 @@ impl ElasticSpec {
 }
 
 impl ElasticSpec {
+    /// Streaming fragments: DiLoCo's, at most τ of them and dividing it (the shards are checked
+    /// with the cluster).
+    fn validate_fragments(&self) -> Result<(), InvalidSetting> {
+        let f = self.fragments;
+        let why = if f == 0 {
+            "must be at least 1".to_owned()
+        } else if f > 1 && !matches!(self.method, ElasticMethod::Diloco { .. }) {
+            format!("is {f}; streaming fragments belong to diloco")
+        } else if !self.tau.is_multiple_of(f) {
+            format!("is {f}; it must divide protocol.tau = {} (one fragment every τ/F steps)", self.tau)
+        } else {
+            return Ok(());
+        };
+        Err(InvalidSetting::new("protocol.fragments", why))
+    }
+
     /// The local optimizer: its settings in range, and only for the methods whose learners
     /// take plain SGD steps between exchanges (EAMSGD has its own momentum, MDOWNPOUR takes no
     /// local step).
@@ -276,6 +302,15 @@ impl ClusterSpec {
         }
         if let Some(e) = &self.protocol.elastic {
             e.validate()?;
+            if !u64::from(self.shards).is_multiple_of(e.fragments) {
+                return Err(InvalidSetting::new(
+                    "protocol.fragments",
+                    format!(
+                        "is {}; it must divide cluster.shards = {} (a fragment is a run of whole shards)",
+                        e.fragments, self.shards
+                    ),
+                ));
+            }
         } else if let SyncRule::Softsync { n } = self.protocol.rule
             && !(1..=self.learners).contains(&n)
         {

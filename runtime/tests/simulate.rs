@@ -346,7 +346,7 @@ fn every_shipped_simulation_config_runs() {
         .filter(|p| p.extension().is_some_and(|e| e == "toml"))
         .collect();
     files.sort();
-    assert_eq!(files.len(), 3);
+    assert_eq!(files.len(), 4);
     for file in files {
         let tmp = tempfile::tempdir().unwrap();
         let tiny = sets(&["simulation.stop_gradients=200", "simulation.stop_seconds=0"]);

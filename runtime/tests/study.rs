@@ -115,6 +115,29 @@ fn a_simulated_study_runs_each_point_per_seed_and_is_deterministic() {
     assert_eq!(virtual_only(&run("b")), virtual_only(&csv), "the same study gives the same table");
 }
 
+/// Every shipped study loads, and so does each of its points: a study file never fails on
+/// its twentieth point.
+#[test]
+fn every_shipped_study_and_each_of_its_points_load() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/studies");
+    let mut files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    files.retain(|p| p.extension().is_some_and(|e| e == "toml"));
+    assert_eq!(files.len(), 5);
+    for file in files {
+        let base = rudra_runtime::Config::load(Some(&file), &[]).unwrap();
+        let points = base.study.points();
+        assert!(points.len() >= 6, "{}", file.display());
+        for sets in points {
+            let config = rudra_runtime::Config::load(Some(&file), &sets).unwrap();
+            let params = config.model.layout().len;
+            config
+                .cluster
+                .validate_settings(params)
+                .unwrap_or_else(|e| panic!("{}: {sets:?}: {e}", file.display()));
+        }
+    }
+}
+
 #[test]
 fn a_bad_study_file_exits_2_naming_the_key_before_any_point_runs() {
     let dir = tempfile::tempdir().unwrap();

@@ -6,7 +6,8 @@
 //! - EASGD / EAMSGD: the exchange (x^i to the shards, x̃ back) and the gradient at the point
 //!   before the pull run side by side; the step then applies the pull and the local update.
 //! - DOWNPOUR: the exchange first (the accumulated `v` out, x̃ back and adopted as x^i), then
-//!   the gradient at the new x^i and the local step. The last `v` is sent before finishing.
+//!   the gradient at the new x^i and the local step. The last `v` is sent before finishing,
+//!   fragment by fragment with streaming fragments.
 //! - MDOWNPOUR: the gradient first; it goes to the shards, which apply it with momentum, and
 //!   their x̃ becomes x^i.
 
@@ -32,8 +33,13 @@ pub enum LocalRule {
 /// An effect the learner actor carries out.
 #[derive(Clone, Debug, PartialEq)]
 pub enum WorkerEvent {
-    /// Send each shard its range of these values; each answers with its center.
-    Exchange(Arc<Vec<f32>>),
+    /// Send each shard of `shards` its range of `values`; each answers with its center.
+    Exchange {
+        /// The values, over the whole parameter vector.
+        values: Arc<Vec<f32>>,
+        /// The shards that take part: all of them, or a streaming fragment's.
+        shards: Range<usize>,
+    },
     /// Compute the gradient at this point on the next minibatch, then call
     /// [`ElasticWorker::on_gradient`].
     Compute(Arc<Vec<f32>>),
@@ -61,7 +67,8 @@ pub struct ElasticWorker {
     has_grad: bool,
     /// EAMSGD: where the next gradient is taken, x + δv; reused once the actor let go of it.
     point: Arc<Vec<f32>>,
-    finishing: bool,
+    /// DOWNPOUR and DiLoCo at the end: the last `v` goes out, the next fragment of how many.
+    finishing: Option<(usize, usize)>,
 }
 
 impl ElasticWorker {
@@ -90,7 +97,7 @@ impl ElasticWorker {
             grad: Vec::new(),
             has_grad: false,
             point: Arc::new(Vec::new()),
-            finishing: false,
+            finishing: None,
         }
     }
 
@@ -141,8 +148,8 @@ impl ElasticWorker {
         if self.awaiting.iter().any(|&a| a) {
             return Ok(Vec::new());
         }
-        if self.finishing {
-            return Ok(vec![WorkerEvent::Finished]);
+        if self.finishing.is_some() {
+            return Ok(self.flush());
         }
         Ok(match self.rule {
             LocalRule::Elastic(_) => self.finish_elastic_step(),
@@ -187,9 +194,14 @@ impl ElasticWorker {
         WorkerEvent::Compute(Arc::clone(&self.x))
     }
 
+    /// Exchange `values` with every shard.
     fn exchange(&mut self, values: Arc<Vec<f32>>) -> Vec<WorkerEvent> {
-        self.awaiting.fill(true);
-        vec![WorkerEvent::Exchange(values)]
+        self.exchange_with(values, 0..self.ranges.len())
+    }
+
+    fn exchange_with(&mut self, values: Arc<Vec<f32>>, shards: Range<usize>) -> Vec<WorkerEvent> {
+        self.awaiting[shards.clone()].fill(true);
+        vec![WorkerEvent::Exchange { values, shards }]
     }
 
     fn begin_step(&mut self) -> Vec<WorkerEvent> {
@@ -197,9 +209,8 @@ impl ElasticWorker {
             return match &mut self.rule {
                 // DOWNPOUR's updates since its last exchange still belong to the center.
                 LocalRule::Downpour(d) if self.steps_total > 0 => {
-                    self.finishing = true;
-                    let v = Arc::new(d.take_accumulated());
-                    self.exchange(v)
+                    self.finishing = Some((0, d.fragments()));
+                    self.flush()
                 }
                 _ => vec![WorkerEvent::Finished],
             };
@@ -218,11 +229,32 @@ impl ElasticWorker {
                 events.push(WorkerEvent::Compute(point));
                 events
             }
-            LocalRule::Downpour(d) if d.exchanges_now() => {
-                let v = Arc::new(d.take_accumulated());
-                self.exchange(v)
+            LocalRule::Downpour(d) => match d.fragment_now() {
+                Some(f) => self.exchange_fragment(f),
+                None => vec![self.compute_at_x()],
+            },
+            LocalRule::MDownpour => vec![self.compute_at_x()],
+        }
+    }
+
+    /// DOWNPOUR / DiLoCo: send fragment `f` of the accumulated `v` to its shards.
+    fn exchange_fragment(&mut self, f: (usize, usize)) -> Vec<WorkerEvent> {
+        let LocalRule::Downpour(d) = &mut self.rule else { return Vec::new() };
+        let shards = fragment(f, self.ranges.len());
+        let values = self.ranges[shards.start].start..self.ranges[shards.end - 1].end;
+        let v = Arc::new(d.take_accumulated_of(values));
+        self.exchange_with(v, shards)
+    }
+
+    /// At the end: the next fragment of the last `v`, one after the other (so the end moves
+    /// no more at once than a step did), then done.
+    fn flush(&mut self) -> Vec<WorkerEvent> {
+        match self.finishing {
+            Some((f, of)) if f < of => {
+                self.finishing = Some((f + 1, of));
+                self.exchange_fragment((f, of))
             }
-            LocalRule::Downpour(_) | LocalRule::MDownpour => vec![self.compute_at_x()],
+            _ => vec![WorkerEvent::Finished],
         }
     }
 
@@ -245,6 +277,13 @@ impl ElasticWorker {
         self.steps_done += 1;
         self.begin_step()
     }
+}
+
+/// The shards of fragment `f` of `of`: a run of whole shards, `shards / of` of them (the
+/// configuration checks that `of` divides the shards).
+fn fragment((f, of): (usize, usize), shards: usize) -> Range<usize> {
+    let per = (shards / of.max(1)).max(1);
+    (f * per).min(shards - 1)..((f + 1) * per).min(shards)
 }
 
 #[cfg(test)]
@@ -272,7 +311,7 @@ mod tests {
     }
 
     fn exchange(v: &[f32]) -> WorkerEvent {
-        WorkerEvent::Exchange(Arc::new(v.to_vec()))
+        WorkerEvent::Exchange { values: Arc::new(v.to_vec()), shards: 0..2 }
     }
 
     fn compute(v: &[f32]) -> WorkerEvent {
@@ -327,6 +366,48 @@ mod tests {
         w.on_center(S0, &[9.0, 8.0]).unwrap();
         assert_eq!(w.on_center(S1, &[7.0]).unwrap(), vec![WorkerEvent::Finished]);
         assert_eq!(w.params(), &[9.0, 8.0, 7.0]);
+    }
+
+    #[test]
+    fn streaming_fragments_carry_their_values_in_turn_and_each_once_per_period() {
+        // 4 shards of one value each, F = 2 fragments of two shards, H = 4: fragment 0 at
+        // t ≡ 0, fragment 1 at t ≡ 2 (mod 4).
+        let rule = LocalRule::Downpour(DownpourLearner::new(4, 1.0, 4).with_fragments(2));
+        let ranges = vec![0..1, 1..2, 2..3, 3..4];
+        let mut w = ElasticWorker::new(LearnerId(0), rule, vec![0.0; 4], ranges, 8);
+        let mut events = w.on_start();
+        let (mut sent, mut v) = (Vec::new(), [0.0f32; 4]);
+        for t in 0..8u8 {
+            if let Some(WorkerEvent::Exchange { values, shards }) = events.first().cloned() {
+                // Exactly the fragment's accumulated values, nothing of the others.
+                let inside = |i: usize| (shards.start..shards.end).contains(&i);
+                let expected: Vec<f32> = (0..4).map(|i| if inside(i) { v[i] } else { 0.0 }).collect();
+                assert_eq!(*values, expected, "t = {t}");
+                for i in shards.clone() {
+                    v[i] = 0.0;
+                }
+                sent.push((t, shards.clone()));
+                events = Vec::new();
+                for s in shards {
+                    events = w.on_center(ShardId(s as u32), &[w.params()[s]]).unwrap();
+                }
+            }
+            assert!(matches!(events[..], [WorkerEvent::Compute(_)]), "t = {t}: {events:?}");
+            let g: Vec<f32> = (0..4).map(|i| f32::from(t) + i as f32).collect();
+            for (v, g) in v.iter_mut().zip(&g) {
+                *v -= g;
+            }
+            events = w.on_gradient(&g).unwrap();
+        }
+        // Every 2 steps one fragment, in turn: over H = 4 steps every value went out once.
+        assert_eq!(sent, vec![(0, 0..2), (2, 2..4), (4, 0..2), (6, 2..4)]);
+        // The last update goes out before the end, a fragment at a time.
+        assert!(matches!(&events[..], [WorkerEvent::Exchange { shards, .. }] if *shards == (0..2)));
+        assert!(w.on_center(ShardId(0), &[0.0]).unwrap().is_empty());
+        let next = w.on_center(ShardId(1), &[0.0]).unwrap();
+        assert!(matches!(&next[..], [WorkerEvent::Exchange { shards, .. }] if *shards == (2..4)), "{next:?}");
+        w.on_center(ShardId(2), &[0.0]).unwrap();
+        assert_eq!(w.on_center(ShardId(3), &[0.0]).unwrap(), vec![WorkerEvent::Finished]);
     }
 
     #[test]

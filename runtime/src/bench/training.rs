@@ -102,6 +102,7 @@ fn cluster(
                 outer_lr: 0.7,
                 outer_momentum: 0.9,
                 optimizer: OptimizerSpec::Sgd,
+                fragments: 1,
             });
         }
     }

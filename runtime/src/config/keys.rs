@@ -24,6 +24,9 @@ pub(super) fn check_every_protocol_key(raw: &RawConfig) -> Result<(), RuntimeErr
     if p.tau == Some(0) {
         return Err(invalid("protocol.tau", "must be at least 1"));
     }
+    if p.fragments == Some(0) {
+        return Err(invalid("protocol.fragments", "must be at least 1"));
+    }
     positive("protocol.outer_lr", p.outer_lr)?;
     let t = &raw.training;
     positive("training.eps", t.eps)?;

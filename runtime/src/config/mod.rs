@@ -259,6 +259,7 @@ impl TryFrom<RawConfig> for Config {
                 outer_lr: p.outer_lr.unwrap_or(0.7),
                 outer_momentum: p.outer_momentum.unwrap_or(0.9),
                 optimizer,
+                fragments: p.fragments.unwrap_or(1),
             }
         };
         let (rule, elastic) = match kind {

@@ -120,6 +120,8 @@ pub struct RawProtocol {
     pub outer_lr: Option<f32>,
     /// DiLoCo: outer Nesterov momentum μ_o (default 0.9).
     pub outer_momentum: Option<f32>,
+    /// DiLoCo: streaming fragments F (default 1).
+    pub fragments: Option<u64>,
 }
 
 /// `[training]`

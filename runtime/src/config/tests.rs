@@ -197,6 +197,34 @@ fn bad_values_name_their_key() {
 }
 
 #[test]
+fn streaming_fragments_are_diloco_runs_of_whole_shards_dividing_tau() {
+    let refusal = |sets: &[&str]| {
+        let c = load(&[&["protocol.kind=diloco", "cluster.shards=4", "protocol.tau=12"], sets].concat())?;
+        c.cluster.validate_settings(c.model.layout().len).map_err(RuntimeError::Invalid)
+    };
+    assert!(refusal(&["protocol.fragments=4"]).is_ok());
+    assert_eq!(
+        load(&["protocol.fragments=4"]).unwrap().cluster.protocol.elastic,
+        None,
+        "not read by softsync"
+    );
+    for (sets, why) in [
+        (&["protocol.fragments=0"][..], "at least 1"),
+        (&["protocol.fragments=4", "protocol.kind=downpour"], "belong to diloco"),
+        (&["protocol.fragments=4", "protocol.tau=10"], "divide protocol.tau"),
+        (&["protocol.fragments=3"], "divide cluster.shards"),
+    ] {
+        match refusal(sets) {
+            Err(RuntimeError::Invalid(InvalidSetting { key, message })) => {
+                assert_eq!(key, "protocol.fragments", "{sets:?}");
+                assert!(message.contains(why), "{sets:?}: {message}");
+            }
+            other => panic!("{sets:?}: expected a refusal, got {other:?}"),
+        }
+    }
+}
+
+#[test]
 fn missing_file_and_missing_dataset_are_clear() {
     assert!(matches!(Config::load(Some(Path::new("/no/such.toml")), &[]), Err(RuntimeError::Config(_))));
     let c = load(&["training.data_dir=/no/such/dir"]).unwrap();

@@ -91,8 +91,8 @@ impl ElasticWorld {
     ) -> Result<(), RuntimeError> {
         for event in events {
             match event {
-                WorkerEvent::Exchange(values) => {
-                    for s in 0..self.ranges.len() {
+                WorkerEvent::Exchange { values, shards } => {
+                    for s in shards {
                         let values = Arc::clone(&values);
                         eng.send(ElasticMsg::Exchange { learner, shard: ShardId(s as u32), values });
                     }

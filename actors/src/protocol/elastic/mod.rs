@@ -452,6 +452,9 @@ impl ElasticLearner {
 #[derive(Clone, Debug)]
 pub struct DownpourLearner {
     tau: u64,
+    /// Streaming DiLoCo: `v` goes out in this many fragments, one every τ/F steps (1: all of
+    /// it every τ steps).
+    fragments: u64,
     lr: f32,
     t: u64,
     accumulated: Vec<f32>,
@@ -465,7 +468,15 @@ impl DownpourLearner {
     #[must_use]
     pub fn new(tau: u64, lr: f32, len: usize) -> Self {
         let optimizer = LocalOptimizer::new(OptimizerSpec::Sgd, 0);
-        Self { tau: tau.max(1), lr, t: 0, accumulated: vec![0.0; len], optimizer, step: Vec::new() }
+        let accumulated = vec![0.0; len];
+        Self { tau: tau.max(1), fragments: 1, lr, t: 0, accumulated, optimizer, step: Vec::new() }
+    }
+
+    /// Exchange `v` in `fragments` parts in turn (F divides τ, checked with the configuration).
+    #[must_use]
+    pub fn with_fragments(mut self, fragments: u64) -> Self {
+        self.fragments = fragments.clamp(1, self.tau);
+        self
     }
 
     /// Local steps by `optimizer` rather than plain SGD: `u` its step, `x ← x − u; v ← v − u`.
@@ -475,16 +486,42 @@ impl DownpourLearner {
         self
     }
 
-    /// Whether this step begins with an exchange (τ divides t^i).
+    /// Whether this step begins with an exchange.
     #[must_use]
     pub fn exchanges_now(&self) -> bool {
-        self.t.is_multiple_of(self.tau)
+        self.fragment_now().is_some()
+    }
+
+    /// How many fragments `v` goes out in.
+    #[must_use]
+    pub fn fragments(&self) -> usize {
+        self.fragments as usize
+    }
+
+    /// The fragment this step begins by exchanging, of how many: fragment f at the steps
+    /// t ≡ f·τ/F (mod τ), so every value goes out once every τ steps.
+    #[must_use]
+    pub fn fragment_now(&self) -> Option<(usize, usize)> {
+        let every = self.tau / self.fragments;
+        let f = (self.t / every) % self.fragments;
+        self.t.is_multiple_of(every).then_some((f as usize, self.fragments as usize))
     }
 
     /// The accumulated update to send, reset to zero.
     pub fn take_accumulated(&mut self) -> Vec<f32> {
         let zeros = vec![0.0; self.accumulated.len()];
         std::mem::replace(&mut self.accumulated, zeros)
+    }
+
+    /// The accumulated update of the values in `range` (zero elsewhere), reset to zero there.
+    pub fn take_accumulated_of(&mut self, range: std::ops::Range<usize>) -> Vec<f32> {
+        if range == (0..self.accumulated.len()) {
+            return self.take_accumulated();
+        }
+        let mut part = vec![0.0; self.accumulated.len()];
+        part[range.clone()].copy_from_slice(&self.accumulated[range.clone()]);
+        self.accumulated[range].fill(0.0);
+        part
     }
 
     /// One local step with the gradient `g` at x^i: `x ← x − η g; v ← v − η g` (with another
