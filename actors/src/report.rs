@@ -1,9 +1,10 @@
 //! What a run reports: every evaluation ([`MetricsRow`]), progress between them, the timeline of
 //! membership changes and faults, and the final [`RunReport`].
 
+use actix::Message;
+use rudra_transport::LearnerId;
 use serde::{Deserialize, Serialize};
 
-use crate::messages::Progress;
 use crate::protocol::{SchedulerCore, StalenessSummary};
 
 /// One evaluation of the model during a run (a row of `metrics.csv`).
@@ -157,6 +158,55 @@ pub struct Diverged {
     pub first_loss: f64,
 }
 
+/// What a learner has done since it started: the totals of one learner actor's life, told
+/// again every few steps. Totals rather than increments, so a report lost on the way (a
+/// scheduler that died, a connection that dropped) loses nothing: the next one carries it.
+#[derive(Message, Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[rtype(result = "()")]
+pub struct Progress {
+    /// The learner.
+    pub learner: LearnerId,
+    /// Which life of the learner these totals count: a learner started again starts from 0
+    /// under a new session.
+    pub session: u64,
+    /// Examples in the minibatches computed.
+    pub samples: u64,
+    /// Gradients computed.
+    pub steps: u64,
+    /// Sum of the minibatches' mean training losses.
+    pub loss_sum: f64,
+    /// Payload bytes (values and scales, as encoded) the learner sent and received.
+    pub payload_bytes: u64,
+    /// Frame bytes its connections sent and received (0 in one process).
+    pub wire_bytes: u64,
+}
+
+impl Progress {
+    /// Nothing computed yet by `learner` in a new session, unlike any other's.
+    #[must_use]
+    pub fn start(learner: LearnerId) -> Self {
+        // Each `RandomState` draws fresh keys: its hash of a constant is a random number.
+        let session = std::hash::BuildHasher::hash_one(&std::collections::hash_map::RandomState::new(), 0u8);
+        Self { learner, session, samples: 0, steps: 0, loss_sum: 0.0, payload_bytes: 0, wire_bytes: 0 }
+    }
+
+    /// What these totals add to `earlier`, the last totals taken from the same learner: the
+    /// difference within a session, all of them from a new one, nothing from an older report
+    /// of the same session.
+    #[must_use]
+    pub fn since(&self, earlier: Option<&Progress>) -> Option<Progress> {
+        let Some(e) = earlier.filter(|e| e.session == self.session) else { return Some(self.clone()) };
+        (self.steps >= e.steps && self.samples >= e.samples).then(|| Progress {
+            samples: self.samples - e.samples,
+            steps: self.steps - e.steps,
+            loss_sum: self.loss_sum - e.loss_sum,
+            payload_bytes: self.payload_bytes.saturating_sub(e.payload_bytes),
+            wire_bytes: self.wire_bytes.saturating_sub(e.wire_bytes),
+            ..self.clone()
+        })
+    }
+}
+
 /// What a scheduler restarted with `--resume` takes back: its core and what the run recorded
 /// so far.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -226,4 +276,35 @@ pub struct TimelineEntry {
 /// Read a number that JSON may hold as `null` (serde_json writes NaN and ±Inf so) as NaN.
 pub fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
     Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn totals(p: &Progress, samples: u64, steps: u64) -> Progress {
+        let loss_sum = steps as f64 * 0.5;
+        Progress { samples, steps, loss_sum, payload_bytes: 10 * steps, wire_bytes: 20 * steps, ..p.clone() }
+    }
+
+    #[test]
+    fn totals_count_what_a_lost_report_carried_once() {
+        let first = Progress::start(LearnerId(2));
+        let (a, b, c) = (totals(&first, 64, 2), totals(&first, 128, 4), totals(&first, 320, 10));
+        assert_eq!(a.since(None), Some(a.clone()));
+        // `b` was lost on the way: `c` carries its steps, and the three add up to c's totals.
+        let after_a = c.since(Some(&a)).unwrap();
+        assert_eq!((after_a.samples, after_a.steps, after_a.loss_sum), (256, 8, 4.0));
+        assert_eq!((after_a.payload_bytes, after_a.wire_bytes, after_a.learner), (80, 160, LearnerId(2)));
+        assert_eq!(b.since(Some(&c)), None, "an older report of the same session adds nothing");
+        assert_eq!(c.since(Some(&c)).map(|d| d.samples), Some(0));
+    }
+
+    #[test]
+    fn a_new_session_counts_from_zero() {
+        let (old, new) = (Progress::start(LearnerId(0)), Progress::start(LearnerId(0)));
+        assert_ne!(old.session, new.session);
+        let restarted = totals(&new, 32, 1);
+        assert_eq!(restarted.since(Some(&totals(&old, 640, 20))), Some(restarted.clone()));
+    }
 }
