@@ -8,6 +8,9 @@
 //! - DOWNPOUR: the exchange first (the accumulated `v` out, x̃ back and adopted as x^i), then
 //!   the gradient at the new x^i and the local step. The last `v` is sent before finishing,
 //!   fragment by fragment with streaming fragments.
+//! - Streaming DiLoCo (F > 1 fragments): a fragment's exchange overlaps the steps after it;
+//!   its center arrives as x_start of the fragment, and the steps taken meanwhile go on from
+//!   it (x ← x̃ + v). A fragment due again while its last answer is still away waits for it.
 //! - MDOWNPOUR: the gradient first; it goes to the shards, which apply it with momentum, and
 //!   their x̃ becomes x^i.
 
@@ -69,6 +72,8 @@ pub struct ElasticWorker {
     point: Arc<Vec<f32>>,
     /// DOWNPOUR and DiLoCo at the end: the last `v` goes out, the next fragment of how many.
     finishing: Option<(usize, usize)>,
+    /// Streaming: the next step waits for a fragment's answer.
+    blocked: bool,
 }
 
 impl ElasticWorker {
@@ -98,6 +103,7 @@ impl ElasticWorker {
             has_grad: false,
             point: Arc::new(Vec::new()),
             finishing: None,
+            blocked: false,
         }
     }
 
@@ -140,11 +146,20 @@ impl ElasticWorker {
             )));
         }
         self.awaiting[s] = false;
-        let target = match self.rule {
-            LocalRule::Elastic(_) => &mut self.center,
-            _ => Arc::make_mut(&mut self.x),
-        };
-        target[range].copy_from_slice(values);
+        match &self.rule {
+            LocalRule::Elastic(_) => self.center[range].copy_from_slice(values),
+            LocalRule::Downpour(d) if d.fragments() > 1 => {
+                // The steps taken while the fragment was away go on from its new center.
+                let x = &mut Arc::make_mut(&mut self.x)[range.clone()];
+                for ((x, c), v) in x.iter_mut().zip(values).zip(d.pending(range)) {
+                    *x = c + v;
+                }
+            }
+            _ => Arc::make_mut(&mut self.x)[range].copy_from_slice(values),
+        }
+        if self.streaming() && self.finishing.is_none() {
+            return Ok(if std::mem::take(&mut self.blocked) { self.begin_step() } else { Vec::new() });
+        }
         if self.awaiting.iter().any(|&a| a) {
             return Ok(Vec::new());
         }
@@ -189,6 +204,11 @@ impl ElasticWorker {
         })
     }
 
+    /// Whether fragments are exchanged while the learner computes (Streaming DiLoCo).
+    fn streaming(&self) -> bool {
+        matches!(&self.rule, LocalRule::Downpour(d) if d.fragments() > 1)
+    }
+
     /// Ask for the gradient at x^i itself.
     fn compute_at_x(&mut self) -> WorkerEvent {
         WorkerEvent::Compute(Arc::clone(&self.x))
@@ -208,6 +228,11 @@ impl ElasticWorker {
         if self.steps_done >= self.steps_total {
             return match &mut self.rule {
                 // DOWNPOUR's updates since its last exchange still belong to the center.
+                // Streaming: the answers still away come first.
+                LocalRule::Downpour(_) if self.awaiting.iter().any(|&a| a) => {
+                    self.blocked = true;
+                    Vec::new()
+                }
                 LocalRule::Downpour(d) if self.steps_total > 0 => {
                     self.finishing = Some((0, d.fragments()));
                     self.flush()
@@ -230,6 +255,15 @@ impl ElasticWorker {
                 events
             }
             LocalRule::Downpour(d) => match d.fragment_now() {
+                Some(f) if f.1 > 1 => {
+                    if self.awaiting[fragment(f, self.ranges.len())].iter().any(|&a| a) {
+                        self.blocked = true;
+                        return Vec::new();
+                    }
+                    let mut events = self.exchange_fragment(f);
+                    events.push(self.compute_at_x());
+                    events
+                }
                 Some(f) => self.exchange_fragment(f),
                 None => vec![self.compute_at_x()],
             },
@@ -379,6 +413,7 @@ mod tests {
         let (mut sent, mut v) = (Vec::new(), [0.0f32; 4]);
         for t in 0..8u8 {
             if let Some(WorkerEvent::Exchange { values, shards }) = events.first().cloned() {
+                let rest = events.split_off(1);
                 // Exactly the fragment's accumulated values, nothing of the others.
                 let inside = |i: usize| (shards.start..shards.end).contains(&i);
                 let expected: Vec<f32> = (0..4).map(|i| if inside(i) { v[i] } else { 0.0 }).collect();
@@ -387,10 +422,11 @@ mod tests {
                     v[i] = 0.0;
                 }
                 sent.push((t, shards.clone()));
-                events = Vec::new();
                 for s in shards {
-                    events = w.on_center(ShardId(s as u32), &[w.params()[s]]).unwrap();
+                    // The exchange overlaps the step: its answer asks for nothing.
+                    assert!(w.on_center(ShardId(s as u32), &[w.params()[s]]).unwrap().is_empty());
                 }
+                events = rest;
             }
             assert!(matches!(events[..], [WorkerEvent::Compute(_)]), "t = {t}: {events:?}");
             let g: Vec<f32> = (0..4).map(|i| f32::from(t) + i as f32).collect();
@@ -408,6 +444,38 @@ mod tests {
         assert!(matches!(&next[..], [WorkerEvent::Exchange { shards, .. }] if *shards == (2..4)), "{next:?}");
         w.on_center(ShardId(2), &[0.0]).unwrap();
         assert_eq!(w.on_center(ShardId(3), &[0.0]).unwrap(), vec![WorkerEvent::Finished]);
+    }
+
+    #[test]
+    fn a_streamed_fragment_lands_under_the_steps_taken_meanwhile_and_is_waited_for_when_due() {
+        // 2 shards of one value, F = 2, H = 2: fragment 0 at even steps, fragment 1 at odd ones.
+        let rule = LocalRule::Downpour(DownpourLearner::new(2, 1.0, 2).with_fragments(2));
+        let mut w = ElasticWorker::new(LearnerId(0), rule, vec![0.0; 2], vec![0..1, 1..2], 4);
+        let start = w.on_start();
+        assert!(
+            matches!(&start[..], [WorkerEvent::Exchange { shards, .. }, WorkerEvent::Compute(_)] if *shards == (0..1))
+        );
+        // Step 0 (g = 1) while fragment 0 is away; step 1 sends fragment 1.
+        let next = w.on_gradient(&[1.0, 1.0]).unwrap();
+        assert!(
+            matches!(&next[..], [WorkerEvent::Exchange { shards, .. }, WorkerEvent::Compute(_)] if *shards == (1..2))
+        );
+        // Fragment 0's center arrives: x = x̃ + v, the step taken meanwhile on top of it.
+        assert!(w.on_center(S0, &[10.0]).unwrap().is_empty());
+        assert_eq!(w.params(), &[9.0, -1.0]);
+        // Step 1 done; step 2 is fragment 0's turn again, and it is back: it goes out at once,
+        // carrying both steps since its last exchange.
+        let next = w.on_gradient(&[1.0, 1.0]).unwrap();
+        assert!(
+            matches!(&next[..], [WorkerEvent::Exchange { values, shards }, WorkerEvent::Compute(_)] if *shards == (0..1) && values[0] == -2.0)
+        );
+        // Step 3 is fragment 1's turn, still away: the step waits, and goes on with its answer.
+        assert!(w.on_gradient(&[1.0, 1.0]).unwrap().is_empty());
+        let next = w.on_center(S1, &[5.0]).unwrap();
+        assert_eq!(w.params(), &[7.0, 5.0 - 2.0]);
+        assert!(
+            matches!(&next[..], [WorkerEvent::Exchange { shards, .. }, WorkerEvent::Compute(_)] if *shards == (1..2))
+        );
     }
 
     #[test]

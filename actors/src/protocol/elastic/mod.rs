@@ -513,6 +513,12 @@ impl DownpourLearner {
         std::mem::replace(&mut self.accumulated, zeros)
     }
 
+    /// The accumulated update of `range` not sent yet.
+    #[must_use]
+    pub fn pending(&self, range: std::ops::Range<usize>) -> &[f32] {
+        &self.accumulated[range]
+    }
+
     /// The accumulated update of the values in `range` (zero elsewhere), reset to zero there.
     pub fn take_accumulated_of(&mut self, range: std::ops::Range<usize>) -> Vec<f32> {
         if range == (0..self.accumulated.len()) {
