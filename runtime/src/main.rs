@@ -198,7 +198,7 @@ fn run(command: Command) -> Result<(), RuntimeError> {
             })
         }
         Command::Study { file, set, out, resume } => {
-            study::run_command(&file, &set, out.as_deref(), resume).map(drop)
+            study::run_command(&file, &set, (out.as_deref(), resume), ProgressMode::detect()).map(drop)
         }
         Command::Simulate { config, out } => simulate::run_command(
             config.config.as_deref(),

@@ -18,7 +18,7 @@ mod events;
 mod gradients;
 mod model;
 mod output;
-mod progress;
+pub(crate) mod progress;
 pub mod settings;
 mod sgd;
 

@@ -1,4 +1,5 @@
-//! Progress of a long simulation: a bar on a terminal, a log line every tenth otherwise.
+//! Progress of a long simulation or study: a bar on a terminal, a log line every tenth
+//! otherwise.
 
 use std::time::Instant;
 
@@ -43,6 +44,14 @@ impl Progress {
                 tracing::info!("{:>3.0}% {} ({wall:.1} s)", done * 100.0, message());
             }
             ProgressMode::Log => {}
+        }
+    }
+
+    /// Print `line` on standard output, above the bar if one is drawn.
+    pub fn println(&self, line: &str) {
+        match &self.bar {
+            Some(bar) => bar.suspend(|| println!("{line}")),
+            None => println!("{line}"),
         }
     }
 }

@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::local::{ProgressMode, run_local};
 use crate::node::run_loopback;
-use crate::simulate::{self, settings::GradientSource};
+use crate::simulate::{self, progress::Progress, settings::GradientSource};
 use crate::summary::RecordedRun;
 use crate::{Config, RunDir, RuntimeError, Summary, plot};
 use settings::{Figure, Measure, StudyRuns, invalid};
@@ -102,12 +102,13 @@ impl Point {
 }
 
 /// Run the study in `file` (with `overrides` on top) into `out`; with `resume`, keep the
-/// points already complete there. Every point is loaded and checked before the first runs.
+/// points already complete there. Every point is loaded and checked before the first runs;
+/// how far the study is shows as `progress` says.
 pub fn run_command(
     file: &Path,
     overrides: &[String],
-    out: Option<&Path>,
-    resume: bool,
+    (out, resume): (Option<&Path>, bool),
+    progress: ProgressMode,
 ) -> Result<Vec<Point>, RuntimeError> {
     let base = Config::load(Some(file), overrides)?;
     let study = base.study.clone();
@@ -132,23 +133,26 @@ pub fn run_command(
     let total = configs.len();
     tracing::info!(dir = %dir.path().display(), points = total, "study directory");
     let mut points = Vec::new();
+    let mut shown = Progress::new(progress);
     for (i, (sets, config)) in configs.iter().enumerate() {
+        shown.update(i as f64 / total as f64, || format!("point {}/{total}: {}", i + 1, sets.join(" ")));
         let point_dir = RunDir::create(Some(&dir.path().join(format!("point-{i:03}"))), "")?;
         let kept = resume.then(|| read_point(point_dir.path())).flatten();
         let point = match kept {
             Some(p) if p.settings == *sets => p,
             _ => run_point(study.runs, config, sets, &point_dir)?,
         };
-        println!(
+        shown.println(&format!(
             "[{}/{total}] {}: test accuracy {:.4}, ⟨σ⟩ {:.2}, {:.0} samples/s",
             i + 1,
             sets.join(" "),
             point.test_accuracy,
             point.mean_staleness,
             point.samples_per_second
-        );
+        ));
         points.push(point);
     }
+    drop(shown);
     let columns = study.columns();
     dir.write_file("study.csv", &study_csv(&columns, &points))?;
     dir.write_file("study.md", &study_md(&columns, &points))?;
