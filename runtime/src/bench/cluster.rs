@@ -15,8 +15,10 @@ use crate::processes::{Launch, Processes, issue_certs, names};
 use crate::summary::RecordedRun;
 use crate::{Config, RuntimeError};
 
-/// The workload's settings, over whatever configuration the bench was given.
-const WORKLOAD: [&str; 12] = [
+/// The workload's settings, over whatever configuration the bench was given. Neither run
+/// writes checkpoints (the in-memory run has no directory for them, and a shard process
+/// would write them into the working directory).
+const WORKLOAD: [&str; 13] = [
     "protocol.kind=async",
     "protocol.lr_modulation=none",
     "cluster.learners=2",
@@ -29,6 +31,7 @@ const WORKLOAD: [&str; 12] = [
     "training.epochs=2",
     "training.evals_per_epoch=8",
     "training.target_accuracy=0.96",
+    "checkpoint.every_updates=0",
 ];
 
 /// The codecs compared across processes: (gradients, weights).
