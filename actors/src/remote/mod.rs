@@ -77,7 +77,9 @@ pub struct RemotePeer {
     /// With [`RemotePeer::holding`]: the last progress totals and the end a learner sent. Both
     /// tell where the learner stands whenever they arrive, so they go again on every new
     /// connection: one sent into a connection that had just died is not lost.
-    standing: [Option<Msg>; 2],
+    last_progress: Option<Msg>,
+    /// See `last_progress`.
+    end: Option<Msg>,
 }
 
 impl RemotePeer {
@@ -91,8 +93,17 @@ impl RemotePeer {
     /// [`RemotePeer::holding`]) until a [`Rebind`] gives it a connection.
     #[must_use]
     pub fn unbound(shard: ShardId) -> Self {
-        let (pending, standing) = (HashMap::new(), [None, None]);
-        Self { peer: None, shard, next_request: 0, pending, reply_to: None, held: None, standing }
+        let (pending, reply_to) = (HashMap::new(), None);
+        Self {
+            peer: None,
+            shard,
+            next_request: 0,
+            pending,
+            reply_to,
+            held: None,
+            last_progress: None,
+            end: None,
+        }
     }
 
     /// The node's name, for the log.
@@ -121,8 +132,8 @@ impl RemotePeer {
         if self.held.is_some() {
             for msg in &msgs {
                 match msg {
-                    Msg::Progress { .. } => self.standing[0] = Some(msg.clone()),
-                    Msg::LearnerDone { .. } => self.standing[1] = Some(msg.clone()),
+                    Msg::Progress { .. } => self.last_progress = Some(msg.clone()),
+                    Msg::LearnerDone { .. } => self.end = Some(msg.clone()),
                     _ => {}
                 }
             }
@@ -285,7 +296,7 @@ impl Handler<Rebind> for RemotePeer {
             tracing::info!(peer = self.name(), "sending the {} messages kept meanwhile", waiting.len());
         }
         let asked = asked.into_iter().map(|request| Msg::SnapshotRequest { request });
-        let standing = self.standing.clone().into_iter().flatten();
+        let standing = self.last_progress.iter().chain(&self.end).cloned();
         self.send_all(asked.chain(waiting).chain(standing).collect(), ctx);
     }
 }
