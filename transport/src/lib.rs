@@ -14,6 +14,7 @@
 //! - [`faults`]: link fault rules and the seeded dice that apply them.
 //! - [`relay`]: a UDP relay that applies fault rules between two real nodes.
 //! - [`quic`]: QUIC endpoints and authenticated peers.
+//! - `udp`: the socket under QUIC, its batches bounded to what UDP carries.
 //! - [`tls`]: the cluster CA, node certificates, mutual-TLS settings.
 //! - [`token`]: join tokens, minted and checked with the CA key.
 //! - [`enrol`]: a node gets its certificate from the scheduler with a join token.
@@ -33,6 +34,7 @@ pub mod quic;
 pub mod relay;
 pub mod tls;
 pub mod token;
+mod udp;
 // rkyv generates public archived and resolver types whose fields carry no docs.
 #[allow(missing_docs)]
 pub mod wire;

@@ -96,17 +96,21 @@ const ACK_AFTER: u32 = 8;
 pub struct QuicSettings {
     /// Largest frame body accepted, in bytes; checked before anything is allocated.
     pub max_frame_bytes: u32,
-    /// UDP socket send and receive buffer size requested from the kernel.
+    /// UDP socket send and receive buffer size requested from the kernel (which caps it at
+    /// `net.core.rmem_max` and `wmem_max`; a smaller grant is logged as a warning).
     pub socket_buffer: usize,
     /// Per-stream receive window.
     pub stream_window: u32,
-    /// Per-connection receive and send window.
+    /// Per-connection receive and send window: what a sender may have in flight. A window
+    /// larger than the receiver's socket buffer (with the kernel's bookkeeping, twice
+    /// `socket_buffer`) lets a burst overflow it on a fast path such as loopback, and every
+    /// lost packet costs a retransmission and a halved congestion window. 8 MiB keeps 8 GB/s
+    /// in flight at a 1 ms round trip.
     pub connection_window: u32,
     /// Largest UDP payload this endpoint accepts and MTU discovery probes for. Packets start
     /// at QUIC's safe 1200 bytes and grow to what the path carries: about 1450 on Ethernet,
-    /// up to this bound on loopback or jumbo frames. Bigger packets mean fewer per-packet costs
-    /// (6500 moved ~1.4× the bytes of 1472 on loopback here); above ~6.5 KB ten segments of a
-    /// segmentation-offload send exceed UDP's 64 KiB and the probes are lost.
+    /// 9000 with jumbo frames, up to this bound on loopback. Every packet costs a pass through
+    /// quinn and the kernel whatever its size, so bigger packets move more bytes per core.
     pub max_udp_payload: u16,
     /// Keep-alive interval.
     pub keep_alive: Duration,
@@ -119,9 +123,9 @@ impl Default for QuicSettings {
         Self {
             max_frame_bytes: 256 << 20,
             socket_buffer: 4 << 20,
-            stream_window: 16 << 20,
-            connection_window: 64 << 20,
-            max_udp_payload: 6500,
+            stream_window: 8 << 20,
+            connection_window: 8 << 20,
+            max_udp_payload: 65_000,
             keep_alive: Duration::from_secs(2),
             idle_timeout: Duration::from_secs(30),
         }
@@ -160,6 +164,25 @@ impl QuicSettings {
             ));
         Ok(Arc::new(t))
     }
+}
+
+/// Ask the kernel for `bytes` of send and receive buffer on `socket`, warning when it grants
+/// less: a receive buffer smaller than the connection window drops bursts on fast paths.
+fn socket_buffers(socket: &UdpSocket, bytes: usize) -> std::io::Result<()> {
+    let state = quinn::udp::UdpSocketState::new(socket.into())?;
+    state.set_recv_buffer_size(socket.into(), bytes)?;
+    state.set_send_buffer_size(socket.into(), bytes)?;
+    // Linux reports twice what it grants, the other half being its bookkeeping.
+    let granted = state.recv_buffer_size(socket.into())? / if cfg!(target_os = "linux") { 2 } else { 1 };
+    if granted < bytes {
+        tracing::warn!(
+            asked = bytes,
+            granted,
+            "the kernel granted a smaller UDP receive buffer than asked (raise net.core.rmem_max): \
+             fast transfers will lose packets and slow down"
+        );
+    }
+    Ok(())
 }
 
 /// Bytes of frames (header and body) an endpoint's connections have sent and received: two
@@ -259,10 +282,7 @@ impl QuicEndpoint {
     ) -> Result<Self, TransportError> {
         let io = |e: std::io::Error| TransportError::Io(format!("cannot bind {addr}: {e}"));
         let socket = UdpSocket::bind(addr).map_err(io)?;
-        let state = quinn::udp::UdpSocketState::new((&socket).into()).map_err(io)?;
-        // The kernel caps these (net.core.rmem_max); a smaller buffer only costs throughput.
-        let _ = state.set_recv_buffer_size((&socket).into(), settings.socket_buffer);
-        let _ = state.set_send_buffer_size((&socket).into(), settings.socket_buffer);
+        socket_buffers(&socket, settings.socket_buffer).map_err(io)?;
         let transport = settings.transport()?;
         let server_tls = QuicServerConfig::try_from(identity.server_config()?)
             .map_err(|e| TransportError::Tls(format!("server config: {e}")))?;
@@ -286,8 +306,14 @@ impl QuicEndpoint {
             .max_udp_payload_size(settings.max_udp_payload)
             .map_err(|e| TransportError::Io(format!("max UDP payload {}: {e}", settings.max_udp_payload)))?;
         let network = NetworkRuntime { handle: network()?.handle().clone(), stop: CancellationToken::new() };
-        let mut endpoint =
-            quinn::Endpoint::new(config, Some(server), socket, Arc::new(network.clone())).map_err(io)?;
+        let socket = crate::udp::wrap(&network, socket, settings.max_udp_payload).map_err(io)?;
+        let mut endpoint = quinn::Endpoint::new_with_abstract_socket(
+            config,
+            Some(server),
+            socket,
+            Arc::new(network.clone()),
+        )
+        .map_err(io)?;
         endpoint.set_default_client_config(client);
         Ok(Self { endpoint, identity: Arc::new(identity), settings, traffic: Arc::default(), network })
     }
