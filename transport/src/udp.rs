@@ -100,6 +100,8 @@ mod tests {
     use std::future::poll_fn;
     use std::net::Ipv4Addr;
 
+    use quinn::Runtime;
+
     use super::*;
 
     /// Receive datagrams on `socket` until `want` bytes came, returning each datagram's length.
