@@ -104,6 +104,11 @@ mod tests {
 
     use super::*;
 
+    /// A UDP socket on a free loopback port.
+    fn loopback() -> std::net::UdpSocket {
+        std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap()
+    }
+
     /// Receive datagrams on `socket` until `want` bytes came, returning each datagram's length.
     async fn receive(socket: &dyn AsyncUdpSocket, want: usize) -> Vec<usize> {
         let mut lengths = Vec::new();
@@ -139,9 +144,8 @@ mod tests {
     #[tokio::test]
     async fn a_batch_over_64_kib_arrives_whole_as_separate_sends() {
         let runtime = quinn::TokioRuntime;
-        let bind = || std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
-        let sender = wrap(&runtime, bind(), 20_000).unwrap();
-        let receiver = wrap(&runtime, bind(), 20_000).unwrap();
+        let sender = wrap(&runtime, loopback(), 20_000).unwrap();
+        let receiver = wrap(&runtime, loopback(), 20_000).unwrap();
         // Four 20,000-byte packets and a short one: 85,000 bytes, over one send's limit.
         let contents: Vec<u8> = (0..85_000u32).map(|i| (i % 251) as u8).collect();
         let transmit = Transmit {
@@ -167,10 +171,9 @@ mod tests {
         let runtime = quinn::TokioRuntime;
         let tokio = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let _in = tokio.enter();
-        let bind = || std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
-        let native = runtime.wrap_udp_socket(bind()).unwrap().max_receive_segments();
+        let native = runtime.wrap_udp_socket(loopback()).unwrap().max_receive_segments();
         for (payload, segments) in [(65_000, 2), (6_500, 11), (1_452, 46)] {
-            let socket = wrap(&runtime, bind(), payload).unwrap();
+            let socket = wrap(&runtime, loopback(), payload).unwrap();
             assert_eq!(socket.max_receive_segments(), segments.min(native));
         }
     }
