@@ -166,25 +166,6 @@ impl QuicSettings {
     }
 }
 
-/// Ask the kernel for `bytes` of send and receive buffer on `socket`, warning when it grants
-/// less: a receive buffer smaller than the connection window drops bursts on fast paths.
-fn socket_buffers(socket: &UdpSocket, bytes: usize) -> std::io::Result<()> {
-    let state = quinn::udp::UdpSocketState::new(socket.into())?;
-    state.set_recv_buffer_size(socket.into(), bytes)?;
-    state.set_send_buffer_size(socket.into(), bytes)?;
-    // Linux reports twice what it grants, the other half being its bookkeeping.
-    let granted = state.recv_buffer_size(socket.into())? / if cfg!(target_os = "linux") { 2 } else { 1 };
-    if granted < bytes {
-        tracing::warn!(
-            asked = bytes,
-            granted,
-            "the kernel granted a smaller UDP receive buffer than asked (raise net.core.rmem_max): \
-             fast transfers will lose packets and slow down"
-        );
-    }
-    Ok(())
-}
-
 /// Bytes of frames (header and body) an endpoint's connections have sent and received: two
 /// relaxed atomic additions per frame, read by whoever watches the node.
 #[derive(Debug, Default)]
@@ -282,7 +263,7 @@ impl QuicEndpoint {
     ) -> Result<Self, TransportError> {
         let io = |e: std::io::Error| TransportError::Io(format!("cannot bind {addr}: {e}"));
         let socket = UdpSocket::bind(addr).map_err(io)?;
-        socket_buffers(&socket, settings.socket_buffer).map_err(io)?;
+        crate::udp::socket_buffers(&socket, settings.socket_buffer).map_err(io)?;
         let transport = settings.transport()?;
         let server_tls = QuicServerConfig::try_from(identity.server_config()?)
             .map_err(|e| TransportError::Tls(format!("server config: {e}")))?;

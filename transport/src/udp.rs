@@ -7,7 +7,7 @@
 //! within 64 KiB. On the receiving side quinn sizes its buffer for the most packets the kernel
 //! may coalesce (64) of the largest size; the kernel never coalesces more than 64 KiB, so the
 //! socket reports the segments that fit in that, which keeps the buffer at a few megabytes
-//! instead of a hundred.
+//! instead of a hundred. The socket's kernel buffers are asked for here too.
 
 use std::fmt;
 use std::io::{self, IoSliceMut};
@@ -22,6 +22,25 @@ use quinn::{AsyncUdpSocket, UdpPoller};
 /// The most bytes of segments one send or one coalesced receive carries: an IP datagram's
 /// 65,535 bytes less the IPv4 and UDP headers.
 const MAX_BATCH: usize = 65_507;
+
+/// Ask the kernel for `bytes` of send and receive buffer on `socket`, warning when it grants
+/// less: a receive buffer smaller than the connection window drops bursts on fast paths.
+pub(crate) fn socket_buffers(socket: &std::net::UdpSocket, bytes: usize) -> std::io::Result<()> {
+    let state = quinn::udp::UdpSocketState::new(socket.into())?;
+    state.set_recv_buffer_size(socket.into(), bytes)?;
+    state.set_send_buffer_size(socket.into(), bytes)?;
+    // Linux reports twice what it grants, the other half being its bookkeeping.
+    let granted = state.recv_buffer_size(socket.into())? / if cfg!(target_os = "linux") { 2 } else { 1 };
+    if granted < bytes {
+        tracing::warn!(
+            asked = bytes,
+            granted,
+            "the kernel granted a smaller UDP receive buffer than asked (raise net.core.rmem_max): \
+             fast transfers will lose packets and slow down"
+        );
+    }
+    Ok(())
+}
 
 /// quinn's socket for `runtime`, with batches bounded for packets of up to `max_payload` bytes.
 pub(crate) fn wrap(
