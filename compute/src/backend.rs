@@ -287,6 +287,16 @@ pub trait Backend: Send + 'static {
         weights: &mut Self::Buffer,
         len: usize,
     ) -> Result<(), ComputeError>;
+    /// One AdamW step on the first `len` elements, see [`Adam`]: the moments `m`, `v` advance
+    /// with `grad` and `weights` take the bias-corrected step with decoupled weight decay.
+    fn adamw(
+        &self,
+        step: Adam,
+        grad: &Self::Buffer,
+        moments: (&mut Self::Buffer, &mut Self::Buffer),
+        weights: &mut Self::Buffer,
+        len: usize,
+    ) -> Result<(), ComputeError>;
     /// The elastic pull of EASGD on the first `len` elements: `x ← x + α (toward − x)`.
     /// A learner pulls its variable toward the center with it, and the center is moved
     /// toward a learner's variable with the same operation and the roles swapped.
@@ -306,6 +316,33 @@ pub struct Rate {
     pub lr: f32,
     /// μ.
     pub momentum: f32,
+}
+
+/// One step of AdamW (Loshchilov & Hutter): `m ← β1 m + (1 − β1) g; v ← β2 v + (1 − β2) g²;
+/// w ← w − η (m / c1 / (√(v / c2) + ε) + λ w)` with the bias corrections `c1 = 1 − β1^t`,
+/// `c2 = 1 − β2^t` of step `t` (counted from 1).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Adam {
+    /// η.
+    pub lr: f32,
+    /// β1.
+    pub beta1: f32,
+    /// β2.
+    pub beta2: f32,
+    /// ε.
+    pub eps: f32,
+    /// Decoupled weight decay λ.
+    pub weight_decay: f32,
+    /// The step number t, from 1.
+    pub t: i32,
+}
+
+impl Adam {
+    /// The bias corrections `(1 − β1^t, 1 − β2^t)`.
+    #[must_use]
+    pub fn corrections(&self) -> (f32, f32) {
+        (1.0 - self.beta1.powi(self.t), 1.0 - self.beta2.powi(self.t))
+    }
 }
 
 /// `offset..offset + n` if it lies inside a buffer of `len`, or a shape error naming `what`.

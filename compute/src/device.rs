@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::backend::{Conv2d, Pool2d, Rate};
+use crate::backend::{Adam, Conv2d, Pool2d, Rate};
 use crate::{Backend, ComputeError, CpuBackend, CudaBackend, Gemm, WgpuBackend, cuda_backend, wgpu_backend};
 
 /// Which device to compute on, as configured.
@@ -345,6 +345,17 @@ impl Backend for Device {
         len: usize,
     ) -> Result<(), ComputeError> {
         dispatch!(self, b => b.nesterov(rate, buf(b, grad)?, buf_mut(b, velocity)?, buf_mut(b, weights)?, len))
+    }
+
+    fn adamw(
+        &self,
+        step: Adam,
+        grad: &Storage,
+        (m, v): (&mut Storage, &mut Storage),
+        weights: &mut Storage,
+        len: usize,
+    ) -> Result<(), ComputeError> {
+        dispatch!(self, b => b.adamw(step, buf(b, grad)?, (buf_mut(b, m)?, buf_mut(b, v)?), buf_mut(b, weights)?, len))
     }
 
     fn elastic_pull(

@@ -151,6 +151,16 @@ macro_rules! unavailable_backend {
             ) -> Result<(), $crate::ComputeError> {
                 match self.0 {}
             }
+            fn adamw(
+                &self,
+                _: $crate::Adam,
+                _: &$buffer,
+                _: (&mut $buffer, &mut $buffer),
+                _: &mut $buffer,
+                _: usize,
+            ) -> Result<(), $crate::ComputeError> {
+                match self.0 {}
+            }
             fn nesterov(
                 &self,
                 _: $crate::Rate,

@@ -44,7 +44,7 @@ pub mod wgpu_backend;
 #[path = "dummy_wgpu_backend.rs"]
 pub mod wgpu_backend;
 
-pub use backend::{Backend, Conv2d, Gemm, Images, Pool2d, PoolKind, Rate, Window};
+pub use backend::{Adam, Backend, Conv2d, Gemm, Images, Pool2d, PoolKind, Rate, Window};
 #[cfg(feature = "candle")]
 pub use candle::CandleModel;
 pub use cpu::CpuBackend;

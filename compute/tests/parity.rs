@@ -5,8 +5,8 @@
 use std::sync::{Arc, OnceLock};
 
 use rudra_compute::{
-    Backend, Conv2d, ConvLayer, ConvSpec, CpuBackend, Device, DeviceKind, Gemm, Images, Model, ModelSpec,
-    Pool2d, PoolKind, Rate, Storage, Window,
+    Adam, Backend, Conv2d, ConvLayer, ConvSpec, CpuBackend, Device, DeviceKind, Gemm, Images, Model,
+    ModelSpec, Pool2d, PoolKind, Rate, Storage, Window,
 };
 
 /// The devices to compare with the CPU, opened once for all tests.
@@ -214,6 +214,19 @@ fn update_kernels() {
             out
         });
     }
+    // Several steps from a state of earlier ones, so the bias corrections change; a square
+    // root and a division per element.
+    let second_moment: Vec<f32> = values(len, 0.4).iter().map(|x| 0.1 * x * x).collect();
+    check("adamw", 1e-5, |d| {
+        let (mut m, mut v) = (upload(d, &values(len, 0.2)), upload(d, &second_moment));
+        let mut w = upload(d, &values(len, 0.3));
+        for t in 1..=3 {
+            let step = Adam { lr: 0.01, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01, t };
+            let g = upload(d, &values(len, 0.7 + t as f32));
+            d.adamw(step, &g, (&mut m, &mut v), &mut w, len).unwrap();
+        }
+        [&m, &v, &w].into_iter().flat_map(|s| download(d, s, len)).collect()
+    });
     check("elastic_pull", 1e-6, |d| {
         let mut x = upload(d, &values(len, 0.3));
         d.elastic_pull(0.3, &upload(d, &values(len, 0.8)), &mut x, len).unwrap();

@@ -2,7 +2,13 @@
 //! DOWNPOUR, DiLoCo): plain SGD, heavy-ball momentum, and AdamW (Loshchilov & Hutter, with
 //! bias correction and decoupled weight decay). The state stays with the learner across
 //! exchanges, as DiLoCo's inner optimizer's does.
+//!
+//! A learner's variable x^i lives in host memory, where its model reads it at every step, so
+//! the steps run there, on the CPU backend's kernels ([`cpu::momentum`], [`cpu::adamw`]); the
+//! same kernels of [`rudra_compute::Backend`] on wgpu and CUDA are held to them by the parity
+//! tests.
 
+use rudra_compute::{Adam, Rate, cpu};
 use serde::{Deserialize, Serialize};
 
 /// `training.optimizer` and its settings.
@@ -10,7 +16,7 @@ use serde::{Deserialize, Serialize};
 pub enum OptimizerSpec {
     /// `x ← x − η g`.
     Sgd,
-    /// Heavy ball (PyTorch's SGD with momentum): `b ← μ b + g; x ← x − η b`.
+    /// Heavy ball: `b ← μ b − η g; x ← x + b` (PyTorch's SGD with momentum while η is fixed).
     Momentum {
         /// μ.
         momentum: f32,
@@ -53,33 +59,25 @@ impl LocalOptimizer {
         Self { spec, m: vec![0.0; m], v: vec![0.0; v], t: 0 }
     }
 
-    /// Whether it is plain SGD (whose step the learners take as `x ← x − η g` directly).
+    /// Whether it is plain SGD (whose step DOWNPOUR takes on x^i and v in one pass).
     #[must_use]
     pub fn is_sgd(&self) -> bool {
         self.spec == OptimizerSpec::Sgd
     }
 
-    /// The step `u` of rate `lr` for the gradient `g` taken at `x` (the learner then moves
-    /// `x ← x − u`), into `u`; advances the state.
-    pub fn update(&mut self, lr: f32, x: &[f32], g: &[f32], u: &mut Vec<f32>) {
-        u.clear();
+    /// One step of rate `lr` on `x` with the gradient `g` taken at `x`; advances the state.
+    ///
+    /// # Panics
+    /// If `x` or `g` is not as long as the optimizer (a caller bug: lengths are fixed by the
+    /// model).
+    pub fn step(&mut self, lr: f32, x: &mut [f32], g: &[f32]) {
         match self.spec {
-            OptimizerSpec::Sgd => u.extend(g.iter().map(|g| lr * g)),
-            OptimizerSpec::Momentum { momentum } => {
-                u.extend(self.m.iter_mut().zip(g).map(|(b, g)| {
-                    *b = momentum * *b + g;
-                    lr * *b
-                }));
-            }
+            OptimizerSpec::Sgd => cpu::axpy(-lr, g, x),
+            OptimizerSpec::Momentum { momentum } => cpu::momentum(Rate { lr, momentum }, g, &mut self.m, x),
             OptimizerSpec::AdamW { beta1, beta2, eps, weight_decay } => {
                 self.t = self.t.saturating_add(1);
-                let (c1, c2) = (1.0 - beta1.powi(self.t), 1.0 - beta2.powi(self.t));
-                let moments = self.m.iter_mut().zip(self.v.iter_mut());
-                u.extend(moments.zip(g).zip(x).map(|(((m, v), g), x)| {
-                    *m = beta1 * *m + (1.0 - beta1) * g;
-                    *v = beta2 * *v + (1.0 - beta2) * g * g;
-                    lr * ((*m / c1) / ((*v / c2).sqrt() + eps) + weight_decay * x)
-                }));
+                let step = Adam { lr, beta1, beta2, eps, weight_decay, t: self.t };
+                cpu::adamw(step, g, (&mut self.m, &mut self.v), x);
             }
         }
     }
@@ -105,13 +103,9 @@ mod tests {
         let mut opt = LocalOptimizer::new(spec, 3);
         let mut x = vec![1.0f32, -0.5, 2.0];
         let (mut rx, mut m, mut v) = ([1.0f64, -0.5, 2.0], [0.0f64; 3], [0.0f64; 3]);
-        let mut u = Vec::new();
         for k in 0..50 {
             let g = grad(k, &x);
-            opt.update(lr, &x, &g, &mut u);
-            for (x, u) in x.iter_mut().zip(&u) {
-                *x -= u;
-            }
+            opt.step(lr, &mut x, &g);
             let t = (k + 1) as i32;
             for i in 0..3 {
                 let g = f64::from(g[i]);
@@ -124,24 +118,23 @@ mod tests {
             assert!((0..3).all(|i| close(f64::from(x[i]), rx[i])), "step {k}: {x:?} vs {rx:?}");
         }
         // The first step of Adam moves every coordinate by about η (m̂/√v̂ = ±1).
-        let mut fresh = LocalOptimizer::new(spec, 1);
-        fresh.update(lr, &[0.0], &[123.0], &mut u);
-        assert!((u[0] - lr).abs() < 1e-6, "{u:?}");
+        let (mut fresh, mut x) = (LocalOptimizer::new(spec, 1), [0.0]);
+        fresh.step(lr, &mut x, &[123.0]);
+        assert!((x[0] + lr).abs() < 1e-6, "{x:?}");
     }
 
     #[test]
     fn momentum_is_the_heavy_ball_and_sgd_is_the_plain_step() {
-        let mut opt = LocalOptimizer::new(OptimizerSpec::Momentum { momentum: 0.5 }, 1);
-        let mut u = Vec::new();
-        opt.update(0.1, &[0.0], &[2.0], &mut u); // b = 2
-        assert!((u[0] - 0.2).abs() < 1e-7);
-        opt.update(0.1, &[0.0], &[-1.0], &mut u); // b = 0.5·2 − 1 = 0
-        assert!(u[0].abs() < 1e-7);
-        opt.update(0.1, &[0.0], &[4.0], &mut u); // b = 4
-        assert!((u[0] - 0.4).abs() < 1e-7);
-        let mut sgd = LocalOptimizer::new(OptimizerSpec::Sgd, 2);
+        let (mut opt, mut x) = (LocalOptimizer::new(OptimizerSpec::Momentum { momentum: 0.5 }, 1), [0.0]);
+        opt.step(0.1, &mut x, &[2.0]); // b = −0.2
+        assert!((x[0] + 0.2).abs() < 1e-7);
+        opt.step(0.1, &mut x, &[-1.0]); // b = 0.5·(−0.2) + 0.1 = 0
+        assert!((x[0] + 0.2).abs() < 1e-7);
+        opt.step(0.1, &mut x, &[4.0]); // b = −0.4
+        assert!((x[0] + 0.6).abs() < 1e-7);
+        let (mut sgd, mut x) = (LocalOptimizer::new(OptimizerSpec::Sgd, 2), [9.0, 9.0]);
         assert!(sgd.is_sgd() && !opt.is_sgd());
-        sgd.update(0.5, &[9.0, 9.0], &[1.0, -2.0], &mut u);
-        assert_eq!(u, [0.5, -1.0]);
+        sgd.step(0.5, &mut x, &[1.0, -2.0]);
+        assert_eq!(x, [8.5, 10.0]);
     }
 }

@@ -9,7 +9,7 @@ mod image;
 
 use std::sync::Arc;
 
-use crate::backend::{Conv2d, Pool2d, Rate, conv_sizes, label_index, pool_sizes, span};
+use crate::backend::{Adam, Conv2d, Pool2d, Rate, conv_sizes, label_index, pool_sizes, span};
 use crate::{Backend, ComputeError, Gemm};
 
 /// The CPU backend. Single-threaded per instance: Rudra's parallelism is one learner per
@@ -25,6 +25,34 @@ pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
     assert_eq!(x.len(), y.len(), "axpy operands differ in length");
     for (y, x) in y.iter_mut().zip(x) {
         *y += alpha * x;
+    }
+}
+
+/// Heavy-ball momentum: `v ← μ v − η g; w ← w + v`.
+///
+/// # Panics
+/// If the slices differ in length (a caller bug, never input-dependent).
+pub fn momentum(r: Rate, g: &[f32], v: &mut [f32], w: &mut [f32]) {
+    assert!(g.len() == v.len() && v.len() == w.len(), "momentum operands differ in length");
+    for ((w, v), g) in w.iter_mut().zip(v).zip(g) {
+        *v = r.momentum * *v - r.lr * g;
+        *w += *v;
+    }
+}
+
+/// One AdamW step, see [`Adam`]: the moments `(m, v)` advance with `g` and `w` moves.
+///
+/// # Panics
+/// If the slices differ in length (a caller bug, never input-dependent).
+pub fn adamw(step: Adam, g: &[f32], (m, v): (&mut [f32], &mut [f32]), w: &mut [f32]) {
+    let same = g.len() == m.len() && m.len() == v.len() && v.len() == w.len();
+    assert!(same, "adamw operands differ in length");
+    let Adam { lr, beta1, beta2, eps, weight_decay, .. } = step;
+    let (c1, c2) = step.corrections();
+    for (((w, m), v), g) in w.iter_mut().zip(m).zip(v).zip(g) {
+        *m = beta1 * *m + (1.0 - beta1) * g;
+        *v = beta2 * *v + (1.0 - beta2) * g * g;
+        *w -= lr * ((*m / c1) / ((*v / c2).sqrt() + eps) + weight_decay * *w);
     }
 }
 
@@ -346,10 +374,21 @@ impl Backend for CpuBackend {
     ) -> Result<(), ComputeError> {
         let g = at(grad, 0, len, "momentum grad")?;
         let v = at_mut(velocity, 0, len, "momentum velocity")?;
-        for ((w, v), g) in at_mut(weights, 0, len, "momentum weights")?.iter_mut().zip(v).zip(g) {
-            *v = r.momentum * *v - r.lr * g;
-            *w += *v;
-        }
+        momentum(r, g, v, at_mut(weights, 0, len, "momentum weights")?);
+        Ok(())
+    }
+
+    fn adamw(
+        &self,
+        step: Adam,
+        grad: &Arc<Vec<f32>>,
+        (m, v): (&mut Arc<Vec<f32>>, &mut Arc<Vec<f32>>),
+        weights: &mut Arc<Vec<f32>>,
+        len: usize,
+    ) -> Result<(), ComputeError> {
+        let g = at(grad, 0, len, "adamw grad")?;
+        let moments = (at_mut(m, 0, len, "adamw m")?, at_mut(v, 0, len, "adamw v")?);
+        adamw(step, g, moments, at_mut(weights, 0, len, "adamw weights")?);
         Ok(())
     }
 
@@ -468,6 +507,15 @@ mod tests {
         CpuBackend.nesterov(rate, &g, &mut v, &mut w, 2).unwrap();
         close(&v, &[0.35, 0.65]);
         close(&w, &[1.215, 1.785]);
+        // AdamW's first step: m̂ = g, v̂ = g², so each weight moves by η (sign(g) + λ w).
+        let step = Adam { lr: 0.1, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01, t: 1 };
+        let (mut m, mut v, mut w) =
+            (Arc::new(vec![0.0; 2]), Arc::new(vec![0.0; 2]), Arc::new(vec![1.0, 1.0]));
+        CpuBackend.adamw(step, &g, (&mut m, &mut v), &mut w, 2).unwrap();
+        close(&m, &[0.1, -0.2]);
+        close(&v, &[0.001, 0.004]);
+        close(&w, &[0.899, 1.099]);
+        assert!(CpuBackend.adamw(step, &g, (&mut m, &mut v), &mut w, 3).is_err());
         let mut x = Arc::new(vec![1.0, 3.0]);
         CpuBackend.elastic_pull(0.25, &Arc::new(vec![3.0, -1.0]), &mut x, 2).unwrap();
         close(&x, &[1.5, 2.0]);

@@ -43,6 +43,19 @@ extern "C" __global__ void nesterov(float* v, float* w, const float* g, float lr
     }
 }
 
+// AdamW: m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2; w -= lr (m / c1 / (sqrt(v / c2) + eps) + wd w)
+extern "C" __global__ void adamw(float* m, float* v, float* w, const float* g, float lr, float b1, float b2,
+                                 float eps, float wd, float c1, float c2, unsigned int len) {
+    FOR_EACH(i, len) {
+        float gi = g[i];
+        float mi = b1 * m[i] + (1.0f - b1) * gi;
+        float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        w[i] -= lr * ((mi / c1) / (sqrtf(vi / c2) + eps) + wd * w[i]);
+    }
+}
+
 // x = x + alpha (toward - x)
 extern "C" __global__ void elastic_pull(float* x, const float* toward, float alpha, unsigned int len) {
     FOR_EACH(i, len) { x[i] += alpha * (toward[i] - x[i]); }

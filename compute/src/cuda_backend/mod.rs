@@ -9,7 +9,7 @@ use std::sync::Arc;
 use cudarc::cublas::{CudaBlas, Gemm as _, GemmConfig, sys::cublasOperation_t};
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 
-use crate::backend::{Conv2d, Pool2d, PoolKind, Rate, conv_sizes, label_index, pool_sizes, span};
+use crate::backend::{Adam, Conv2d, Pool2d, PoolKind, Rate, conv_sizes, label_index, pool_sizes, span};
 use crate::{Backend, ComputeError, Gemm, Images, Window};
 
 /// Threads per block of the one-dimensional kernels.
@@ -26,6 +26,7 @@ enum Kernel {
     Axpy,
     Momentum,
     Nesterov,
+    AdamW,
     ElasticPull,
     SumRows,
     SoftmaxCrossEntropy,
@@ -42,13 +43,14 @@ const SOFTMAX: &str = include_str!("softmax.cu");
 const IMAGE: &str = include_str!("image.cu");
 
 impl Kernel {
-    const ALL: [Self; 14] = [
+    const ALL: [Self; 15] = [
         Self::AddBias,
         Self::Relu,
         Self::ReluBackward,
         Self::Axpy,
         Self::Momentum,
         Self::Nesterov,
+        Self::AdamW,
         Self::ElasticPull,
         Self::SumRows,
         Self::SoftmaxCrossEntropy,
@@ -68,6 +70,7 @@ impl Kernel {
             Self::Axpy => (ELEMENTWISE, "axpy"),
             Self::Momentum => (ELEMENTWISE, "momentum"),
             Self::Nesterov => (ELEMENTWISE, "nesterov"),
+            Self::AdamW => (ELEMENTWISE, "adamw"),
             Self::ElasticPull => (ELEMENTWISE, "elastic_pull"),
             Self::SumRows => (REDUCE, "sum_rows"),
             Self::SoftmaxCrossEntropy => (SOFTMAX, "softmax_cross_entropy"),
@@ -243,24 +246,22 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// An element-wise kernel over the first `len` elements of `out` (and `x`, `second`).
+    /// An element-wise kernel over the first `len` elements of its outputs `outs` (updated in
+    /// place) and its input `x`.
     fn elementwise(
         &self,
         kernel: Kernel,
-        out: &mut CudaBuffer,
-        second: Option<&mut CudaBuffer>,
+        outs: &mut [&mut CudaBuffer],
         x: Option<&CudaBuffer>,
         scalars: &[f32],
         len: usize,
     ) -> Result<(), ComputeError> {
         let what = format!("{kernel:?}");
-        span(out.len, 0, len, &what)?;
         let n = word(len, &what)?;
         let mut launch = self.stream().launch_builder(self.kernel(kernel));
-        launch.arg(&mut out.slice);
-        if let Some(second) = second {
-            span(second.len, 0, len, &what)?;
-            launch.arg(&mut second.slice);
+        for out in outs.iter_mut() {
+            span(out.len, 0, len, &what)?;
+            launch.arg(&mut out.slice);
         }
         if let Some(x) = x {
             span(x.len, 0, len, &what)?;
@@ -358,7 +359,7 @@ impl Backend for CudaBackend {
     }
 
     fn relu(&self, x: &mut CudaBuffer, len: usize) -> Result<(), ComputeError> {
-        self.elementwise(Kernel::Relu, x, None, None, &[], len)
+        self.elementwise(Kernel::Relu, &mut [x], None, &[], len)
     }
 
     fn relu_backward(
@@ -367,7 +368,7 @@ impl Backend for CudaBackend {
         activation: &CudaBuffer,
         len: usize,
     ) -> Result<(), ComputeError> {
-        self.elementwise(Kernel::ReluBackward, grad, None, Some(activation), &[], len)
+        self.elementwise(Kernel::ReluBackward, &mut [grad], Some(activation), &[], len)
     }
 
     fn sum_rows(
@@ -509,7 +510,7 @@ impl Backend for CudaBackend {
     }
 
     fn axpy(&self, alpha: f32, x: &CudaBuffer, y: &mut CudaBuffer, len: usize) -> Result<(), ComputeError> {
-        self.elementwise(Kernel::Axpy, y, None, Some(x), &[alpha], len)
+        self.elementwise(Kernel::Axpy, &mut [y], Some(x), &[alpha], len)
     }
 
     fn momentum(
@@ -520,7 +521,7 @@ impl Backend for CudaBackend {
         weights: &mut CudaBuffer,
         len: usize,
     ) -> Result<(), ComputeError> {
-        self.elementwise(Kernel::Momentum, velocity, Some(weights), Some(grad), &[r.lr, r.momentum], len)
+        self.elementwise(Kernel::Momentum, &mut [velocity, weights], Some(grad), &[r.lr, r.momentum], len)
     }
 
     fn nesterov(
@@ -531,7 +532,20 @@ impl Backend for CudaBackend {
         weights: &mut CudaBuffer,
         len: usize,
     ) -> Result<(), ComputeError> {
-        self.elementwise(Kernel::Nesterov, velocity, Some(weights), Some(grad), &[r.lr, r.momentum], len)
+        self.elementwise(Kernel::Nesterov, &mut [velocity, weights], Some(grad), &[r.lr, r.momentum], len)
+    }
+
+    fn adamw(
+        &self,
+        step: Adam,
+        grad: &CudaBuffer,
+        (m, v): (&mut CudaBuffer, &mut CudaBuffer),
+        weights: &mut CudaBuffer,
+        len: usize,
+    ) -> Result<(), ComputeError> {
+        let (c1, c2) = step.corrections();
+        let scalars = [step.lr, step.beta1, step.beta2, step.eps, step.weight_decay, c1, c2];
+        self.elementwise(Kernel::AdamW, &mut [m, v, weights], Some(grad), &scalars, len)
     }
 
     fn elastic_pull(
@@ -541,6 +555,6 @@ impl Backend for CudaBackend {
         x: &mut CudaBuffer,
         len: usize,
     ) -> Result<(), ComputeError> {
-        self.elementwise(Kernel::ElasticPull, x, None, Some(toward), &[alpha], len)
+        self.elementwise(Kernel::ElasticPull, &mut [x], Some(toward), &[alpha], len)
     }
 }

@@ -14,6 +14,7 @@ pub(super) enum Kernel {
     Axpy,
     Momentum,
     Nesterov,
+    AdamW,
     ElasticPull,
     SumRows,
     SoftmaxCrossEntropy,
@@ -26,13 +27,14 @@ pub(super) enum Kernel {
 
 const GEMM: &str = include_str!("gemm.wgsl");
 const ELEMENTWISE: &str = include_str!("elementwise.wgsl");
+const OPTIMIZER: &str = include_str!("optimizer.wgsl");
 const REDUCE: &str = include_str!("reduce.wgsl");
 const SOFTMAX: &str = include_str!("softmax.wgsl");
 const IMAGE: &str = include_str!("image.wgsl");
 const POOL: &str = include_str!("pool.wgsl");
 
 impl Kernel {
-    const ALL: [Self; 16] = [
+    const ALL: [Self; 17] = [
         Self::Gemm,
         Self::GemmSumSlices,
         Self::AddBias,
@@ -41,6 +43,7 @@ impl Kernel {
         Self::Axpy,
         Self::Momentum,
         Self::Nesterov,
+        Self::AdamW,
         Self::ElasticPull,
         Self::SumRows,
         Self::SoftmaxCrossEntropy,
@@ -62,6 +65,7 @@ impl Kernel {
             Self::Axpy => (ELEMENTWISE, "axpy"),
             Self::Momentum => (ELEMENTWISE, "momentum"),
             Self::Nesterov => (ELEMENTWISE, "nesterov"),
+            Self::AdamW => (OPTIMIZER, "adamw"),
             Self::ElasticPull => (ELEMENTWISE, "elastic_pull"),
             Self::SumRows => (REDUCE, "sum_rows"),
             Self::SoftmaxCrossEntropy => (SOFTMAX, "softmax_cross_entropy"),

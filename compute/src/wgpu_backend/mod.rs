@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use wgpu::util::DeviceExt;
 
-use crate::backend::{Conv2d, Pool2d, PoolKind, Rate, conv_sizes, label_index, pool_sizes, span};
+use crate::backend::{Adam, Conv2d, Pool2d, PoolKind, Rate, conv_sizes, label_index, pool_sizes, span};
 use crate::{Backend, ComputeError, Gemm};
 use kernels::{Kernel, Pipelines};
 
@@ -551,6 +551,26 @@ impl Backend for WgpuBackend {
         len: usize,
     ) -> Result<(), ComputeError> {
         self.elementwise(Kernel::Nesterov, len, (r.lr, r.momentum), Some(grad), velocity, Some(weights))
+    }
+
+    fn adamw(
+        &self,
+        step: Adam,
+        grad: &WgpuBuffer,
+        (m, v): (&mut WgpuBuffer, &mut WgpuBuffer),
+        weights: &mut WgpuBuffer,
+        len: usize,
+    ) -> Result<(), ComputeError> {
+        for b in [grad, &*m, &*v, &*weights] {
+            span(b.len, 0, len, "adamw")?;
+        }
+        let (c1, c2) = step.corrections();
+        let scalars = [step.lr, step.beta1, step.beta2, step.eps, step.weight_decay, c1, c2];
+        let mut params = vec![word(len, "adamw")?, 0, 0, 0];
+        params.extend(scalars.map(f32::to_bits));
+        let buffers = [(1, &grad.buffer), (2, &m.buffer), (3, &v.buffer), (4, &weights.buffer)];
+        self.dispatch_1d(Kernel::AdamW, &params, &buffers, len);
+        Ok(())
     }
 
     fn elastic_pull(

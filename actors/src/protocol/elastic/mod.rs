@@ -19,7 +19,7 @@ mod tests;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use rudra_compute::cpu;
+use rudra_compute::{Rate, cpu};
 use rudra_transport::{Clock, DropReason, LearnerId, Outcome, ShardId, Staleness};
 
 use super::{
@@ -373,9 +373,8 @@ pub struct ElasticLearner {
     s: ElasticSettings,
     t: u64,
     velocity: Vec<f32>,
-    /// EASGD's local optimizer (plain SGD unless set) and its step's buffer.
+    /// EASGD's local optimizer (plain SGD unless set).
     optimizer: LocalOptimizer,
-    step: Vec<f32>,
 }
 
 impl ElasticLearner {
@@ -384,7 +383,7 @@ impl ElasticLearner {
     pub fn new(settings: ElasticSettings, len: usize) -> Self {
         let velocity = if settings.momentum == 0.0 { Vec::new() } else { vec![0.0; len] };
         let optimizer = LocalOptimizer::new(settings.optimizer, len);
-        Self { s: settings, t: 0, velocity, optimizer, step: Vec::new() }
+        Self { s: settings, t: 0, velocity, optimizer }
     }
 
     /// Whether it keeps a momentum (EAMSGD): its gradient is then taken at x + δv, not at x.
@@ -432,16 +431,10 @@ impl ElasticLearner {
             cpu::scale(1.0 - alpha, x);
             cpu::axpy(alpha, c, x);
         }
-        if !self.optimizer.is_sgd() {
-            self.optimizer.update(lr, x, g, &mut self.step);
-            cpu::axpy(-1.0, &self.step, x);
-        } else if self.velocity.is_empty() {
-            cpu::axpy(-lr, g, x);
+        if self.has_momentum() {
+            cpu::momentum(Rate { lr, momentum: delta }, g, &mut self.velocity, x);
         } else {
-            for (v, g) in self.velocity.iter_mut().zip(g) {
-                *v = delta * *v - lr * g;
-            }
-            cpu::axpy(1.0, &self.velocity, x);
+            self.optimizer.step(lr, x, g);
         }
         self.t += 1;
     }
@@ -458,9 +451,10 @@ pub struct DownpourLearner {
     lr: f32,
     t: u64,
     accumulated: Vec<f32>,
-    /// The local optimizer (plain SGD unless set; DiLoCo's inner optimizer) and its step.
+    /// The local optimizer (plain SGD unless set; DiLoCo's inner optimizer), and x^i before
+    /// its step.
     optimizer: LocalOptimizer,
-    step: Vec<f32>,
+    before: Vec<f32>,
 }
 
 impl DownpourLearner {
@@ -469,7 +463,7 @@ impl DownpourLearner {
     pub fn new(tau: u64, lr: f32, len: usize) -> Self {
         let optimizer = LocalOptimizer::new(OptimizerSpec::Sgd, 0);
         let accumulated = vec![0.0; len];
-        Self { tau: tau.max(1), fragments: 1, lr, t: 0, accumulated, optimizer, step: Vec::new() }
+        Self { tau: tau.max(1), fragments: 1, lr, t: 0, accumulated, optimizer, before: Vec::new() }
     }
 
     /// Exchange `v` in `fragments` parts in turn (F divides τ, checked with the configuration).
@@ -479,7 +473,7 @@ impl DownpourLearner {
         self
     }
 
-    /// Local steps by `optimizer` rather than plain SGD: `u` its step, `x ← x − u; v ← v − u`.
+    /// Local steps by `optimizer` rather than plain SGD, each added to `v` as it moved x^i.
     #[must_use]
     pub fn with_optimizer(mut self, optimizer: OptimizerSpec) -> Self {
         self.optimizer = LocalOptimizer::new(optimizer, self.accumulated.len());
@@ -531,15 +525,18 @@ impl DownpourLearner {
     }
 
     /// One local step with the gradient `g` at x^i: `x ← x − η g; v ← v − η g` (with another
-    /// optimizer, its step u in place of η g).
+    /// optimizer, its step on x, and `v ← v + (x_after − x_before)`).
     pub fn step(&mut self, x: &mut [f32], g: &[f32]) {
         if self.optimizer.is_sgd() {
             cpu::axpy(-self.lr, g, x);
             cpu::axpy(-self.lr, g, &mut self.accumulated);
         } else {
-            self.optimizer.update(self.lr, x, g, &mut self.step);
-            cpu::axpy(-1.0, &self.step, x);
-            cpu::axpy(-1.0, &self.step, &mut self.accumulated);
+            self.before.clear();
+            self.before.extend_from_slice(x);
+            self.optimizer.step(self.lr, x, g);
+            for ((v, after), before) in self.accumulated.iter_mut().zip(&*x).zip(&self.before) {
+                *v += after - before;
+            }
         }
         self.t += 1;
     }
