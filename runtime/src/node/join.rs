@@ -136,8 +136,9 @@ pub(super) struct Welcome {
 
 /// Join the scheduler at `opts.scheduler`: returns the connection, its messages, and the welcome.
 /// While another live process holds this node's name the scheduler refuses it as a duplicate;
-/// the node tries again until `--connect-timeout` (the first may be lost meanwhile). Any other
-/// refusal is final.
+/// the node tries again until `--connect-timeout` (the first may be lost meanwhile), as it does
+/// when the connection is lost before the welcome (a refusal whose closing packet was lost
+/// arrives as a reset). Any other refusal is final.
 pub(super) async fn join(
     ep: &QuicEndpoint,
     opts: &NodeOptions,
@@ -146,21 +147,27 @@ pub(super) async fn join(
     let start = std::time::Instant::now();
     let mut backoff = Duration::from_millis(200);
     loop {
-        match join_once(ep, opts, role).await {
-            Err(Refusal::Duplicate(why)) if start.elapsed() + backoff < opts.connect_timeout => {
-                tracing::warn!("refused by the scheduler: {why}; trying again in {backoff:?}");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(2));
-            }
-            Err(Refusal::Duplicate(why)) => {
+        let out_of_time = start.elapsed() + backoff >= opts.connect_timeout;
+        let why = match join_once(ep, opts, role).await {
+            Ok(joined) => return Ok(joined),
+            Err(Refusal::Other(e)) => return Err(e),
+            Err(Refusal::Duplicate(why)) if out_of_time => {
                 return Err(RuntimeError::Transport(TransportError::Refused(format!(
                     "refused by the scheduler for {:.0?}: {why}",
                     start.elapsed()
                 ))));
             }
-            Err(Refusal::Other(e)) => return Err(e),
-            Ok(joined) => return Ok(joined),
-        }
+            Err(Refusal::Lost(why)) if out_of_time => {
+                return Err(net(format!("the scheduler closed the connection before the welcome: {why}")));
+            }
+            Err(Refusal::Duplicate(why)) => format!("refused by the scheduler: {why}"),
+            Err(Refusal::Lost(why)) => {
+                format!("the connection to the scheduler was lost before the welcome: {why}")
+            }
+        };
+        tracing::warn!("{why}; trying again in {backoff:?}");
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(2));
     }
 }
 
@@ -201,9 +208,11 @@ pub(super) async fn rejoin(
     Ok((peer, inbox))
 }
 
-/// Why a join failed: another live process of this name, or anything else.
+/// Why a join failed: another live process of this name, the connection lost before an
+/// answer, or anything else.
 enum Refusal {
     Duplicate(String),
+    Lost(String),
     Other(RuntimeError),
 }
 
@@ -232,6 +241,7 @@ async fn join_once(
                 Ended::Closed { goodbye: Some(Goodbye::Refused), reason } => {
                     TransportError::Refused(format!("refused by the scheduler: {reason}")).into()
                 }
+                Ended::Lost(why) => Refusal::Lost(why),
                 other => {
                     net(format!("the scheduler closed the connection before the welcome: {other}")).into()
                 }
