@@ -91,6 +91,9 @@ impl quinn::Runtime for NetworkRuntime {
 /// default is 1: an acknowledgement every second packet).
 const ACK_AFTER: u32 = 8;
 
+/// QUIC's recommended initial congestion window: 10 packets of 1472 bytes (RFC 9002).
+const INITIAL_WINDOW: u64 = 14_720;
+
 /// Transport settings (the `[transport]` configuration section).
 #[derive(Clone, Debug, PartialEq)]
 pub struct QuicSettings {
@@ -144,6 +147,15 @@ impl QuicSettings {
         // acknowledgement is a datagram to send, receive, decrypt and process. Packets more
         // than one out of order are still acknowledged at once (the extension's default), so
         // loss is detected about as quickly as before.
+        // A connection's first window holds an MTU probe of the largest size beside a packet
+        // of the size found so far. Under QUIC's 10-packet default one probe in flight fills
+        // it, and quinn 0.11 then holds back even the packet that closes the connection while
+        // other frames are pending (quinn-rs/quinn#2785): a node that said goodbye right after
+        // its handshake never sent it, and its peer found the connection reset instead of
+        // closed with the reason.
+        let mut cubic = quinn::congestion::CubicConfig::default();
+        cubic.initial_window(INITIAL_WINDOW.max(3 * u64::from(self.max_udp_payload)));
+        t.congestion_controller_factory(Arc::new(cubic));
         let mut ack = quinn::AckFrequencyConfig::default();
         ack.ack_eliciting_threshold(VarInt::from_u32(ACK_AFTER));
         t.ack_frequency_config(Some(ack));
