@@ -25,7 +25,7 @@ fn main() -> std::io::Result<()> {
     });
     frames.extend(rudra_transport::wire::compressed_samples());
     for (i, m) in frames.iter().enumerate() {
-        let bytes = m.encode().map_err(std::io::Error::other)?;
+        let bytes = m.encode().map_err(std::io::Error::other)?.to_bytes();
         std::fs::write(format!("{dir}/{i:02}-{:?}", m.kind()), &bytes)?;
     }
     println!("wrote {} frames to {dir}", frames.len());

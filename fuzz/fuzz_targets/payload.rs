@@ -70,7 +70,7 @@ fuzz_target!(|input: Input| {
         Kind::Weights => Msg::Weights { shard: ShardId(learner), seq, clock: Clock(clock), values },
     };
     let Ok(frame) = msg.encode() else { return };
-    let mut bytes = frame.to_vec();
+    let mut bytes = frame.to_bytes().to_vec();
     for (at, b) in damage {
         if let Some(byte) = bytes.get_mut(usize::from(at)) {
             *byte = b;

@@ -5,6 +5,7 @@ use std::fmt;
 use std::ops::{Deref, Range};
 use std::sync::Arc;
 
+use bytes::Bytes;
 use rkyv::Place;
 use rkyv::rancor::Fallible;
 use rkyv::rend::f32_le;
@@ -52,6 +53,12 @@ impl Floats {
         Some(Self { owner: self.owner.clone(), offset, len: range.len() })
     }
 
+    /// The values' bytes, sharing their storage.
+    #[must_use]
+    pub fn as_bytes(&self) -> Bytes {
+        Bytes::from_owner(FloatBytes(self.clone()))
+    }
+
     /// The local vector behind these values when they are all of it.
     #[must_use]
     pub fn whole_vec(&self) -> Option<&Arc<Vec<f32>>> {
@@ -59,6 +66,15 @@ impl Floats {
             Owner::Vec(v) if self.offset == 0 && self.len == v.len() => Some(v),
             _ => None,
         }
+    }
+}
+
+/// [`Floats`] seen as their bytes.
+struct FloatBytes(Floats);
+
+impl AsRef<[u8]> for FloatBytes {
+    fn as_ref(&self) -> &[u8] {
+        bytemuck::cast_slice(&self.0)
     }
 }
 

@@ -2,6 +2,13 @@
 //!
 //! The header is checked before anything is allocated for the body: a wrong magic, an unknown
 //! version or kind, or a length over the receiver's limit is rejected from 16 bytes alone.
+//!
+//! A frame leaves as a few chunks ([`Frame`]): the archived body is written by [`BodyWriter`],
+//! which keeps a payload's values where they already lie and sends them as a chunk of their
+//! own, so the sender copies none of a payload's bytes before QUIC packs them.
+
+use bytes::{Bytes, BytesMut};
+use rkyv::ser::{Positional, Writer};
 
 use crate::Kind;
 use crate::TransportError;
@@ -58,5 +65,110 @@ impl Header {
             )));
         }
         Ok(Self { kind, body_len })
+    }
+}
+
+/// A frame ready to write: its header and archived body as chunks, in order. Cloning it shares
+/// the chunks.
+#[derive(Clone, Debug, Default)]
+pub struct Frame {
+    chunks: Vec<Bytes>,
+    len: usize,
+}
+
+impl Frame {
+    /// The frame of `kind` whose archived body `body` wrote.
+    pub(crate) fn new(kind: Kind, body: BodyWriter<'_>) -> Result<Self, TransportError> {
+        let len = body.pos;
+        let body_len = u32::try_from(len)
+            .map_err(|_| TransportError::Encode(format!("a {kind:?} of {len} bytes is too large")))?;
+        let mut chunks = vec![Bytes::copy_from_slice(&Header { kind, body_len }.encode())];
+        chunks.extend(body.finish());
+        Ok(Self { chunks, len: HEADER_LEN + len })
+    }
+
+    /// Bytes in the frame, header included.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the frame holds no bytes (never true of an encoded message).
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The chunks, in order.
+    #[must_use]
+    pub fn into_chunks(self) -> Vec<Bytes> {
+        self.chunks
+    }
+
+    /// The whole frame in one buffer (a copy, unless it is one chunk).
+    #[must_use]
+    pub fn to_bytes(&self) -> Bytes {
+        match self.chunks.as_slice() {
+            [one] => one.clone(),
+            chunks => chunks.concat().into(),
+        }
+    }
+}
+
+impl From<Bytes> for Frame {
+    /// Bytes written as they are, one chunk: a frame encoded elsewhere, or a malformed one.
+    fn from(bytes: Bytes) -> Self {
+        Self { len: bytes.len(), chunks: vec![bytes] }
+    }
+}
+
+/// rkyv's writer of a frame body. Writes go into a buffer, except a write of exactly one of
+/// `spans` (a payload's values, already in memory): that becomes a chunk of its own, shared
+/// rather than copied. The bytes are the same either way.
+pub(crate) struct BodyWriter<'a> {
+    spans: &'a [Bytes],
+    chunks: Vec<Bytes>,
+    buf: BytesMut,
+    pos: usize,
+}
+
+impl<'a> BodyWriter<'a> {
+    /// A writer that shares `spans` where the body holds them, with room for `hint` bytes
+    /// besides.
+    pub(crate) fn new(spans: &'a [Bytes], hint: usize) -> Self {
+        Self { spans, chunks: Vec::new(), buf: BytesMut::with_capacity(hint), pos: 0 }
+    }
+
+    fn finish(self) -> Vec<Bytes> {
+        let mut chunks = self.chunks;
+        if !self.buf.is_empty() {
+            chunks.push(self.buf.freeze());
+        }
+        chunks
+    }
+}
+
+impl Positional for BodyWriter<'_> {
+    fn pos(&self) -> usize {
+        self.pos
+    }
+}
+
+impl<E> Writer<E> for BodyWriter<'_> {
+    fn write(&mut self, bytes: &[u8]) -> Result<(), E> {
+        self.pos += bytes.len();
+        let span = (!bytes.is_empty())
+            .then(|| self.spans.iter().find(|s| s.as_ptr() == bytes.as_ptr() && s.len() == bytes.len()))
+            .flatten();
+        match span {
+            Some(span) => {
+                if !self.buf.is_empty() {
+                    self.chunks.push(self.buf.split().freeze());
+                }
+                self.chunks.push(span.clone());
+            }
+            None => self.buf.extend_from_slice(bytes),
+        }
+        Ok(())
     }
 }

@@ -8,6 +8,7 @@
 use std::str::FromStr;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use half::f16;
 use rkyv::rancor::Fallible;
 use rkyv::rend::{f32_le, u16_le};
@@ -142,6 +143,15 @@ pub struct Codecs {
 /// Codes shared without copying: a compressed payload is cloned for every learner a shard
 /// serves and kept by a learner for a retry, so its clones share one buffer.
 pub type Codes<T> = Arc<Vec<T>>;
+
+/// [`Codes`] seen as their bytes.
+struct CodeBytes<T>(Codes<T>);
+
+impl<T: bytemuck::Pod> AsRef<[u8]> for CodeBytes<T> {
+    fn as_ref(&self) -> &[u8] {
+        bytemuck::cast_slice(&self.0)
+    }
+}
 
 /// Archives [`Codes`] exactly as rkyv archives a `Vec`: sharing is local to a process and
 /// leaves the wire format as it is.
@@ -283,6 +293,16 @@ impl Payload {
             Self::Bf16(_) => Codec::Bf16,
             Self::Fp16 { .. } => Codec::Fp16,
             Self::Int8 { .. } => Codec::Int8,
+        }
+    }
+
+    /// The bytes of its values where they lie (a block codec's few scales aside): what a frame
+    /// sends without copying them.
+    pub(crate) fn values_bytes(&self) -> Bytes {
+        match self {
+            Self::F32(v) => v.as_bytes(),
+            Self::Bf16(c) | Self::Fp16 { values: c, .. } => Bytes::from_owner(CodeBytes(Arc::clone(c))),
+            Self::Int8 { values, .. } => Bytes::from_owner(CodeBytes(Arc::clone(values))),
         }
     }
 

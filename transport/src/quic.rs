@@ -18,7 +18,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use bytes::Bytes;
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use quinn::{IdleTimeout, TokioRuntime, TransportConfig, VarInt};
 use rkyv::util::AlignedVec;
@@ -27,7 +26,7 @@ use tokio::sync::{Mutex, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::TransportError;
-use crate::frame::{HEADER_LEN, Header};
+use crate::frame::{Frame, HEADER_LEN, Header};
 use crate::tls::{Identity, peer_name};
 use crate::{Inbound, Kind, Msg, Role};
 
@@ -443,14 +442,15 @@ impl Peer {
     }
 
     /// Send an already encoded frame of `kind` (see [`Msg::encode`]). The connection takes the
-    /// frame as it is: a payload is not copied again before it is packetized.
-    pub async fn send_encoded(&self, kind: Kind, frame: Bytes) -> Result<(), TransportError> {
+    /// frame's chunks as they are: a payload is not copied before it is packetized.
+    pub async fn send_encoded(&self, kind: Kind, frame: Frame) -> Result<(), TransportError> {
         let conn = &self.link.conn;
         let err = |e: &dyn std::fmt::Display| TransportError::Connection(format!("to {}: {e}", self.name()));
         let len = frame.len() as u64;
+        let mut chunks = frame.into_chunks();
         if kind.is_payload() {
             let mut s = conn.open_uni().await.map_err(|e| err(&e))?;
-            s.write_chunk(frame).await.map_err(|e| err(&e))?;
+            s.write_all_chunks(&mut chunks).await.map_err(|e| err(&e))?;
             s.finish().map_err(|e| err(&e))?;
         } else {
             let mut control = self.control.lock().await;
@@ -460,7 +460,7 @@ impl Peer {
                 *control = Some(stream);
             }
             let stream = control.as_mut().expect("opened above");
-            if let Err(e) = stream.write_chunk(frame).await {
+            if let Err(e) = stream.write_all_chunks(&mut chunks).await {
                 *control = None;
                 return Err(err(&e));
             }

@@ -12,7 +12,7 @@ use rkyv::util::AlignedVec;
 use rkyv::{Archive, Deserialize, Serialize};
 
 use crate::floats::AsFloatVec;
-use crate::frame::{HEADER_LEN, Header};
+use crate::frame::{BodyWriter, Frame, HEADER_LEN, Header};
 use crate::payload::{Codec, Encoding, Payload};
 use crate::{Clock, Floats, Kind, LearnerId, Role, ShardId, Staleness, TransportError};
 
@@ -284,33 +284,25 @@ impl Msg {
         }
     }
 
-    /// Header and archived body in one buffer, ready to write to a stream: the body is
-    /// archived straight after room for the header, so a payload is copied once, into the frame.
-    pub fn encode(&self) -> Result<Bytes, TransportError> {
-        // The header's length is a multiple of the buffer's alignment, so the body is laid out
-        // exactly as if it were archived on its own.
-        const { assert!(HEADER_LEN.is_multiple_of(AlignedVec::<16>::ALIGNMENT)) };
-        let mut frame = AlignedVec::<16>::with_capacity(HEADER_LEN + self.body_size_hint());
-        frame.extend_from_slice(&[0; HEADER_LEN]);
-        let mut frame = rkyv::api::high::to_bytes_in::<_, BoxedError>(self, frame)
+    /// The frame of this message, ready to write. The body is archived exactly as rkyv
+    /// archives the message on its own; a payload's values go out from where they lie, as a
+    /// chunk of the frame, and are not copied first.
+    pub fn encode(&self) -> Result<Frame, TransportError> {
+        let spans = self.payload_spans();
+        let body = rkyv::api::high::to_bytes_in::<_, BoxedError>(self, BodyWriter::new(&spans, 256))
             .map_err(|e| TransportError::Encode(e.to_string()))?;
-        let body_len = u32::try_from(frame.len() - HEADER_LEN).map_err(|_| {
-            TransportError::Encode(format!("a {:?} of {} bytes is too large", self.kind(), frame.len()))
-        })?;
-        frame[..HEADER_LEN].copy_from_slice(&Header { kind: self.kind(), body_len }.encode());
-        Ok(Bytes::from_owner(frame))
+        Frame::new(self.kind(), body)
     }
 
-    /// About the size of the archived body: the payload and room for the rest.
-    fn body_size_hint(&self) -> usize {
-        let bytes = match self {
+    /// The bytes of its payload's values, where they lie.
+    fn payload_spans(&self) -> Vec<Bytes> {
+        match self {
             Self::Weights { values, .. } | Self::Push { values, .. } | Self::Exchange { values, .. } => {
-                values.bytes()
+                vec![values.values_bytes()]
             }
-            Self::Snapshot { values, .. } => 4 * values.len(),
-            _ => 0,
-        };
-        bytes + 256
+            Self::Snapshot { values, .. } => vec![values.as_bytes()],
+            _ => Vec::new(),
+        }
     }
 }
 
@@ -560,16 +552,37 @@ mod tests {
     #[test]
     fn a_frame_body_is_the_message_archived_on_its_own() {
         for msg in samples().into_iter().chain(compressed_samples()) {
-            let frame = msg.encode().unwrap();
+            let frame = msg.encode().unwrap().to_bytes();
             let alone = rkyv::to_bytes::<BoxedError>(&msg).unwrap();
             assert_eq!(&frame[HEADER_LEN..], &alone[..], "{:?}", msg.kind());
         }
     }
 
     #[test]
+    fn a_payload_goes_out_from_where_it_lies_as_a_chunk_of_its_frame() {
+        let values: Floats = (0..4096).map(|i| i as f32 * 0.25).collect::<Vec<f32>>().into();
+        for codec in [Codec::F32, Codec::Bf16, Codec::Fp16, Codec::Int8] {
+            let payload = Payload::encode(Encoding { codec, block: 256 }, &values, None);
+            let lies = payload.values_bytes();
+            let msg = Msg::Push {
+                learner: LearnerId(0),
+                seq: 1,
+                computed_on: Clock(0),
+                values: payload,
+                next_seq: 2,
+                last: false,
+            };
+            let chunks = msg.encode().unwrap().into_chunks();
+            assert!(chunks.iter().any(|c| c.as_ptr() == lies.as_ptr() && c.len() == lies.len()), "{codec}");
+            let alone = rkyv::to_bytes::<BoxedError>(&msg).unwrap();
+            assert_eq!(&chunks.concat()[HEADER_LEN..], &alone[..], "{codec}");
+        }
+    }
+
+    #[test]
     fn every_message_round_trips() {
         for msg in samples().into_iter().chain(compressed_samples()) {
-            let bytes = msg.encode().unwrap();
+            let bytes = msg.encode().unwrap().to_bytes();
             let back = decode_frame(&bytes, MAX).unwrap();
             assert_eq!(back.kind(), msg.kind());
             match (&back, &msg) {
@@ -615,7 +628,8 @@ mod tests {
             last: false,
         }
         .encode()
-        .unwrap();
+        .unwrap()
+        .to_bytes();
         let mut body = AlignedVec::new();
         body.extend_from_slice(&bytes[HEADER_LEN..]);
         let range = body.as_ptr_range();
@@ -643,6 +657,7 @@ mod tests {
         }
         .encode()
         .unwrap()
+        .to_bytes()
         .to_vec();
         assert!(rejected(&good[..10], MAX).contains("truncated header"));
         assert!(rejected(&good[..good.len() - 3], MAX).contains("truncated"));
@@ -677,7 +692,7 @@ mod tests {
                 next_seq: 2,
                 last: false,
             };
-            m.encode().unwrap().to_vec()
+            m.encode().unwrap().to_bytes().to_vec()
         };
         let int8 = |block, scales: Vec<f32>, n| Payload::Int8 {
             block,
@@ -715,6 +730,7 @@ mod tests {
         let good = Msg::Weights { shard: ShardId(0), seq: 1, clock: Clock(1), values: vec![1.0; 16].into() }
             .encode()
             .unwrap()
+            .to_bytes()
             .to_vec();
         for i in 0..20_000 {
             let mut bytes: Vec<u8> = if i % 2 == 0 {

@@ -154,6 +154,7 @@ async fn bad_frames_close_their_stream_only() {
     }
     .encode()
     .unwrap()
+    .to_bytes()
     .to_vec();
     let header = |kind: Kind, body_len: u32| Header { kind, body_len }.encode().to_vec();
     let mut truncated = good.clone();
@@ -173,12 +174,16 @@ async fn bad_frames_close_their_stream_only() {
             Msg::Weights { shard: ShardId(0), seq: 1, clock: Clock(0), values: vec![0.0; 4].into() }
                 .encode()
                 .unwrap()
+                .to_bytes()
                 .to_vec(),
         ),
     ];
     for (what, bytes) in bad {
         // Payload kinds get their own stream, so each bad frame is alone on one.
-        to_shard.send_encoded(Kind::Push, bytes.into()).await.unwrap_or_else(|e| panic!("{what}: {e}"));
+        to_shard
+            .send_encoded(Kind::Push, bytes::Bytes::from(bytes).into())
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
     }
     // The connection and its control stream still work; nothing bad got through.
     to_shard.send(&Msg::Pull { learner: LearnerId(0), seq: 1, last: false }).await.unwrap();

@@ -341,7 +341,7 @@ mod tests {
 
     /// `m` as its receiver sees it: encoded, framed and validated.
     fn over_the_wire(m: Msg) -> Inbound {
-        decode_frame(&m.encode().unwrap(), 1 << 20).unwrap()
+        decode_frame(&m.encode().unwrap().to_bytes(), 1 << 20).unwrap()
     }
 
     #[test]

@@ -6,9 +6,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::Bytes;
 use rkyv::util::AlignedVec;
-use rudra_transport::frame::HEADER_LEN;
+use rudra_transport::frame::{Frame, HEADER_LEN};
 use rudra_transport::quic::{Peer, QuicEndpoint, QuicSettings};
 use rudra_transport::tls::CertDir;
 use rudra_transport::{Clock, Inbound, Kind, LearnerId, Msg, ShardId};
@@ -132,8 +131,8 @@ const WARM_UP: usize = 16;
 /// QUIC between a learner and a shard, once warm: pushes one way, then pull round trips.
 async fn quic(
     certs: &CertDir,
-    push: &Bytes,
-    weights: &Bytes,
+    push: &Frame,
+    weights: &Frame,
     frames: usize,
 ) -> Result<(f64, f64), RuntimeError> {
     let bind = "127.0.0.1:0".parse().map_err(io)?;
@@ -224,7 +223,8 @@ fn view_and_copy(floats: usize) -> Result<(f64, f64), RuntimeError> {
         next_seq: 0,
         last: false,
     }
-    .encode()?;
+    .encode()?
+    .to_bytes();
     let mut body = AlignedVec::new();
     body.extend_from_slice(&frame[HEADER_LEN..]);
     let body = Arc::new(body);
@@ -264,6 +264,9 @@ pub fn run(frames: usize, repeats: usize) -> Result<Vec<BenchRow>, RuntimeError>
         last: false,
     }
     .encode()?;
+    // The pushes go out as the transport sends them, chunks and all; TCP, memcpy and the cipher
+    // move the same bytes in one buffer.
+    let bytes = push.to_bytes();
     let weights =
         Msg::Weights { shard: ShardId(0), seq: 1, clock: Clock(0), values: vec![0.5; FLOATS].into() }
             .encode()?;
@@ -271,12 +274,12 @@ pub fn run(frames: usize, repeats: usize) -> Result<Vec<BenchRow>, RuntimeError>
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(io)?;
     let mut m: [Vec<f64>; 9] = Default::default();
     for round in 0..repeats.max(1) {
-        m[0].push(memcpy(&push, frames));
-        let (tp, tl) = rt.block_on(tcp(&push, frames))?;
+        m[0].push(memcpy(&bytes, frames));
+        let (tp, tl) = rt.block_on(tcp(&bytes, frames))?;
         let (qp, ql) = rt.block_on(quic(&certs, &push, &weights, frames))?;
         let (view, copy) = view_and_copy(FLOATS)?;
         let (small_view, _) = view_and_copy(1024)?;
-        let aead = seal_and_open(&push, frames)?;
+        let aead = seal_and_open(&bytes, frames)?;
         for (i, v) in [tp, tl, qp, ql, view, copy, small_view, aead].into_iter().enumerate() {
             m[i + 1].push(v);
         }
