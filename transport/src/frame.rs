@@ -3,7 +3,7 @@
 //! The header is checked before anything is allocated for the body: a wrong magic, an unknown
 //! version or kind, or a length over the receiver's limit is rejected from 16 bytes alone.
 //!
-//! A frame leaves as a few chunks ([`Frame`]): the archived body is written by [`BodyWriter`],
+//! A frame leaves as a few chunks ([`Frame`]): the archived body is written by its body writer,
 //! which keeps a payload's values where they already lie and sends them as a chunk of their
 //! own, so the sender copies none of a payload's bytes before QUIC packs them.
 
