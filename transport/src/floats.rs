@@ -55,7 +55,7 @@ impl Floats {
 
     /// The values' bytes, sharing their storage.
     #[must_use]
-    pub fn as_bytes(&self) -> Bytes {
+    pub(crate) fn as_bytes(&self) -> Bytes {
         Bytes::from_owner(FloatBytes(self.clone()))
     }
 

@@ -70,7 +70,7 @@ impl Header {
 
 /// A frame ready to write: its header and archived body as chunks, in order. Cloning it shares
 /// the chunks.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Frame {
     chunks: Vec<Bytes>,
     len: usize,

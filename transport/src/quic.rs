@@ -142,10 +142,6 @@ impl QuicSettings {
         let mut mtu = quinn::MtuDiscoveryConfig::default();
         mtu.upper_bound(self.max_udp_payload);
         t.mtu_discovery_config(Some(mtu));
-        // Ask the peer to acknowledge every few packets rather than every other one: each
-        // acknowledgement is a datagram to send, receive, decrypt and process. Packets more
-        // than one out of order are still acknowledged at once (the extension's default), so
-        // loss is detected about as quickly as before.
         // A connection's first window holds an MTU probe of the largest size beside a packet
         // of the size found so far. Under QUIC's 10-packet default one probe in flight fills
         // it, and quinn 0.11 then holds back even the packet that closes the connection while
@@ -155,6 +151,10 @@ impl QuicSettings {
         let mut cubic = quinn::congestion::CubicConfig::default();
         cubic.initial_window(INITIAL_WINDOW.max(3 * u64::from(self.max_udp_payload)));
         t.congestion_controller_factory(Arc::new(cubic));
+        // Ask the peer to acknowledge every few packets rather than every other one: each
+        // acknowledgement is a datagram to send, receive, decrypt and process. Packets more
+        // than one out of order are still acknowledged at once (the extension's default), so
+        // loss is detected about as quickly as before.
         let mut ack = quinn::AckFrequencyConfig::default();
         ack.ack_eliciting_threshold(VarInt::from_u32(ACK_AFTER));
         t.ack_frequency_config(Some(ack));
