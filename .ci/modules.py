@@ -5,7 +5,8 @@ no import circles among their modules, and no file of non-test code over the lin
 An edge A -> B is a `use crate::…`, `use super::…` or inline `crate::…` path in module A that
 names an item of module B. Names a module re-exports (`pub use b::X`) count as B's, so a facade
 `mod.rs` is never a link of a circle by itself. Test modules (`#[cfg(test)]` and the files they
-live in) are left out, and so are a library crate's binary files (`main.rs`, `cli.rs`). Exit status 1 when anything is wrong.
+live in) are left out, and so is a library's `src/bin/` (name a binary's folder to check it).
+Exit status 1 when anything is wrong.
 """
 
 import re
@@ -63,10 +64,12 @@ def expand(tree: str) -> list:
 def main() -> int:
     failed = False
     for src in map(Path, sys.argv[1:]):
-        # The binary's own files (main.rs and its argument types) are not the library's modules:
-        # main.rs would stand in for lib.rs as the crate root.
-        binary = {src / "main.rs", src / "cli.rs"} if (src / "lib.rs").exists() else set()
-        files = [f for f in src.rglob("*.rs") if f.name != "tests.rs" and f not in binary]
+        # A library's binaries (`src/bin/`) are crates of their own, checked when named.
+        files = [
+            f
+            for f in src.rglob("*.rs")
+            if f.name != "tests.rs" and not ((src / "lib.rs").exists() and f.relative_to(src).parts[0] == "bin")
+        ]
         modules = {module_of(src, f): f for f in files}
         codes = {m: code_of(f.read_text()) for m, f in modules.items()}
         for m, f in modules.items():

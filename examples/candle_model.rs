@@ -11,9 +11,9 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device};
 use candle_nn::{Module, VarBuilder, VarMap};
-use rudra::actors::protocol::{LrModulation, LrSchedule, SyncRule};
 use rudra::actors::{Cluster, ClusterSpec, Models, ProtocolSpec, TrainingData};
 use rudra::compute::{CandleModel, ComputeError};
+use rudra::proto::{LrModulation, LrSchedule, SyncRule};
 use rudra::transport::Codecs;
 
 /// A new copy of the network: its own variables, trained through a closure over its layers.

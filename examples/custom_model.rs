@@ -11,9 +11,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use rudra::actors::protocol::{LrModulation, LrSchedule, SyncRule};
 use rudra::actors::{Cluster, ClusterSpec, Models, ProtocolSpec, TrainingData};
 use rudra::compute::{ComputeError, GradientModel};
+use rudra::proto::{LrModulation, LrSchedule, SyncRule};
 use rudra::transport::Codecs;
 
 const SIDE: usize = 28;

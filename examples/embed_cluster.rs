@@ -7,9 +7,9 @@
 
 use std::sync::Arc;
 
-use rudra::actors::protocol::{LrModulation, LrSchedule, SyncRule};
 use rudra::actors::{Cluster, ClusterSpec, Models, ProtocolSpec, RunEvent, TrainingData};
 use rudra::compute::{CpuBackend, Device, ModelSpec};
+use rudra::proto::{LrModulation, LrSchedule, SyncRule};
 use rudra::transport::Codecs;
 
 fn main() -> anyhow::Result<()> {

@@ -12,9 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rudra::actors::faults::{Crash, FaultPlan, LinkRule, Liveness, Node, Nodes, Slow};
-use rudra::actors::protocol::{LrModulation, LrSchedule, SyncRule};
 use rudra::actors::{Cluster, ClusterSpec, Models, ProtocolSpec, RunReport, TrainingData};
 use rudra::compute::{CpuBackend, Device, ModelSpec};
+use rudra::proto::{LrModulation, LrSchedule, SyncRule};
 use rudra::transport::{Codecs, FaultWindow, LearnerId, LinkFaults};
 
 fn spec() -> ClusterSpec {

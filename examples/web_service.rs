@@ -15,9 +15,9 @@ use std::sync::{Arc, Mutex};
 
 use actix_web::{App, HttpResponse, HttpServer, web};
 use rudra::actors::metrics::Metrics;
-use rudra::actors::protocol::{LrModulation, LrSchedule, SyncRule};
 use rudra::actors::{Cluster, ClusterSpec, Models, ProtocolSpec, RunEvent, TrainingData};
 use rudra::compute::{CpuBackend, Device, ModelSpec};
+use rudra::proto::{LrModulation, LrSchedule, SyncRule};
 use rudra::transport::Codecs;
 
 /// What the HTTP handlers reach.

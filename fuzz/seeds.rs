@@ -1,4 +1,5 @@
-//! Write the fuzzers' seed corpus: a valid frame of every message kind, and payload frames of
+//! Write the fuzzers' seed corpus: a valid frame of every message kind (each behind the byte
+//! that names a link carrying it), and payload frames of
 //! several lengths and values, into `fuzz/corpus/frame/` (or the directory given).
 //!
 //!     cargo run --manifest-path fuzz/Cargo.toml --bin seeds [-- DIR]
@@ -26,7 +27,7 @@ fn main() -> std::io::Result<()> {
     frames.extend(rudra_transport::wire::compressed_samples());
     for (i, m) in frames.iter().enumerate() {
         let bytes = m.encode().map_err(std::io::Error::other)?.to_bytes();
-        std::fs::write(format!("{dir}/{i:02}-{:?}", m.kind()), &bytes)?;
+        std::fs::write(format!("{dir}/{i:02}-{:?}", m.kind()), rudra_transport::reader::fuzz_input(m.kind(), &bytes))?;
     }
     println!("wrote {} frames to {dir}", frames.len());
     Ok(())

@@ -1,12 +1,14 @@
 #![doc = include_str!("../README.md")]
 //!
 //! # Crates
-//! - [`transport`]: identities and wire vocabulary.
+//! - [`proto`]: the protocols as pure state machines; identities, clocks, payloads.
+//! - [`transport`]: wire messages, framing, QUIC, enrolment, the fault relay.
 //! - [`compute`]: backends, models, datasets.
-//! - [`actors`]: protocol cores, actors, the in-process [`actors::Cluster`].
+//! - [`actors`]: the actors that drive the cores, the in-process [`actors::Cluster`].
 //! - [`runtime`]: configuration, run directories, the `rudra-node` binary.
 
 pub use rudra_actors as actors;
 pub use rudra_compute as compute;
+pub use rudra_proto as proto;
 pub use rudra_runtime as runtime;
 pub use rudra_transport as transport;

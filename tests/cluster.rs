@@ -5,13 +5,13 @@ use std::sync::Arc;
 
 use std::collections::VecDeque;
 
-use rudra::actors::protocol::{
-    LearnerLoop, LrModulation, LrSchedule, OptimizerSpec, ShardCore, ShardEvent, SyncRule, WorkerEvent,
-};
 use rudra::actors::{
     Cluster, ClusterSpec, ElasticMethod, ElasticSpec, Models, ProtocolSpec, RunReport, TrainingData,
 };
 use rudra::compute::{BatchStream, CpuBackend, Dataset, Device, Model, ModelSpec, Partition};
+use rudra::proto::{
+    LearnerLoop, LrModulation, LrSchedule, OptimizerSpec, ShardCore, ShardEvent, SyncRule, WorkerEvent,
+};
 use rudra::transport::{Codecs, LearnerId, ShardId};
 
 fn mnist() -> (Dataset, Dataset) {
@@ -229,8 +229,8 @@ fn every_elastic_method_trains_over_actors() -> anyhow::Result<()> {
         e.optimizer = OptimizerSpec::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 };
     }
     let report = run(&spec, data)?;
-    // About nine rounds on 6,000 examples: 0.74–0.78 measured; the full configuration (README)
-    // ends at 0.974. This says that AdamW's steps train over the actors, not how well.
+    // About nine rounds on 6,000 examples: 0.74–0.78 measured; the full configuration
+    // (`configs/diloco.toml`) ends at 0.974. This says that AdamW's steps train over the actors, not how well.
     assert!(report.final_test_accuracy > 0.65, "DiLoCo with AdamW: {}", report.final_test_accuracy);
     Ok(())
 }
@@ -240,8 +240,8 @@ fn every_elastic_method_trains_over_actors() -> anyhow::Result<()> {
 #[test]
 fn a_checkpoint_of_another_model_is_refused_naming_the_file() -> anyhow::Result<()> {
     use rudra::actors::checkpoint::Checkpoints;
-    use rudra::actors::protocol::ShardState;
     use rudra::actors::roles::{ShardStart, start_shard, start_tracker};
+    use rudra::proto::ShardState;
 
     let dir = tempfile::tempdir()?;
     let checkpoints =

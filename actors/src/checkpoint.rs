@@ -22,7 +22,7 @@ use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 
 use crate::ActorError;
-use crate::protocol::ShardState;
+use rudra_proto::ShardState;
 
 /// Where a shard keeps its checkpoints and how often it writes one, and the run they belong to.
 #[derive(Clone, Debug, PartialEq, Eq)]

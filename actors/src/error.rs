@@ -4,7 +4,7 @@
 use rudra_compute::ComputeError;
 use rudra_transport::{LearnerId, ShardId};
 
-use crate::protocol::CoreError;
+use rudra_proto::CoreError;
 
 /// A setting out of range, named by its configuration key; the run does not start.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -181,6 +181,21 @@ impl FaultPlan {
         self.links.is_empty() && self.partitions.is_empty() && self.crashes.is_empty() && self.slow.is_empty()
     }
 
+    /// The timed faults of this plan that a run lasting `ran` never reached, each described
+    /// with its time: a scenario whose fault comes after the end tests nothing.
+    #[must_use]
+    pub fn unfired(&self, ran: Duration) -> Vec<String> {
+        let after = |at: Duration| at > ran;
+        let crashes = (self.crashes.iter().filter(|c| after(c.at)))
+            .map(|c| format!("the crash of {:?} at {} ms", c.node, c.at.as_millis()));
+        let partitions = (self.partitions.iter().filter(|p| after(p.window.from)))
+            .map(|p| format!("the partition of {:?} from {} ms", p.nodes, p.window.from.as_millis()));
+        let links = (self.links.iter().filter(|l| after(l.window.from))).map(|l| {
+            format!("the link faults between {:?} and {:?} from {} ms", l.a, l.b, l.window.from.as_millis())
+        });
+        crashes.chain(partitions).chain(links).collect()
+    }
+
     /// How much slower `learner` computes (1 if it is not slowed).
     #[must_use]
     pub fn slowdown(&self, learner: LearnerId) -> f64 {

@@ -15,7 +15,7 @@ use crate::links::{SchedulerLink, ShardLink};
 use crate::messages::{
     Exchange, Heartbeat, LearnerDone, Progress, Pull, Push, Served, StartLearner, StopLearner,
 };
-use crate::protocol::{LearnerEvent, LearnerLoop, NextPull, WorkerEvent};
+use rudra_proto::{LearnerEvent, LearnerLoop, NextPull, WorkerEvent};
 
 /// The learner actor.
 pub struct LearnerActor {

@@ -3,11 +3,10 @@
 //! [`TrainingData`], call [`Cluster::start`] inside an actix `System`, and await the
 //! [`RunReport`].
 //!
-//! Protocol logic lives in [`protocol`] as pure state machines; the actors are thin shells
+//! Protocol logic lives in `rudra-proto` as pure state machines; the actors are thin shells
 //! that turn messages into core inputs and carry out the effects.
 //!
 //! # Layout
-//! - [`protocol`]: shard, learner, staleness and scheduler cores.
 //! - [`spec`]: what defines a run, validated once; it builds each role's core.
 //! - [`roles`]: the one place each role (tracker, shard, learner, scheduler) is started, with
 //!   its links, fault wrappers, metrics and checkpoints.
@@ -31,7 +30,6 @@ pub mod links;
 pub mod messages;
 pub mod metrics;
 mod models;
-pub mod protocol;
 pub mod remote;
 pub mod report;
 pub mod roles;

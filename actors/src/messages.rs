@@ -8,8 +8,8 @@ use actix::prelude::*;
 use rudra_transport::{Clock, LearnerId, Payload, ShardId};
 
 use crate::ActorError;
-use crate::protocol::{GradientRecord, StalenessSummary, UpdateRecord, Weights};
 pub use crate::report::Progress;
+use rudra_proto::{GradientRecord, StalenessSummary, UpdateRecord, Weights};
 
 // ---- to a shard --------------------------------------------------------------------------
 
@@ -19,10 +19,10 @@ pub use crate::report::Progress;
 pub struct Pull {
     /// Who asks.
     pub learner: LearnerId,
-    /// The learner's step it is for (see [`SgdShard::on_pull`](crate::protocol::SgdShard::on_pull)).
+    /// The learner's step it is for (see [`SgdShard::on_pull`](rudra_proto::SgdShard::on_pull)).
     pub seq: u64,
     /// Whether the learner has pushed its last gradient (see
-    /// [`SgdShard::on_last_pull`](crate::protocol::SgdShard::on_last_pull)).
+    /// [`SgdShard::on_last_pull`](rudra_proto::SgdShard::on_last_pull)).
     pub last: bool,
     /// Where the weights go.
     pub reply_to: Recipient<Served>,

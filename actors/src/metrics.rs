@@ -34,7 +34,7 @@ use prometheus_client::registry::Registry;
 use rudra_transport::quic::Traffic;
 use rudra_transport::{Clock, LearnerId, ShardId};
 
-use crate::protocol::{DropReason, GradientRecord, Outcome, UpdateRecord};
+use rudra_proto::{DropReason, GradientRecord, Outcome, UpdateRecord};
 
 /// Upper bounds (`le`) of the staleness histogram's buckets, in updates; `+Inf` follows.
 pub const STALENESS_BUCKETS: [u64; 10] = [0, 1, 2, 4, 8, 16, 32, 64, 128, 256];

@@ -5,7 +5,7 @@ use actix::Message;
 use rudra_transport::LearnerId;
 use serde::{Deserialize, Serialize};
 
-use crate::protocol::{SchedulerCore, StalenessSummary};
+use rudra_proto::{SchedulerCore, StalenessSummary};
 
 /// One evaluation of the model during a run (a row of `metrics.csv`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -145,7 +145,7 @@ impl RunReport {
 }
 
 /// Where a run diverged: its train loss became non-finite or exceeded
-/// [`DIVERGENCE_FACTOR`](crate::protocol::DIVERGENCE_FACTOR) times its first measured value.
+/// [`DIVERGENCE_FACTOR`](rudra_proto::DIVERGENCE_FACTOR) times its first measured value.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Diverged {
     /// Updates applied (per shard) when the run stopped.

@@ -16,11 +16,11 @@ use crate::messages::{
     ShardFailed, ShardLost, ShardRestarted, Snapshot, StartLearner, StopLearner, StopShard, TrackerReport,
 };
 use crate::metrics::Metrics;
-use crate::protocol::{Divergence, SchedulerCore, SchedulerEvent};
 use crate::report::{
     BytesMoved, Diverged, MetricsRow, ProgressSnapshot, RunEvent, RunReport, SchedulerState, TimelineEntry,
 };
 use crate::{ActorError, Models};
+use rudra_proto::{Divergence, SchedulerCore, SchedulerEvent};
 
 /// Where the run's report goes.
 pub type ReportSender = oneshot::Sender<Result<RunReport, ActorError>>;

@@ -14,7 +14,7 @@ use crate::messages::{
     Crash, Exchange, Membership, Pull, Push, Records, Restart, Served, Snapshot, StopShard,
 };
 use crate::metrics::ShardMetrics;
-use crate::protocol::{CoreError, DropReason, Outcome, ShardCore, ShardEvent};
+use rudra_proto::{CoreError, DropReason, Outcome, ShardCore, ShardEvent};
 
 /// Records are sent to the tracker in batches of this many (and on every snapshot and stop) …
 const REPORT_BATCH: usize = 256;
@@ -135,7 +135,7 @@ impl ShardActor {
     }
 
     /// Log the first of a burst of non-finite gradients from one learner; the rest are counted.
-    fn note_non_finite(&mut self, g: &crate::protocol::GradientRecord) {
+    fn note_non_finite(&mut self, g: &rudra_proto::GradientRecord) {
         if g.outcome != Outcome::Dropped(DropReason::NonFinite) {
             self.non_finite.remove(&g.learner);
         } else if self.non_finite.insert(g.learner) {

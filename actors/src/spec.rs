@@ -10,12 +10,12 @@ use rudra_compute::{BatchStream, Dataset, Minibatches, Partition};
 use rudra_transport::{Codecs, Encoding, LearnerId, ShardId};
 use serde::{Deserialize, Serialize};
 
-use crate::protocol::{
+use crate::{InvalidSetting, Models};
+use rudra_proto::{
     CenterRule, CenterShard, DownpourLearner, ElasticLearner, ElasticSettings, ElasticWorker, LearnerCore,
     LearnerLoop, LocalRule, LrModulation, LrSchedule, OptimizerSpec, SchedulerCore, SgdShard, SgdShardConfig,
-    ShardCore, SyncRule,
+    ShardCore, SyncRule, shard_ranges,
 };
-use crate::{InvalidSetting, Models};
 
 /// Which protocol the shards run.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -471,11 +471,4 @@ impl ClusterSpec {
     pub fn global_batch(&self) -> usize {
         self.batch_size * self.learners as usize
     }
-}
-
-/// The ranges of `shards` contiguous, near-equal parts of a vector of `len` values.
-#[must_use]
-pub fn shard_ranges(len: usize, shards: usize) -> Vec<Range<usize>> {
-    let shards = shards.max(1);
-    (0..shards).map(|s| (s * len / shards)..((s + 1) * len / shards)).collect()
 }

@@ -7,7 +7,7 @@ use actix::prelude::*;
 
 use crate::messages::{GetStats, Records, TrackerReport};
 use crate::metrics::Metrics;
-use crate::protocol::{Outcome, StalenessStats};
+use rudra_proto::{Outcome, StalenessStats};
 
 /// The tracker actor.
 #[derive(Default)]

@@ -7,12 +7,12 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
-use rudra_actors::protocol::{
+use rudra_compute::{BatchStream, CpuBackend, Dataset, Model, ModelSpec, Partition};
+use rudra_proto::shard_ranges;
+use rudra_proto::{
     GradientRecord, LearnerCore, LearnerEvent, LrModulation, LrSchedule, NextPull, Outcome, SgdShard,
     SgdShardConfig, ShardEvent, SyncRule,
 };
-use rudra_actors::spec::shard_ranges;
-use rudra_compute::{BatchStream, CpuBackend, Dataset, Model, ModelSpec, Partition};
 use rudra_transport::{Clock, LearnerId, ShardId};
 
 enum Msg {

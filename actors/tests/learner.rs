@@ -8,10 +8,10 @@ use actix::prelude::*;
 use rudra_actors::faults::{FaultPlan, Liveness};
 use rudra_actors::links::{SchedulerLink, ShardLink};
 use rudra_actors::messages::{Exchange, Heartbeat, LearnerDone, Progress, Pull, Push, Served, StartLearner};
-use rudra_actors::protocol::{LrModulation, LrSchedule, SyncRule};
 use rudra_actors::roles::{LearnerPeers, LearnerRun, start_learner};
 use rudra_actors::{ClusterSpec, Models, ProtocolSpec};
 use rudra_compute::{ComputeError, Dataset, GradientModel};
+use rudra_proto::{LrModulation, LrSchedule, SyncRule};
 use rudra_transport::Codecs;
 use rudra_transport::{Clock, LearnerId, ShardId};
 

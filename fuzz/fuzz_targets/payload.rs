@@ -11,9 +11,9 @@ use std::collections::BTreeSet;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use rudra_actors::protocol::{CenterRule, CenterShard, LrModulation, LrSchedule, SgdShard, SgdShardConfig, SyncRule};
+use rudra_proto::{CenterRule, CenterShard, LrModulation, LrSchedule, SgdShard, SgdShardConfig, SyncRule};
 use rudra_actors::remote::codec::{self, DataPolicy, LearnerData};
-use rudra_transport::wire::decode_frame;
+use rudra_transport::reader::{Accepts, decode_frame};
 use rudra_transport::{Clock, Codec, Encoding, LearnerId, Msg, ShardId};
 
 /// The values a shard of this target holds.
@@ -76,7 +76,8 @@ fuzz_target!(|input: Input| {
             *byte = b;
         }
     }
-    let Ok(inbound) = decode_frame(&bytes, 1 << 20) else { return };
+    let accepts = Accepts { max_body: 1 << 20, ..Accepts::for_kind(msg.kind()) };
+    let Ok(inbound) = decode_frame(&bytes, &accepts) else { return };
     if matches!(kind, Kind::Weights) {
         let _ = codec::served(inbound, codec);
         return;

@@ -2,9 +2,9 @@
 
 use std::path::PathBuf;
 
-use rudra_actors::protocol::LrModulation;
 use rudra_actors::{ActorError, ClusterSpec, Diverged, ElasticMethod, InvalidSetting};
 use rudra_compute::ComputeError;
+use rudra_proto::LrModulation;
 
 /// Everything that can stop a node.
 #[derive(Debug, thiserror::Error)]
@@ -27,6 +27,10 @@ pub enum RuntimeError {
     /// The simulator reached a state its protocol cores reject.
     #[error("simulation failed: {0}")]
     Simulation(String),
+    /// A `cert` command failed: the certificate directory, its CA or a name is not usable.
+    /// Running the same command again fails the same way.
+    #[error("certificates: {0}")]
+    Certificates(String),
     /// A run-directory file could not be written.
     #[error("cannot write {path}: {source}")]
     Io {
@@ -44,7 +48,7 @@ pub enum RuntimeError {
         /// What is wrong with it and, where it helps, how to get a good one.
         message: String,
     },
-    /// The run diverged (ALGORITHMS.md: the train loss became non-finite or exceeded ten times
+    /// The run diverged (docs/src/algorithms.md §3.9: the train loss became non-finite or exceeded ten times
     /// its first measured value) and was stopped; its run directory says so.
     #[error("the run diverged at update {}: {}; {hint}", diverged.update, why_diverged(diverged))]
     Diverged {
@@ -74,7 +78,7 @@ fn why_diverged(d: &Diverged) -> String {
         format!(
             "the train loss {:.4} is more than {} times the first measured, {:.4}",
             d.train_loss,
-            rudra_actors::protocol::DIVERGENCE_FACTOR,
+            rudra_proto::DIVERGENCE_FACTOR,
             d.first_loss
         )
     } else {
@@ -114,6 +118,7 @@ impl RuntimeError {
                 | ComputeError::Unavailable { .. },
             )
             | Self::Input { .. }
+            | Self::Certificates(_)
             | Self::Transport(rudra_transport::TransportError::Refused(_)) => 2,
             Self::Actor(_)
             | Self::Compute(_)
@@ -136,9 +141,9 @@ impl From<ActorError> for RuntimeError {
     }
 }
 
-impl From<rudra_actors::protocol::CoreError> for RuntimeError {
+impl From<rudra_proto::CoreError> for RuntimeError {
     /// A protocol core refused an input: a failure of the cluster that drove it.
-    fn from(e: rudra_actors::protocol::CoreError) -> Self {
+    fn from(e: rudra_proto::CoreError) -> Self {
         Self::Actor(ActorError::Core(e))
     }
 }

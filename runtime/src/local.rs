@@ -49,20 +49,32 @@ pub fn run_local(
         .with_faults(config.faults.clone())
         .with_checkpoints(config.checkpoints(run_dir, &rudra_actors::checkpoint::new_job_id()));
     let endpoint = MetricsEndpoint::bind_if(metrics_addr)?;
-    actix::System::new().block_on(async move {
-        let serving = endpoint.map(MetricsEndpoint::start).transpose()?;
-        if let Some(serving) = &serving {
-            cluster = cluster.with_metrics(Arc::clone(serving.metrics()));
-            serving.set_ready(true);
-        }
-        let (tx, rx) = mpsc::unbounded_channel();
-        let handle = cluster.observe(tx).start()?;
-        let shown = actix::spawn(show_progress(rx, progress));
-        let report = handle.wait().await;
-        // The observer channel closes with the scheduler; the display task then ends.
-        let _ = shown.await;
-        Ok(report?)
-    })
+    actix::System::new()
+        .block_on(async move {
+            let serving = endpoint.map(MetricsEndpoint::start).transpose()?;
+            if let Some(serving) = &serving {
+                cluster = cluster.with_metrics(Arc::clone(serving.metrics()));
+                serving.set_ready(true);
+            }
+            let (tx, rx) = mpsc::unbounded_channel();
+            let handle = cluster.observe(tx).start()?;
+            let shown = actix::spawn(show_progress(rx, progress));
+            let report = handle.wait().await;
+            // The observer channel closes with the scheduler; the display task then ends.
+            let _ = shown.await;
+            Ok(report?)
+        })
+        .inspect(|report| warn_unfired(config, report))
+}
+
+/// Warn of every configured fault the run ended before: it tested nothing.
+pub(crate) fn warn_unfired(config: &Config, report: &RunReport) {
+    for fault in config.faults.unfired(std::time::Duration::from_secs_f64(report.wall_seconds)) {
+        tracing::warn!(
+            "{fault} never happened: the run lasted {:.1} s; move it earlier or lengthen the run (training.epochs)",
+            report.wall_seconds
+        );
+    }
 }
 
 /// The progress bar of long runs: bar, percentage, message, elapsed and remaining time.

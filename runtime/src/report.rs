@@ -188,8 +188,8 @@ pub fn report(dirs: &[PathBuf], out: &Path, target: f64) -> Result<(Comparison, 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rudra_actors::protocol::StalenessSummary;
     use rudra_actors::{MetricsRow, RunReport};
+    use rudra_proto::StalenessSummary;
 
     fn run(label: &str, protocol: &str, n: u32, accuracies: &[f64]) -> RecordedRun {
         let metrics: Vec<MetricsRow> = accuracies

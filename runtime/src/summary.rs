@@ -6,9 +6,9 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-use rudra_actors::protocol::StalenessSummary;
 use rudra_actors::report::nan_if_null;
 use rudra_actors::{BytesMoved, Diverged, ElasticSpec, MetricsRow, RunReport};
+use rudra_proto::StalenessSummary;
 use rudra_transport::Codecs;
 use serde::{Deserialize, Serialize};
 

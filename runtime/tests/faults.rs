@@ -202,7 +202,7 @@ fn async_diloco_with_a_slow_learner_never_applies_a_pseudo_gradient_over_the_bou
     let (report, _) = run("../diloco-async.toml", &set);
     let s = &report.staleness;
     assert!(s.max <= 2, "max σ {}", s.max);
-    assert!(s.dropped_by.get(&rudra_actors::protocol::DropReason::TooStale).is_some_and(|&n| n > 0), "{s:?}");
+    assert!(s.dropped_by.get(&rudra_proto::DropReason::TooStale).is_some_and(|&n| n > 0), "{s:?}");
     assert!(s.applied > 100, "{s:?}");
 }
 
@@ -221,6 +221,6 @@ fn hardsync_with_a_backup_closes_rounds_without_the_slow_learner() {
     let s = &report.staleness;
     assert_eq!(s.max, 0);
     assert_eq!(s.applied, 2 * 3 * report.updates, "two shards, three gradients per update: {s:?}");
-    let late = s.dropped_by.get(&rudra_actors::protocol::DropReason::StaleRound).copied().unwrap_or(0);
+    let late = s.dropped_by.get(&rudra_proto::DropReason::StaleRound).copied().unwrap_or(0);
     assert!(late > 0, "{s:?}");
 }

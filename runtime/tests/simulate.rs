@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use rudra_actors::InvalidSetting;
-use rudra_actors::protocol::sync_easgd_is_stable;
+use rudra_proto::sync_easgd_is_stable;
 use rudra_runtime::local::{ProgressMode, run_local};
 use rudra_runtime::simulate::{SimReport, Trend, run_command, simulate};
 use rudra_runtime::{Config, RuntimeError};

@@ -1,16 +1,16 @@
-//! The vocabulary Rudra's nodes speak: typed identities ([`ShardId`], [`LearnerId`]),
-//! weight timestamps ([`Clock`]) and gradient ages ([`Staleness`]).
+//! How Rudra's nodes reach each other: the wire messages (rkyv), their framing and codecs,
+//! QUIC endpoints with mutual TLS, enrolment, and the fault-injecting relay.
 //!
-//! Every message that crosses a process boundary is built from these types, and so is every
-//! input of the protocol cores in `rudra-actors`.
+//! Every message that crosses a process boundary is built from the identities, clocks and
+//! payloads of `rudra-proto` ([`ShardId`], [`LearnerId`], [`Clock`], [`Floats`]), re-exported
+//! here.
 //!
 //! # Layout
-//! - [`ids`]: identity and time newtypes.
 //! - [`wire`]: the messages (rkyv) and their validated views.
 //! - [`kind`]: message kinds, and the roles that send and receive each.
-//! - [`floats`]: float payloads shared without copying.
 //! - [`payload`]: payload codecs (`f32`, `bf16`, `fp16`, `int8`) and error feedback.
 //! - [`frame`]: the frame header, checked before any allocation.
+//! - [`reader`]: the one frame reader, for the network and the fuzzer alike.
 //! - [`faults`]: link fault rules and the seeded dice that apply them.
 //! - [`relay`]: a UDP relay that applies fault rules between two real nodes.
 //! - [`quic`]: QUIC endpoints and authenticated peers.
@@ -23,14 +23,13 @@
 pub mod enrol;
 pub mod error;
 pub mod faults;
-pub mod floats;
 pub mod frame;
-pub mod ids;
 pub mod kind;
 // rkyv generates public archived and resolver types whose fields carry no docs.
 #[allow(missing_docs)]
 pub mod payload;
 pub mod quic;
+pub mod reader;
 pub mod relay;
 pub mod tls;
 pub mod token;
@@ -41,9 +40,8 @@ pub mod wire;
 
 pub use error::TransportError;
 pub use faults::{Fate, FaultDice, FaultWindow, LinkFaults};
-pub use floats::Floats;
-pub use ids::{Clock, LearnerId, Role, ShardId, Staleness};
 pub use kind::Kind;
 pub use payload::{Codec, Codecs, Encoding, Payload};
 pub use relay::{Relay, RelayControl, RelayHandle, RelayLimits, RelayRules};
-pub use wire::{DropReason, Inbound, Msg, Outcome};
+pub use rudra_proto::{Clock, DropReason, Floats, LearnerId, Outcome, Role, ShardId, Staleness};
+pub use wire::{Inbound, Msg};

@@ -18,7 +18,8 @@ use rkyv::vec::{ArchivedVec, VecResolver};
 use rkyv::with::{ArchiveWith, DeserializeWith, SerializeWith};
 use rkyv::{Archive, Deserialize, Place, Serialize};
 
-use crate::floats::AsFloatVec;
+use rudra_proto::floats::AsFloatVec;
+
 use crate::{Floats, TransportError};
 
 /// How float values are encoded on the wire.
@@ -368,7 +369,7 @@ impl ArchivedPayload {
     pub(crate) fn decode_in(&self, frame: &Arc<AlignedVec>) -> Result<Floats, TransportError> {
         let scales = |s: &ArchivedVec<f32_le>| s.iter().map(|s| s.to_native()).collect::<Vec<f32>>();
         match self {
-            Self::F32(values) => Ok(Floats::in_frame(frame, values)),
+            Self::F32(values) => in_frame(frame, values),
             Self::Bf16(v) => Ok(from_bf16s(v, |b| b.to_native())),
             Self::Fp16 { block, scales: s, values } => {
                 let fp16 = |b: &u16_le| f16::from_bits(b.to_native()).to_f32();
@@ -454,6 +455,15 @@ fn quantize(values: impl Iterator<Item = f32> + Clone, out: &mut Vec<i8>) -> f32
         *q = ((v * inv).clamp(-127.0, 127.0) + ROUND).to_bits() as u8 as i8;
     }
     s
+}
+
+/// The `f32` payload `values` of the validated frame body `frame`, viewed in place.
+pub(crate) fn in_frame(
+    frame: &Arc<AlignedVec>,
+    values: &ArchivedVec<f32_le>,
+) -> Result<Floats, TransportError> {
+    Floats::in_frame(frame, values)
+        .ok_or_else(|| TransportError::BadFrame("a payload lies outside its frame".into()))
 }
 
 #[cfg(test)]

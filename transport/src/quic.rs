@@ -18,15 +18,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use bytes::Bytes;
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use quinn::{IdleTimeout, TokioRuntime, TransportConfig, VarInt};
-use rkyv::util::AlignedVec;
 use rustls::pki_types::CertificateDer;
 use tokio::sync::{Mutex, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::TransportError;
-use crate::frame::{Frame, HEADER_LEN, Header};
+use crate::frame::{Frame, HEADER_LEN};
+use crate::reader::{Accepts, FrameSource, read_frame};
 use crate::tls::{Identity, peer_name};
 use crate::{Inbound, Kind, Msg, Role};
 
@@ -540,7 +541,13 @@ impl Peer {
 impl Link {
     async fn read_stream(&self, mut stream: quinn::RecvStream, tx: mpsc::Sender<Inbound>) {
         loop {
-            match self.read_frame(&mut stream).await {
+            let accepts = Accepts {
+                from_name: &self.name,
+                from: self.role,
+                to: self.local_role,
+                max_body: self.max_frame,
+            };
+            match read_frame(&mut Counted { stream: &mut stream, traffic: &self.traffic }, &accepts).await {
                 Ok(Some(inbound)) => {
                     if tx.send(inbound).await.is_err() {
                         return;
@@ -555,44 +562,35 @@ impl Link {
             }
         }
     }
+}
 
-    /// One frame, or `None` at a clean end of stream.
-    async fn read_frame(&self, stream: &mut quinn::RecvStream) -> Result<Option<Inbound>, TransportError> {
-        let mut header = [0u8; HEADER_LEN];
-        match stream.read_exact(&mut header).await {
+/// A QUIC receive stream as a frame source, counting the bytes it yields.
+struct Counted<'a> {
+    stream: &'a mut quinn::RecvStream,
+    traffic: &'a Traffic,
+}
+
+impl FrameSource for Counted<'_> {
+    async fn read_header(&mut self, header: &mut [u8; HEADER_LEN]) -> Result<bool, TransportError> {
+        match self.stream.read_exact(header).await {
             Ok(()) => {}
             // A clean end of stream, or the connection closing, between two frames.
             Err(quinn::ReadExactError::FinishedEarly(0))
             | Err(quinn::ReadExactError::ReadError(quinn::ReadError::ConnectionLost(
                 quinn::ConnectionError::ApplicationClosed(_) | quinn::ConnectionError::LocallyClosed,
-            ))) => return Ok(None),
+            ))) => return Ok(false),
             Err(e) => return Err(TransportError::BadFrame(format!("reading a header: {e}"))),
         }
         self.traffic.received.fetch_add(HEADER_LEN as u64, Ordering::Relaxed);
-        let h = Header::decode(&header, self.max_frame)?;
-        if !h.kind.senders().contains(&self.role) || !h.kind.receivers().contains(&self.local_role) {
-            return Err(TransportError::BadFrame(format!(
-                "a {:?} from {} ({}) is not accepted by a {}",
-                h.kind,
-                self.name,
-                self.role.as_str(),
-                self.local_role.as_str()
-            )));
-        }
-        // Chunks as they arrive, appended: the body is copied once out of the connection's
-        // buffers and never zero-filled first.
-        let len = h.body_len as usize;
-        let short = |e: &dyn std::fmt::Display| {
-            TransportError::BadFrame(format!("a {:?} body of {} bytes: {e}", h.kind, h.body_len))
-        };
-        let mut body = AlignedVec::with_capacity(len);
-        while body.len() < len {
-            match stream.read_chunk(len - body.len(), true).await.map_err(|e| short(&e))? {
-                Some(chunk) => body.extend_from_slice(&chunk.bytes),
-                None => return Err(short(&format!("the stream ended after {}", body.len()))),
-            }
-        }
-        self.traffic.received.fetch_add(u64::from(h.body_len), Ordering::Relaxed);
-        Inbound::decode(h.kind, body).map(Some)
+        Ok(true)
+    }
+
+    async fn read_chunk(&mut self, max: usize) -> Result<Option<Bytes>, TransportError> {
+        let chunk = (self.stream.read_chunk(max, true).await)
+            .map_err(|e| TransportError::BadFrame(format!("reading a body: {e}")))?;
+        Ok(chunk.map(|c| {
+            self.traffic.received.fetch_add(c.bytes.len() as u64, Ordering::Relaxed);
+            c.bytes
+        }))
     }
 }

@@ -11,81 +11,11 @@ use rkyv::rancor::BoxedError;
 use rkyv::util::AlignedVec;
 use rkyv::{Archive, Deserialize, Serialize};
 
-use crate::floats::AsFloatVec;
-use crate::frame::{BodyWriter, Frame, HEADER_LEN, Header};
-use crate::payload::{Codec, Encoding, Payload};
-use crate::{Clock, Floats, Kind, LearnerId, Role, ShardId, Staleness, TransportError};
+use rudra_proto::floats::AsFloatVec;
 
-/// Why a gradient (or an exchange) was not applied.
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    PartialEq,
-    Eq,
-    PartialOrd,
-    Ord,
-    Hash,
-    serde::Serialize,
-    serde::Deserialize,
-    Archive,
-    Serialize,
-    Deserialize,
-)]
-#[rkyv(derive(Debug, PartialEq))]
-#[serde(rename_all = "kebab-case")]
-pub enum DropReason {
-    /// Its staleness exceeded `max_staleness`.
-    TooStale,
-    /// Hardsync: it was computed on weights of an earlier round.
-    StaleRound,
-    /// It was computed on weights the shard lost in a crash (newer than its checkpoint).
-    RolledBack,
-    /// Its learner was declared lost after computing it: it rejoined, and starts afresh from
-    /// the current weights.
-    Lapsed,
-    /// It held a NaN or ±Inf: such values never reach the weights.
-    NonFinite,
-}
-
-impl DropReason {
-    /// Every reason, in the order reports list them.
-    pub const ALL: [Self; 5] =
-        [Self::TooStale, Self::StaleRound, Self::RolledBack, Self::Lapsed, Self::NonFinite];
-
-    /// The reason as reports and metrics name it, e.g. `too-stale`.
-    #[must_use]
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::TooStale => "too-stale",
-            Self::StaleRound => "stale-round",
-            Self::RolledBack => "rolled-back",
-            Self::Lapsed => "lapsed",
-            Self::NonFinite => "non-finite",
-        }
-    }
-}
-
-impl std::fmt::Display for DropReason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// What happened to one gradient at a shard.
-#[derive(
-    Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize, Archive, Serialize, Deserialize,
-)]
-#[rkyv(derive(Debug, PartialEq))]
-pub enum Outcome {
-    /// Applied with this learning rate.
-    Applied {
-        /// The rate `α` it was applied with.
-        alpha: f32,
-    },
-    /// Dropped, counted, and reported.
-    Dropped(DropReason),
-}
+use crate::frame::{BodyWriter, Frame};
+use crate::payload::{Codec, Encoding, Payload, in_frame};
+use crate::{Clock, DropReason, Floats, Kind, LearnerId, Outcome, Role, ShardId, Staleness, TransportError};
 
 /// One gradient's fate, as a shard reports it to the scheduler's tracker.
 #[derive(Archive, Serialize, Deserialize, Clone, Copy, Debug, PartialEq)]
@@ -492,7 +422,7 @@ impl Inbound {
             ArchivedMsg::Snapshot { request, clock, values } => Self::Snapshot {
                 request: request.to_native(),
                 clock: Clock(clock.0.to_native()),
-                values: Floats::in_frame(buf, values),
+                values: in_frame(buf, values)?,
             },
             other => Self::Control(
                 rkyv::deserialize::<Msg, BoxedError>(other)
@@ -521,31 +451,11 @@ impl Inbound {
     }
 }
 
-/// Decode one whole frame (header and body) from bytes, as a receiver would; for tests and
-/// the fuzzer.
-pub fn decode_frame(bytes: &[u8], max_body: u32) -> Result<Inbound, TransportError> {
-    let header: &[u8; HEADER_LEN] = bytes
-        .get(..HEADER_LEN)
-        .and_then(|h| h.try_into().ok())
-        .ok_or_else(|| TransportError::BadFrame(format!("truncated header: {} bytes", bytes.len())))?;
-    let h = Header::decode(header, max_body)?;
-    let body = &bytes[HEADER_LEN..];
-    if body.len() != h.body_len as usize {
-        return Err(TransportError::BadFrame(format!(
-            "truncated or padded frame: header says {} body bytes, found {}",
-            h.body_len,
-            body.len()
-        )));
-    }
-    let mut aligned = AlignedVec::with_capacity(body.len());
-    aligned.extend_from_slice(body);
-    Inbound::decode(h.kind, aligned)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::frame::{MAGIC, VERSION};
+    use crate::frame::{HEADER_LEN, MAGIC, VERSION};
+    use crate::reader::Accepts;
 
     const MAX: u32 = 64 << 20;
 
@@ -636,6 +546,17 @@ mod tests {
         let Inbound::Push { values, .. } = Inbound::decode(Kind::Push, body).unwrap() else { panic!() };
         let view = &values[..].as_ptr_range();
         assert!(range.start as usize <= view.start as usize && view.end as usize <= range.end as usize);
+    }
+
+    /// Read `bytes` as the one frame reader does, on a link whose roles may carry the kind
+    /// the header names (a learner's to a shard where the kind is unknown).
+    fn decode_frame(bytes: &[u8], max: u32) -> Result<Inbound, TransportError> {
+        let kind = bytes.get(6..8).and_then(|k| Kind::from_u16(u16::from_le_bytes([k[0], k[1]])));
+        let accepts = kind.map_or(
+            Accepts { from_name: "peer", from: Role::Learner, to: Role::Shard, max_body: max },
+            |kind| Accepts { max_body: max, ..Accepts::for_kind(kind) },
+        );
+        crate::reader::decode_frame(bytes, &accepts)
     }
 
     fn rejected(bytes: &[u8], max: u32) -> String {

@@ -1,11 +1,11 @@
 //! The fuzzers' seed corpus (`fuzz/corpus/frame/`) is current: every file is a valid frame of
-//! this wire version, and together they hold every message kind.
+//! this wire version on a link that accepts it, and together they hold every message kind.
 
 use std::collections::BTreeSet;
 use std::path::Path;
 
 use rudra_transport::Kind;
-use rudra_transport::wire::decode_frame;
+use rudra_transport::reader::decode_fuzz_input;
 
 #[test]
 fn the_seed_corpus_holds_a_valid_frame_of_every_kind() {
@@ -15,7 +15,7 @@ fn the_seed_corpus_holds_a_valid_frame_of_every_kind() {
     for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}; {regenerate}", dir.display())) {
         let path = entry.unwrap().path();
         let bytes = std::fs::read(&path).unwrap();
-        let frame = decode_frame(&bytes, 1 << 20)
+        let frame = decode_fuzz_input(&bytes)
             .unwrap_or_else(|e| panic!("{} is not a valid frame ({e}); {regenerate}", path.display()));
         kinds.insert(frame.kind() as u16);
     }

@@ -9,7 +9,7 @@ use rudra_transport::{Clock, Codec, Floats, Inbound, Kind, LearnerId, Msg, Shard
 use crate::messages::{
     Exchange, Heartbeat, LearnerDone, Membership, Progress, Pull, Push, Records, Served, StartLearner,
 };
-use crate::protocol::{GradientRecord, NextPull, UpdateRecord, Weights};
+use rudra_proto::{GradientRecord, NextPull, UpdateRecord, Weights};
 
 /// A message its receiver does not take from this peer: the connection misbehaves.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -335,13 +335,13 @@ pub fn served(m: Inbound, codec: Codec) -> Result<Served, Unexpected> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::{DropReason, Outcome};
-    use rudra_transport::wire::decode_frame;
+    use rudra_proto::{DropReason, Outcome};
+    use rudra_transport::reader::{Accepts, decode_frame};
     use rudra_transport::{Encoding, Staleness};
 
     /// `m` as its receiver sees it: encoded, framed and validated.
     fn over_the_wire(m: Msg) -> Inbound {
-        decode_frame(&m.encode().unwrap().to_bytes(), 1 << 20).unwrap()
+        decode_frame(&m.encode().unwrap().to_bytes(), &Accepts::for_kind(m.kind())).unwrap()
     }
 
     #[test]

@@ -21,7 +21,7 @@ use crate::messages::{
     Exchange, Heartbeat, LearnerDone, Membership, Progress, Pull, Push, Records, Served, Snapshot,
     StartLearner, StopLearner, StopShard,
 };
-use crate::protocol::Weights;
+use rudra_proto::Weights;
 
 /// A shard's answer to a snapshot request, delivered by the connection's reader.
 #[derive(Message)]

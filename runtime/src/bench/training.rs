@@ -4,9 +4,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rudra_actors::protocol::{LrModulation, OptimizerSpec, SyncRule};
 use rudra_actors::{ElasticMethod, ElasticSpec, TrainingData};
 use rudra_compute::{BatchStream, CpuBackend, Dataset, Device, Minibatches, Model, ModelSpec, Partition};
+use rudra_proto::{LrModulation, OptimizerSpec, SyncRule};
 
 use super::{BenchRow, median};
 use crate::local::{ProgressMode, run_local};

@@ -1,7 +1,7 @@
 //! The checks of `[protocol]`, `[training]`'s optimizer and `[transport]` that need no other
 //! section: every key is checked whatever the protocol reads.
 
-use rudra_actors::protocol::OptimizerSpec;
+use rudra_proto::OptimizerSpec;
 use rudra_transport::payload::MAX_BLOCK;
 use rudra_transport::{Codec, Codecs, Encoding};
 

@@ -20,9 +20,9 @@ pub use raw::{
 };
 use rudra_actors::checkpoint::Checkpoints;
 use rudra_actors::faults::{FaultPlan, Liveness};
-use rudra_actors::protocol::{LrModulation, LrSchedule, OptimizerSpec, SyncRule};
 use rudra_actors::{ClusterSpec, ElasticMethod, ElasticSpec, InvalidSetting, Models, ProtocolSpec};
 use rudra_compute::{Device, DeviceKind, ModelSpec};
+use rudra_proto::{LrModulation, LrSchedule, OptimizerSpec, SyncRule};
 
 use crate::RuntimeError;
 use crate::simulate::Simulation;

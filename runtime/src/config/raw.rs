@@ -63,8 +63,8 @@ impl Default for RawTransport {
 pub struct RawCheckpoint {
     /// Each shard writes a checkpoint after every this many updates (0: none).
     pub every_updates: u64,
-    /// Where (default: `checkpoints/` in the run directory; for a shard process, its
-    /// `--checkpoints` directory).
+    /// Where (default: `checkpoints/` in the run directory of `local`, or in a shard
+    /// process's working directory; a shard started with `--resume DIR` uses DIR).
     pub dir: Option<PathBuf>,
 }
 

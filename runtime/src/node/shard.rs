@@ -278,11 +278,11 @@ mod tests {
     use std::net::SocketAddr;
 
     use rudra_actors::messages::GetStats;
-    use rudra_actors::protocol::DropReason;
-    use rudra_actors::protocol::{
+    use rudra_actors::roles::start_tracker;
+    use rudra_proto::DropReason;
+    use rudra_proto::{
         CenterRule, CenterShard, LrModulation, LrSchedule, SgdShard, SgdShardConfig, ShardCore, SyncRule,
     };
-    use rudra_actors::roles::start_tracker;
     use rudra_transport::quic::QuicSettings;
     use rudra_transport::tls::CertDir;
     use rudra_transport::{Clock, Codec, Encoding};

@@ -5,7 +5,7 @@
 use rudra_transport::Floats;
 
 use rand_chacha::ChaCha8Rng;
-use rudra_actors::protocol::{GradientRecord, Outcome, StalenessStats, UpdateRecord};
+use rudra_proto::{GradientRecord, Outcome, StalenessStats, UpdateRecord};
 use rudra_transport::LearnerId;
 use serde::Serialize;
 

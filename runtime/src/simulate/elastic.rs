@@ -7,7 +7,7 @@ use rudra_transport::Floats;
 use std::ops::Range;
 use std::sync::Arc;
 
-use rudra_actors::protocol::{CenterShard, ElasticWorker, ShardEvent, Weights, WorkerEvent};
+use rudra_proto::{CenterShard, ElasticWorker, ShardEvent, Weights, WorkerEvent};
 use rudra_transport::{LearnerId, ShardId};
 
 use super::driver::{Engine, Message, ShardReport, World};

@@ -29,12 +29,12 @@ use std::time::Instant;
 
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use rudra_actors::protocol::{
-    CenterShard, ElasticWorker, LearnerCore, LearnerLoop, SgdShard, SgdShardConfig, ShardCore,
-};
-use rudra_actors::spec::shard_ranges;
 use rudra_actors::{ClusterSpec, ElasticMethod, ElasticSpec};
 use rudra_compute::{CpuBackend, Device};
+use rudra_proto::shard_ranges;
+use rudra_proto::{
+    CenterShard, ElasticWorker, LearnerCore, LearnerLoop, SgdShard, SgdShardConfig, ShardCore,
+};
 use rudra_transport::{LearnerId, ShardId};
 
 use driver::{Engine, Finished, World};

@@ -4,9 +4,9 @@
 
 use std::fmt::Write as _;
 
-use rudra_actors::protocol::StalenessSummary;
-use rudra_actors::protocol::{DIVERGENCE_FACTOR, sync_easgd_is_stable};
 use rudra_actors::{Diverged, ElasticMethod, RunReport};
+use rudra_proto::StalenessSummary;
+use rudra_proto::{DIVERGENCE_FACTOR, sync_easgd_is_stable};
 use serde::Serialize;
 
 use super::driver::{EventCounts, LearnerReport, LossRow, ShardReport};

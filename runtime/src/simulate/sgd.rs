@@ -5,7 +5,7 @@ use rudra_transport::Floats;
 use std::ops::Range;
 use std::sync::Arc;
 
-use rudra_actors::protocol::{LearnerCore, LearnerEvent, NextPull, SgdShard, ShardEvent, Weights};
+use rudra_proto::{LearnerCore, LearnerEvent, NextPull, SgdShard, ShardEvent, Weights};
 use rudra_transport::{Clock, LearnerId, ShardId};
 
 use super::driver::{Engine, Message, ShardReport, World};

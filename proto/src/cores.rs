@@ -1,0 +1,152 @@
+//! The core a shard runs ([`ShardCore`]: Rudra's SGD shard or the EASGD family's center) and the
+//! loop a learner runs ([`LearnerLoop`]), each one enum, so an actor drives either the same way.
+
+use std::collections::BTreeSet;
+
+use crate::{Clock, LearnerId, ShardId};
+
+use super::{CenterShard, CoreError, ElasticWorker, LearnerCore, SgdShard, ShardEvent, ShardState, Weights};
+
+/// The protocol core a shard runs.
+#[derive(Debug)]
+// One per shard actor, built once and never moved on a hot path.
+#[allow(clippy::large_enum_variant)]
+pub enum ShardCore {
+    /// Rudra's SGD shard.
+    Sgd(SgdShard),
+    /// The EASGD family's center variable.
+    Center(CenterShard),
+}
+
+impl ShardCore {
+    /// The current weights (or center), without gating.
+    #[must_use]
+    pub fn snapshot(&self) -> Weights {
+        match self {
+            Self::Sgd(c) => c.snapshot(),
+            Self::Center(c) => c.snapshot(),
+        }
+    }
+
+    /// The shard's id.
+    #[must_use]
+    pub fn id(&self) -> ShardId {
+        match self {
+            Self::Sgd(c) => c.id(),
+            Self::Center(c) => c.id(),
+        }
+    }
+
+    /// The shard's clock: updates (or exchanges) applied.
+    #[must_use]
+    pub fn clock(&self) -> Clock {
+        match self {
+            Self::Sgd(c) => c.clock(),
+            Self::Center(c) => c.clock(),
+        }
+    }
+
+    /// What a checkpoint keeps.
+    #[must_use]
+    pub fn state(&self) -> ShardState {
+        match self {
+            Self::Sgd(c) => c.state(),
+            Self::Center(c) => c.state(),
+        }
+    }
+
+    /// Continue from a checkpoint's `state` (see [`SgdShard::restore`]).
+    pub fn restore(&mut self, state: ShardState) -> Result<(), CoreError> {
+        match self {
+            Self::Sgd(c) => c.restore(state),
+            Self::Center(c) => c.restore(state),
+        }
+    }
+
+    /// A learner's pull for its step `seq` (`last`: after its last push); a center refuses it.
+    pub fn on_pull(
+        &mut self,
+        learner: LearnerId,
+        seq: u64,
+        last: bool,
+    ) -> Result<Vec<ShardEvent>, CoreError> {
+        match self {
+            Self::Sgd(c) if last => c.on_last_pull(learner, seq),
+            Self::Sgd(c) => c.on_pull(learner, seq),
+            Self::Center(_) => Err(refused("a pull", "holds a center")),
+        }
+    }
+
+    /// A learner's gradient for this shard's range; a center refuses it.
+    pub fn on_push(
+        &mut self,
+        learner: LearnerId,
+        seq: u64,
+        computed_on: Clock,
+        grad: &[f32],
+    ) -> Result<Vec<ShardEvent>, CoreError> {
+        match self {
+            Self::Sgd(c) => c.on_push(learner, seq, computed_on, grad),
+            Self::Center(_) => Err(refused("a push", "holds a center")),
+        }
+    }
+
+    /// A learner's exchange with the center; an SGD shard refuses it.
+    pub fn on_exchange(&mut self, learner: LearnerId, values: &[f32]) -> Result<Vec<ShardEvent>, CoreError> {
+        match self {
+            Self::Center(c) => c.on_exchange(learner, values),
+            Self::Sgd(_) => Err(refused("an exchange", "runs SGD")),
+        }
+    }
+
+    /// The active learners changed.
+    pub fn on_membership(&mut self, active: BTreeSet<LearnerId>) -> Vec<ShardEvent> {
+        match self {
+            Self::Sgd(c) => c.on_membership(active),
+            Self::Center(c) => c.on_membership(active),
+        }
+    }
+}
+
+fn refused(what: &str, because: &str) -> CoreError {
+    CoreError::Protocol(format!("{what} to a shard that {because}"))
+}
+
+/// The loop a learner runs.
+#[derive(Debug)]
+pub enum LearnerLoop {
+    /// Pull, compute, push (hardsync, softsync, async).
+    Sgd(LearnerCore),
+    /// Local steps and periodic exchanges (the EASGD family).
+    Elastic(Box<ElasticWorker>),
+}
+
+impl LearnerLoop {
+    /// The loop of a learner's `incarnation`-th start: its step numbers follow every earlier
+    /// incarnation's (see [`LearnerCore::incarnation_base`]).
+    #[must_use]
+    pub fn incarnation(self, incarnation: u32) -> Self {
+        match self {
+            Self::Sgd(c) => Self::Sgd(c.with_seq_base(LearnerCore::incarnation_base(incarnation))),
+            elastic @ Self::Elastic(_) => elastic,
+        }
+    }
+
+    /// Steps (gradients) done so far: the learner's local clock.
+    #[must_use]
+    pub fn steps_done(&self) -> u64 {
+        match self {
+            Self::Sgd(c) => c.steps_done(),
+            Self::Elastic(w) => w.steps_done(),
+        }
+    }
+
+    /// The learner running this loop.
+    #[must_use]
+    pub fn id(&self) -> LearnerId {
+        match self {
+            Self::Sgd(c) => c.id(),
+            Self::Elastic(w) => w.id(),
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! The harness over many seeded fault schedules per protocol family, and a broken rule it
+//! must catch.
+
+use super::*;
+use crate::shard::broken;
+use crate::{
+    CenterRule, DownpourLearner, ElasticLearner, ElasticSettings, LocalRule, LrModulation, OptimizerSpec,
+    SyncRule,
+};
+use rudra_compute::cpu;
+
+/// Schedules per protocol in the property tests.
+const SCHEDULES: u64 = 1000;
+
+fn sgd(rule: SyncRule, max_staleness: Option<u64>) -> SgdSetup {
+    SgdSetup {
+        rule,
+        max_staleness,
+        modulation: LrModulation::PerGradient,
+        learners: 4,
+        shards: 2,
+        dim: 6,
+        steps: 8,
+        lr: 0.1,
+        retry_every: 12,
+        horizon: 20_000,
+    }
+}
+
+/// Sequential SGD at batch μλ: every step, the λ gradients at the same weights averaged, in
+/// learner order, as one update.
+fn sequential(setup: &SgdSetup) -> Vec<f32> {
+    let mut w = setup.init();
+    let scale = -setup.lr / setup.learners as f32;
+    for step in 0..setup.steps {
+        let at = w.clone();
+        for l in 0..setup.learners {
+            cpu::axpy(scale, &quadratic_gradient(l, step, &at), &mut w);
+        }
+    }
+    w
+}
+
+#[test]
+fn hardsync_equals_sequential_sgd_under_every_link_fault_schedule() {
+    let setup = SgdSetup { modulation: LrModulation::None, ..sgd(SyncRule::Hardsync, None) };
+    let want = sequential(&setup);
+    for seed in 0..SCHEDULES {
+        let faults = FaultSchedule::links(seed, setup.learners, 200);
+        let out =
+            run_sgd(&setup, faults.clone(), seed).unwrap_or_else(|v| panic!("seed {seed} ({faults:?}): {v}"));
+        assert_eq!(out.params, want, "seed {seed}: hardsync under {faults:?}");
+        assert!(out.clocks.iter().all(|c| c.0 == setup.steps), "one update per step: {:?}", out.clocks);
+        assert!(out.records.iter().all(|r| r.staleness.0 == 0), "σ ≡ 0 in hardsync");
+    }
+}
+
+#[test]
+fn every_sgd_rule_keeps_its_invariants_through_node_failures() {
+    let rules = [
+        (SyncRule::Hardsync, None),
+        (SyncRule::Softsync { n: 2 }, None),
+        (SyncRule::Softsync { n: 4 }, Some(3)),
+        (SyncRule::Softsync { n: 4 }, None),
+    ];
+    for (rule, bound) in rules {
+        let setup = sgd(rule, bound);
+        for seed in 0..SCHEDULES {
+            let mut faults = FaultSchedule::nodes(seed, setup.learners, setup.shards, 150);
+            if rule == SyncRule::Hardsync {
+                // A restarted hardsync shard is rounds behind the others, and learners that
+                // moved on wait on both: shards do not restart in hardsync runs (see the
+                // faults chapter).
+                faults.restarts.clear();
+            }
+            if let Err(v) = run_sgd(&setup, faults.clone(), seed) {
+                panic!("{rule:?}, bound {bound:?}, seed {seed} ({faults:?}): {v}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_seed_replays_its_run_exactly() {
+    let setup = sgd(SyncRule::Softsync { n: 4 }, Some(2));
+    let faults = FaultSchedule::nodes(7, setup.learners, setup.shards, 150);
+    let (a, b) = (run_sgd(&setup, faults.clone(), 7).unwrap(), run_sgd(&setup, faults, 7).unwrap());
+    assert_eq!((a.params, a.records, a.ticks), (b.params, b.records, b.ticks));
+}
+
+#[test]
+fn a_shard_that_applies_a_repeated_push_is_caught() {
+    let setup = sgd(SyncRule::Softsync { n: 4 }, None);
+    let faults = |seed| FaultSchedule { duplicate: 0.3, max_delay: 3, ..FaultSchedule::links(seed, 4, 200) };
+    assert!((0..20).all(|seed| run_sgd(&setup, faults(seed), seed).is_ok()), "the rule holds");
+    broken::accept_duplicates(true);
+    let caught = (0..20).filter_map(|seed| run_sgd(&setup, faults(seed), seed).err()).collect::<Vec<_>>();
+    broken::accept_duplicates(false);
+    assert!(!caught.is_empty(), "the harness missed a shard applying repeated pushes");
+    assert!(caught.iter().any(|v| v.what.contains("twice")), "{caught:?}");
+}
+
+#[test]
+fn an_unfinished_run_is_a_violation() {
+    let setup = SgdSetup { horizon: 5, ..sgd(SyncRule::Hardsync, None) };
+    let v = run_sgd(&setup, FaultSchedule::default(), 1).unwrap_err();
+    assert!(v.what.contains("did not finish"), "{v}");
+}
+
+fn elastic(center: CenterRule, local: LocalRule, max_staleness: Option<u64>) -> ElasticSetup {
+    ElasticSetup { center, local, learners: 4, shards: 2, dim: 6, steps: 12, max_staleness, horizon: 20_000 }
+}
+
+/// Delays up to `max_delay` ticks and, for some seeds, learners that die for good.
+fn reliable(seed: u64, learners: u32) -> FaultSchedule {
+    let nodes = FaultSchedule::nodes(seed, learners, 1, 100);
+    let deaths = nodes.deaths.into_iter().map(|d| Death { rejoin_after: None, ..d }).collect();
+    FaultSchedule { max_delay: nodes.max_delay, deaths, ..FaultSchedule::default() }
+}
+
+#[test]
+fn every_elastic_rule_keeps_its_invariants_through_delays_and_deaths() {
+    let settings = ElasticSettings {
+        tau: 3,
+        alpha: 0.2,
+        lr: 0.1,
+        lr_decay_gamma: 0.0,
+        momentum: 0.0,
+        optimizer: OptimizerSpec::Sgd,
+    };
+    let easgd = LocalRule::Elastic(ElasticLearner::new(settings, 6));
+    let eamsgd = LocalRule::Elastic(ElasticLearner::new(ElasticSettings { momentum: 0.9, ..settings }, 6));
+    let downpour = LocalRule::Downpour(DownpourLearner::new(3, 0.1, 6));
+    let diloco = |sync| CenterRule::Diloco {
+        sync,
+        outer_lr: 0.7,
+        outer_momentum: 0.9,
+        modulation: LrModulation::PerGradient,
+        max_staleness: Some(4),
+    };
+    let setups = [
+        elastic(CenterRule::ElasticAsync { alpha: 0.2 }, easgd.clone(), None),
+        elastic(CenterRule::ElasticSync { beta: 0.8 }, easgd, None),
+        elastic(CenterRule::ElasticAsync { alpha: 0.2 }, eamsgd, None),
+        elastic(CenterRule::Downpour, downpour.clone(), None),
+        elastic(CenterRule::MDownpour { momentum: 0.9, lr: 0.05 }, LocalRule::MDownpour, None),
+        elastic(diloco(true), downpour.clone(), None),
+        elastic(diloco(false), downpour, Some(4)),
+    ];
+    for setup in &setups {
+        for seed in 0..SCHEDULES {
+            let faults = reliable(seed, setup.learners);
+            let out = run_elastic(setup, faults.clone(), seed)
+                .unwrap_or_else(|v| panic!("{:?}, seed {seed} ({faults:?}): {v}", setup.center));
+            assert!(out.center.iter().all(|v| v.is_finite()), "{:?}: {:?}", setup.center, out.center);
+        }
+    }
+}
+
+#[test]
+fn sync_easgd_without_faults_moves_the_center_once_per_round() {
+    let settings = ElasticSettings {
+        tau: 2,
+        alpha: 0.2,
+        lr: 0.1,
+        lr_decay_gamma: 0.0,
+        momentum: 0.0,
+        optimizer: OptimizerSpec::Sgd,
+    };
+    let setup = elastic(
+        CenterRule::ElasticSync { beta: 0.8 },
+        LocalRule::Elastic(ElasticLearner::new(settings, 6)),
+        None,
+    );
+    let out = run_elastic(&setup, FaultSchedule { max_delay: 4, ..FaultSchedule::default() }, 3).unwrap();
+    // τ = 2 over 12 steps: exchanges at steps 0, 2, …, 10, one round each.
+    assert_eq!(out.clocks, vec![crate::Clock(6); 2]);
+    assert_eq!(out.exchanges, 6 * 4 * 2, "every learner's exchange with every shard, once");
+}
+
+#[test]
+fn the_elastic_harness_refuses_lossy_links() {
+    let setup = elastic(CenterRule::Downpour, LocalRule::Downpour(DownpourLearner::new(3, 0.1, 6)), None);
+    let v = run_elastic(&setup, FaultSchedule { loss: 0.1, ..FaultSchedule::default() }, 1).unwrap_err();
+    assert!(v.what.contains("reliable"), "{v}");
+}

@@ -1,0 +1,561 @@
+//! Rudra's SGD shard: hardsync, n-softsync and async (n = λ) as one core parameterised by
+//! its [`SyncRule`], with the staleness bound and learning-rate modulation.
+//!
+//! Update rule: once `c` gradients are held,
+//! `θ ← θ − (1/c) Σ_k α(σ_k) g_k`, `i ← i + 1`; hardsync is the case `c = λ` with a barrier,
+//! so every gradient has `σ = 0` and the update is `θ ← θ − α0 (1/λ) Σ_l g_l`.
+
+mod outstanding;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::ops::Range;
+use std::sync::Arc;
+
+use crate::{Clock, DropReason, LearnerId, Outcome, ShardId, Staleness};
+use outstanding::Outstanding;
+use rudra_compute::cpu;
+use serde::{Deserialize, Serialize};
+
+use super::{
+    CoreError, GradientRecord, LrModulation, LrSchedule, ShardEvent, ShardState, StalenessStats,
+    UpdateRecord, Weights,
+};
+
+/// When a shard applies an update.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SyncRule {
+    /// Bulk synchronous: one gradient from each active learner, all on the current weights.
+    Hardsync,
+    /// Apply as soon as `c = ⌊λ/n⌋` (at least 1) gradients are held, from any learners.
+    Softsync {
+        /// The splitting parameter, `1 ≤ n ≤ λ`; `n = λ` is async SGD.
+        n: u32,
+    },
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    learner: LearnerId,
+    computed_on: Clock,
+    staleness: Staleness,
+    alpha: f32,
+    /// α0 when it arrived (for `mean` modulation).
+    lr: f32,
+}
+
+/// The incarnation a learner's step number belongs to (see
+/// [`LearnerCore::incarnation_base`](super::LearnerCore::incarnation_base)).
+fn incarnation(seq: u64) -> u64 {
+    seq / super::LearnerCore::incarnation_base(1)
+}
+
+/// A pull waiting to be answered.
+#[derive(Clone, Copy, Debug)]
+struct Deferred {
+    learner: LearnerId,
+    seq: u64,
+    last: bool,
+}
+
+/// Settings of an SGD shard.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SgdShardConfig {
+    /// The shard's id.
+    pub id: ShardId,
+    /// When updates are applied.
+    pub rule: SyncRule,
+    /// `α(σ)`.
+    pub modulation: LrModulation,
+    /// The staleness bound `s`, if any.
+    pub max_staleness: Option<u64>,
+    /// Hardsync: backup learners b; a round completes with the first λ − b gradients on the
+    /// current weights, and the rest arrive late (dropped as `stale-round`).
+    pub backups: u32,
+    /// The base learning rate `α0` per epoch.
+    pub schedule: LrSchedule,
+    /// Gradients (from all learners) per epoch: the epoch of a gradient is the number received
+    /// before it divided by this, so the schedule is exact and the same in every deployment.
+    pub gradients_per_epoch: u64,
+}
+
+/// The SGD shard core. Owns the shard's parameter range, its clock, the gradients held for the
+/// next update, and the pulls it is deferring.
+#[derive(Debug)]
+pub struct SgdShard {
+    cfg: SgdShardConfig,
+    params: Arc<Vec<f32>>,
+    clock: Clock,
+    active: BTreeSet<LearnerId>,
+    acc: Vec<f32>,
+    held: Vec<Held>,
+    /// Hardsync: the round's gradients with their weights, summed in learner order when the
+    /// round completes, so the result never depends on arrival order.
+    round: BTreeMap<LearnerId, (f32, Vec<f32>)>,
+    /// Hardsync: learners whose gradient of this round was dropped as non-finite; the round
+    /// completes without them.
+    voided: BTreeSet<LearnerId>,
+    /// Buffers of earlier rounds, reused.
+    spare: Vec<Vec<f32>>,
+    /// Learners served weights whose gradient has not arrived yet, with the clock served.
+    outstanding: Outstanding,
+    /// The sequence number of each learner's last accepted push: a push or pull at or below
+    /// it is a duplicate or a late copy and is ignored.
+    last_pushed: BTreeMap<LearnerId, u64>,
+    /// Active learners whose last pull was served: they send no more gradients, so no update
+    /// waits for them.
+    finished: BTreeSet<LearnerId>,
+    /// Pulls waiting for the gate, first come first served.
+    deferred: VecDeque<Deferred>,
+    /// The learners in `deferred`.
+    deferred_set: BTreeSet<LearnerId>,
+    stats: StalenessStats,
+    /// Gradients received and validated, applied or dropped.
+    received: u64,
+    /// The clock at which each learner was last removed from the active set: what it
+    /// computed before is dropped as [`DropReason::Lapsed`].
+    removed_at: BTreeMap<LearnerId, Clock>,
+    /// Restarted from a checkpoint: learners may still push gradients computed on the
+    /// newer weights that were lost; they are dropped as [`DropReason::RolledBack`].
+    restored: bool,
+    /// Effects of the input being handled, returned when it is done.
+    events: Vec<ShardEvent>,
+}
+
+impl SgdShard {
+    /// A shard holding `params`, serving the learners in `active`.
+    #[must_use]
+    pub fn new(cfg: SgdShardConfig, params: Vec<f32>, active: BTreeSet<LearnerId>) -> Self {
+        let acc = vec![0.0; params.len()];
+        Self {
+            cfg,
+            params: Arc::new(params),
+            clock: Clock(0),
+            active,
+            acc,
+            held: Vec::new(),
+            round: BTreeMap::new(),
+            voided: BTreeSet::new(),
+            spare: Vec::new(),
+            outstanding: Outstanding::default(),
+            last_pushed: BTreeMap::new(),
+            deferred: VecDeque::new(),
+            deferred_set: BTreeSet::new(),
+            finished: BTreeSet::new(),
+            stats: StalenessStats::default(),
+            received: 0,
+            removed_at: BTreeMap::new(),
+            restored: false,
+            events: Vec::new(),
+        }
+    }
+
+    /// The shard's id.
+    #[must_use]
+    pub fn id(&self) -> ShardId {
+        self.cfg.id
+    }
+
+    /// The current clock `i`.
+    #[must_use]
+    pub fn clock(&self) -> Clock {
+        self.clock
+    }
+
+    /// The current weights, without gating (for evaluation and checkpoints).
+    #[must_use]
+    pub fn snapshot(&self) -> Weights {
+        Weights { shard: self.cfg.id, clock: self.clock, values: Arc::clone(&self.params).into() }
+    }
+
+    /// What a checkpoint keeps (see [`ShardState`]).
+    #[must_use]
+    pub fn state(&self) -> ShardState {
+        ShardState {
+            clock: self.clock,
+            values: self.params.to_vec(),
+            velocity: Vec::new(),
+            received: self.received,
+            last_pushed: self.last_pushed.clone(),
+        }
+    }
+
+    /// Continue from `state`, as a shard restarted from its checkpoint: everything in flight
+    /// is forgotten (see [`ShardState`]). A state of the wrong size is refused and changes
+    /// nothing.
+    pub fn restore(&mut self, state: ShardState) -> Result<(), CoreError> {
+        state.check(self.params.len(), false)?;
+        let ShardState { clock, values, received, last_pushed, .. } = state;
+        (self.clock, self.params, self.received, self.last_pushed) =
+            (clock, Arc::new(values), received, last_pushed);
+        self.restored = true;
+        // A learner removed on the lost clocks lapsed at most at the restored one: otherwise,
+        // back before its removal, everything it computes after rejoining would lapse too.
+        for at in self.removed_at.values_mut() {
+            *at = (*at).min(self.clock);
+        }
+        self.acc.fill(0.0);
+        self.held.clear();
+        self.spare.extend(std::mem::take(&mut self.round).into_values().map(|(_, g)| g));
+        self.voided.clear();
+        self.outstanding = Outstanding::default();
+        self.deferred.clear();
+        self.deferred_set.clear();
+        self.events.clear();
+        Ok(())
+    }
+
+    /// Staleness counts of the gradients this shard has seen.
+    #[must_use]
+    pub fn stats(&self) -> &StalenessStats {
+        &self.stats
+    }
+
+    /// Gradients received and accepted but waiting for the next update.
+    #[must_use]
+    pub fn held(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Gradients needed per update: `λ − b` (at least 1) for hardsync with b backups,
+    /// `⌊λ/n⌋` (at least 1) for softsync, λ counting the active learners that have not
+    /// finished.
+    #[must_use]
+    pub fn gradients_per_update(&self) -> usize {
+        // A finished learner still counts until its last gradient is applied.
+        let waiting = |l: LearnerId| self.held.iter().any(|h| h.learner == l) || self.voided.contains(&l);
+        let finished = self.finished.iter().filter(|&&l| !waiting(l)).count();
+        let lambda = self.active.len().saturating_sub(finished).max(1);
+        match self.cfg.rule {
+            SyncRule::Hardsync => lambda.saturating_sub(self.cfg.backups as usize).max(1),
+            SyncRule::Softsync { n } => (lambda / n.max(1) as usize).max(1),
+        }
+    }
+
+    /// The base learning rate `α0` for the next gradient.
+    #[must_use]
+    pub fn learning_rate(&self) -> f32 {
+        self.cfg.schedule.rate(self.received / self.cfg.gradients_per_epoch.max(1))
+    }
+
+    /// The sequence number of `learner`'s last accepted push (0 before any).
+    #[must_use]
+    pub fn last_pushed(&self, learner: LearnerId) -> u64 {
+        self.last_pushed.get(&learner).copied().unwrap_or(0)
+    }
+
+    /// A learner asks for the current weights for its step `seq`. They are served now, or
+    /// deferred while the hardsync barrier or the staleness bound says wait, or while the
+    /// learner's push of its previous step is still on its way (a pull can overtake it; a
+    /// learner that retries sends that push again first). Asking again for a step already
+    /// answered (a retry) is answered again. A pull for a step already pushed, or older than
+    /// the one outstanding, is a late copy: [`CoreError::Duplicate`].
+    pub fn on_pull(&mut self, learner: LearnerId, seq: u64) -> Result<Vec<ShardEvent>, CoreError> {
+        self.pull(learner, seq, false)
+    }
+
+    /// A learner that has pushed its last gradient asks for the weights once more, to know it
+    /// was applied: served once that push is in, never gated, and no gradient is expected.
+    pub fn on_last_pull(&mut self, learner: LearnerId, seq: u64) -> Result<Vec<ShardEvent>, CoreError> {
+        self.pull(learner, seq, true)
+    }
+
+    fn pull(&mut self, learner: LearnerId, seq: u64, last: bool) -> Result<Vec<ShardEvent>, CoreError> {
+        self.check_member(learner)?;
+        self.check_fresh(learner, seq, "pull")?;
+        // A learner that restarted never pushes what its earlier incarnation was served.
+        if self.outstanding.seq(learner).is_some_and(|s| incarnation(s) < incarnation(seq)) {
+            self.outstanding.remove(learner);
+        }
+        match self.outstanding.seq(learner) {
+            Some(s) if s > seq => return Err(self.duplicate(learner, seq, "pull")),
+            Some(s) if s == seq => {
+                self.events.push(ShardEvent::Serve { learner, seq, weights: self.snapshot() });
+                return Ok(self.take_events());
+            }
+            _ => {}
+        }
+        if self.deferred_set.insert(learner) {
+            self.deferred.push_back(Deferred { learner, seq, last });
+        } else if let Some(d) = self.deferred.iter_mut().find(|d| d.learner == learner) {
+            (d.seq, d.last) = (d.seq.max(seq), last);
+        }
+        self.release_deferred();
+        Ok(self.take_events())
+    }
+
+    /// A learner pushes its gradient of step `seq` for this shard's range, computed on weights
+    /// `computed_on`. A push that is malformed or comes from the future is rejected and changes
+    /// nothing; a copy of a push already accepted is [`CoreError::Duplicate`], applied once.
+    pub fn on_push(
+        &mut self,
+        learner: LearnerId,
+        seq: u64,
+        computed_on: Clock,
+        grad: &[f32],
+    ) -> Result<Vec<ShardEvent>, CoreError> {
+        self.check_member(learner)?;
+        self.check_fresh(learner, seq, "push")?;
+        if grad.len() != self.params.len() {
+            return Err(CoreError::Protocol(format!(
+                "{} pushed {} gradient values to {}, which holds {}",
+                learner,
+                grad.len(),
+                self.cfg.id,
+                self.params.len()
+            )));
+        }
+        if computed_on > self.clock && !self.restored {
+            return Err(CoreError::Protocol(format!(
+                "{learner} pushed a gradient on clock {computed_on} to {}, which is at {}",
+                self.cfg.id, self.clock
+            )));
+        }
+        // A gradient on weights a restart lost is no part of the open round: it is dropped
+        // below as rolled back, not refused as a second turn.
+        if self.cfg.rule == SyncRule::Hardsync && self.in_round(learner) && computed_on <= self.clock {
+            return Err(self.duplicate(learner, seq, "push in a round it already pushed to"));
+        }
+        if self.outstanding.seq(learner).is_some_and(|s| s <= seq) {
+            self.outstanding.remove(learner);
+        }
+        self.last_pushed.insert(learner, seq);
+        let lr = self.learning_rate();
+        self.received += 1;
+        let staleness = self.clock.staleness_of(computed_on).unwrap_or_default();
+        let drop = match (self.cfg.rule, self.cfg.max_staleness) {
+            _ if !cpu::all_finite(grad) => Some(DropReason::NonFinite),
+            _ if computed_on > self.clock => Some(DropReason::RolledBack),
+            _ if self.removed_at.get(&learner).is_some_and(|&c| computed_on < c) => Some(DropReason::Lapsed),
+            (SyncRule::Hardsync, _) if staleness.0 > 0 => Some(DropReason::StaleRound),
+            (_, Some(bound)) if staleness.0 > bound => Some(DropReason::TooStale),
+            _ => None,
+        };
+        if let Some(reason) = drop {
+            self.stats.record_dropped(reason);
+            self.events.push(ShardEvent::Gradient(GradientRecord {
+                shard: self.cfg.id,
+                learner,
+                computed_on,
+                staleness,
+                outcome: Outcome::Dropped(reason),
+            }));
+            // A hardsync round does not wait for a gradient that can never be applied.
+            if reason == DropReason::NonFinite
+                && self.cfg.rule == SyncRule::Hardsync
+                && computed_on == self.clock
+            {
+                self.voided.insert(learner);
+                if self.round_complete() {
+                    self.apply(None);
+                }
+            }
+        } else {
+            self.stats.record_applied(staleness);
+            let alpha = self.cfg.modulation.alpha(lr, staleness, self.stats.mean());
+            let weight = if self.cfg.modulation.is_per_gradient() { alpha } else { 1.0 };
+            self.held.push(Held { learner, computed_on, staleness, alpha, lr });
+            let complete = self.round_complete();
+            if self.cfg.rule == SyncRule::Hardsync {
+                let mut buf = self.spare.pop().unwrap_or_default();
+                buf.clear();
+                buf.extend_from_slice(grad);
+                self.round.insert(learner, (weight, buf));
+                if complete {
+                    self.apply(None);
+                }
+            } else if complete {
+                self.apply(Some((weight, grad)));
+            } else {
+                cpu::axpy(weight, grad, &mut self.acc);
+            }
+        }
+        // A new clock, the oldest outstanding gradient, or this learner's own push may each
+        // open the gate for a deferred pull.
+        self.release_deferred();
+        Ok(self.take_events())
+    }
+
+    /// The set of active learners changed (λ changes): pending work is re-evaluated so that
+    /// no round waits for a learner that is gone.
+    pub fn on_membership(&mut self, active: BTreeSet<LearnerId>) -> Vec<ShardEvent> {
+        for &gone in self.active.difference(&active) {
+            self.removed_at.insert(gone, self.clock);
+        }
+        self.outstanding.retain(&active);
+        self.deferred.retain(|d| active.contains(&d.learner));
+        self.deferred_set.retain(|l| active.contains(l));
+        self.finished.retain(|l| active.contains(l));
+        self.active = active;
+        self.voided.retain(|l| self.active.contains(l));
+        if !(self.held.is_empty() && self.voided.is_empty()) && self.round_complete() {
+            self.apply(None);
+        }
+        self.release_deferred();
+        self.take_events()
+    }
+
+    /// Whether the gradients held (and, for hardsync, those voided) make an update.
+    fn round_complete(&self) -> bool {
+        self.held.len() + self.voided.len() >= self.gradients_per_update()
+    }
+
+    /// Hardsync: whether `learner` already took its turn in the open round.
+    fn in_round(&self, learner: LearnerId) -> bool {
+        self.round.contains_key(&learner) || self.voided.contains(&learner)
+    }
+
+    /// The effects of the input just handled, in order.
+    fn take_events(&mut self) -> Vec<ShardEvent> {
+        std::mem::take(&mut self.events)
+    }
+
+    fn check_fresh(&self, learner: LearnerId, seq: u64, what: &str) -> Result<(), CoreError> {
+        if seq <= self.last_pushed(learner) && !broken::accepts_duplicates() {
+            Err(self.duplicate(learner, seq, what))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn duplicate(&self, learner: LearnerId, seq: u64, what: &str) -> CoreError {
+        CoreError::Duplicate(format!("{learner} {what} #{seq} at {}: a late or repeated copy", self.cfg.id))
+    }
+
+    fn check_member(&self, learner: LearnerId) -> Result<(), CoreError> {
+        if self.active.contains(&learner) {
+            Ok(())
+        } else {
+            Err(CoreError::Protocol(format!("{learner} is not an active learner of {}", self.cfg.id)))
+        }
+    }
+
+    fn may_serve(&self, &Deferred { learner, seq, last }: &Deferred) -> bool {
+        if self.outstanding.seq(learner).is_some_and(|s| s < seq) {
+            return false;
+        }
+        if last {
+            return true;
+        }
+        if self.cfg.rule == SyncRule::Hardsync && self.in_round(learner) {
+            return false;
+        }
+        let Some(bound) = self.cfg.max_staleness else { return true };
+        let Some(limit) = self.clock.0.checked_sub(bound) else { return true };
+        !self.outstanding.owed_by_one_behind(learner, seq, Clock(limit))
+    }
+
+    fn serve(&mut self, learner: LearnerId, seq: u64) {
+        self.outstanding.insert(learner, self.clock, seq);
+        self.events.push(ShardEvent::Serve { learner, seq, weights: self.snapshot() });
+    }
+
+    fn release_deferred(&mut self) {
+        for _ in 0..self.deferred.len() {
+            let Some(d) = self.deferred.pop_front() else { break };
+            if !self.may_serve(&d) {
+                self.deferred.push_back(d);
+                continue;
+            }
+            self.deferred_set.remove(&d.learner);
+            if d.last {
+                let weights = self.snapshot();
+                self.events.push(ShardEvent::Serve { learner: d.learner, seq: d.seq, weights });
+                self.finished.insert(d.learner);
+                // A round or an accumulation may have waited only for gradients it will not send.
+                if !(self.held.is_empty() && self.voided.is_empty()) && self.round_complete() {
+                    self.apply(None);
+                }
+            } else {
+                // A learner that comes back as a new incarnation sends gradients again.
+                self.finished.remove(&d.learner);
+                self.serve(d.learner, d.seq);
+            }
+        }
+    }
+
+    /// Apply the held gradients: a hardsync round in learner order, or those summed in `acc`
+    /// plus `last` (weight, gradient) when the update is triggered by a gradient that has not
+    /// been accumulated.
+    fn apply(&mut self, last: Option<(f32, &[f32])>) {
+        self.voided.clear();
+        let c = self.held.len();
+        if c == 0 {
+            // A hardsync round whose every gradient was dropped: the weights stay as they are.
+            self.clock = self.clock.next();
+            self.events.push(ShardEvent::Update(UpdateRecord {
+                shard: self.cfg.id,
+                clock: self.clock,
+                gradients: 0,
+            }));
+            return;
+        }
+        let lr = self.held.last().map_or(0.0, |h| h.lr);
+        let alpha_update = (!self.cfg.modulation.is_per_gradient())
+            .then(|| self.cfg.modulation.alpha(lr, Staleness(0), self.stats.mean()));
+        let scale = -alpha_update.unwrap_or(1.0) / c as f32;
+        let params = Arc::make_mut(&mut self.params);
+        if !self.round.is_empty() {
+            for (_, (weight, grad)) in std::mem::take(&mut self.round) {
+                cpu::axpy(scale * weight, &grad, params);
+                self.spare.push(grad);
+            }
+        } else if c > usize::from(last.is_some()) {
+            cpu::axpy_drain(scale, &mut self.acc, params);
+        }
+        if let Some((weight, grad)) = last {
+            cpu::axpy(scale * weight, grad, params);
+        }
+        for h in self.held.drain(..) {
+            self.events.push(ShardEvent::Gradient(GradientRecord {
+                shard: self.cfg.id,
+                learner: h.learner,
+                computed_on: h.computed_on,
+                staleness: h.staleness,
+                outcome: Outcome::Applied { alpha: alpha_update.unwrap_or(h.alpha) },
+            }));
+        }
+        self.clock = self.clock.next();
+        self.events.push(ShardEvent::Update(UpdateRecord {
+            shard: self.cfg.id,
+            clock: self.clock,
+            gradients: c,
+        }));
+    }
+}
+
+/// The ranges of `shards` contiguous, near-equal parts of a vector of `len` values: the
+/// parameter ranges of a run's shards.
+#[must_use]
+pub fn shard_ranges(len: usize, shards: usize) -> Vec<Range<usize>> {
+    let shards = shards.max(1);
+    (0..shards).map(|s| (s * len / shards)..((s + 1) * len / shards)).collect()
+}
+
+/// A deliberately broken rule, switched on only by the harness's own tests to show that the
+/// harness catches a shard applying a repeated push; compiled out of every other build.
+pub(crate) mod broken {
+    #[cfg(test)]
+    thread_local! {
+        static ACCEPT_DUPLICATES: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    /// Whether this thread's shards apply a push they already applied.
+    #[cfg(test)]
+    pub(crate) fn accepts_duplicates() -> bool {
+        ACCEPT_DUPLICATES.get()
+    }
+
+    /// Never, outside the harness's own tests.
+    #[cfg(not(test))]
+    pub(crate) const fn accepts_duplicates() -> bool {
+        false
+    }
+
+    /// Make this thread's shards apply repeated pushes (or stop).
+    #[cfg(test)]
+    pub(crate) fn accept_duplicates(on: bool) {
+        ACCEPT_DUPLICATES.set(on);
+    }
+}

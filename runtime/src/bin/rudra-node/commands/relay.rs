@@ -1,0 +1,40 @@
+//! `rudra-node relay`: a fault-injecting UDP relay between two real nodes.
+
+use std::time::Duration;
+
+use rudra_runtime::RuntimeError;
+use rudra_transport::{LinkFaults, Relay, RelayRules};
+
+use crate::cli::RelayArgs;
+
+/// Relay until stopped, cutting and healing the link at the times given.
+pub(crate) fn run(args: RelayArgs) -> Result<(), RuntimeError> {
+    let ms = Duration::from_millis;
+    let faults = LinkFaults {
+        drop: args.drop,
+        duplicate: args.duplicate,
+        reorder: args.reorder,
+        delay: ms(args.delay_ms),
+        jitter: ms(args.jitter_ms),
+    };
+    let rules = RelayRules { to_upstream: faults.clone(), to_client: faults, ..RelayRules::default() };
+    let to = args.to;
+    actix::System::new().block_on(async move {
+        let relay = Relay::bind(args.listen, to, rules, args.seed)?;
+        tracing::info!("relaying {} → {to}", relay.local_addr()?);
+        let control = relay.control();
+        let switch = |at: Option<u64>, down: bool| {
+            let control = control.clone();
+            at.map(|at| {
+                actix::spawn(async move {
+                    tokio::time::sleep(ms(at)).await;
+                    tracing::info!("link {}", if down { "cut" } else { "healed" });
+                    control.set_down(down);
+                })
+            })
+        };
+        let _down = switch(args.down_at_ms, true);
+        let _up = switch(args.up_at_ms, false);
+        Ok(relay.run().await?)
+    })
+}
