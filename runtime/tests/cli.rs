@@ -160,7 +160,11 @@ fn logs_are_text_or_json_lines_filtered_by_rust_log() {
     // learning is a_short_local_run_learns_mnist_and_writes_its_run_directory's to check.
     let accuracy: f64 = evaluated["fields"]["test_accuracy"].as_str().unwrap().parse().unwrap();
     assert!((0.0..=1.0).contains(&accuracy), "test accuracy {accuracy}");
-    assert!(lines.iter().any(|l| l["fields"]["message"] == "run directory" && l["target"] == "rudra_node"));
+    assert!(
+        lines.iter().any(
+            |l| l["fields"]["message"] == "run directory" && l["target"] == "rudra_node::commands::local"
+        )
+    );
 
     let text = run("text", "info");
     assert!(text.contains(" INFO ") && text.contains("evaluated"), "{text}");

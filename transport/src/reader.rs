@@ -82,7 +82,7 @@ pub async fn read_frame<S: FrameSource>(
             Some(chunk) => body.extend_from_slice(&chunk),
             None => {
                 return Err(TransportError::BadFrame(format!(
-                    "a {:?} body of {} bytes: the stream ended after {}",
+                    "a {:?} body of {} bytes is truncated: the stream ended after {}",
                     h.kind,
                     h.body_len,
                     body.len()

@@ -218,18 +218,21 @@ impl SgdShard {
         self.held.len()
     }
 
-    /// Gradients needed per update: `λ − b` (at least 1) for hardsync with b backups,
-    /// `⌊λ/n⌋` (at least 1) for softsync, λ counting the active learners that have not
-    /// finished.
+    /// Gradients needed per update: `λ − b` (at least 1) for hardsync with b backups, λ
+    /// counting the active learners that have not finished; `⌊λ/n⌋` (at least 1) for
+    /// softsync.
     #[must_use]
     pub fn gradients_per_update(&self) -> usize {
-        // A finished learner still counts until its last gradient is applied.
-        let waiting = |l: LearnerId| self.held.iter().any(|h| h.learner == l) || self.voided.contains(&l);
-        let finished = self.finished.iter().filter(|&&l| !waiting(l)).count();
-        let lambda = self.active.len().saturating_sub(finished).max(1);
         match self.cfg.rule {
-            SyncRule::Hardsync => lambda.saturating_sub(self.cfg.backups as usize).max(1),
-            SyncRule::Softsync { n } => (lambda / n.max(1) as usize).max(1),
+            SyncRule::Hardsync => {
+                // A round waits for no learner that has finished, unless its last gradient is
+                // part of the round.
+                let waiting = |l: LearnerId| self.round.contains_key(&l) || self.voided.contains(&l);
+                let finished = self.finished.iter().filter(|&&l| !waiting(l)).count();
+                let lambda = self.active.len().saturating_sub(finished).max(1);
+                lambda.saturating_sub(self.cfg.backups as usize).max(1)
+            }
+            SyncRule::Softsync { n } => (self.active.len().max(1) / n.max(1) as usize).max(1),
         }
     }
 
@@ -463,8 +466,12 @@ impl SgdShard {
                 let weights = self.snapshot();
                 self.events.push(ShardEvent::Serve { learner: d.learner, seq: d.seq, weights });
                 self.finished.insert(d.learner);
-                // A round or an accumulation may have waited only for gradients it will not send.
-                if !(self.held.is_empty() && self.voided.is_empty()) && self.round_complete() {
+                // A round may have waited only for this learner; and once every learner has
+                // finished, what is held is applied rather than left out.
+                let all_finished = self.active.iter().all(|l| self.finished.contains(l));
+                if !(self.held.is_empty() && self.voided.is_empty())
+                    && (self.round_complete() || all_finished)
+                {
                     self.apply(None);
                 }
             } else {

@@ -50,3 +50,30 @@ pub fn print(rows: &[BenchRow]) {
         println!("{:<48} {:>14.digits$} {:<10} {:>8}  {}", r.name, r.value, r.unit, ratio, base);
     }
 }
+
+/// `rows` of `suite` as a markdown table, headed by the machine and the date they were
+/// measured on, for the book's performance chapter.
+#[must_use]
+pub fn markdown(suite: &str, rows: &[BenchRow]) -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, m)| m.trim().to_owned())
+        })
+        .unwrap_or_else(|| "an unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
+    let date = humantime::format_rfc3339_seconds(std::time::SystemTime::now());
+    let mut md = format!(
+        "`rudra-node bench --suite {suite}` on {cpu} ({cores} cores), {date}; medians.\n\n\
+         | setting | median | unit | ratio | baseline |\n|---|---:|---|---:|---|\n"
+    );
+    for r in rows {
+        let (ratio, base) =
+            r.ratio.as_ref().map_or((String::new(), ""), |(x, b)| (format!("{x:.3}"), b.as_str()));
+        md += &format!("| {} | {:.3} | {} | {ratio} | {base} |\n", r.name, r.value, r.unit);
+    }
+    md
+}

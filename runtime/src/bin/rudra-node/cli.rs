@@ -220,6 +220,9 @@ pub(crate) enum Command {
         /// Measurements per setting; the median is reported.
         #[arg(long, default_value_t = 5)]
         repeats: usize,
+        /// Also write the table as markdown, headed by the CPU and the date, to this file.
+        #[arg(long, value_name = "FILE")]
+        markdown: Option<PathBuf>,
     },
     /// Compare finished runs: print a table (also written as report.md and report.csv) and
     /// draw their accuracy and loss on the same axes.

@@ -3,11 +3,11 @@
 //! # Layout
 //! - `cli`: the command line (clap's types).
 //! - `commands`: one module per command, and the node roles.
-//! - `signals`: how a node stops on SIGTERM and SIGINT.
+//! - `stop`: how a node stops on SIGTERM and SIGINT, and on a panic in any thread.
 
 mod cli;
 mod commands;
-mod signals;
+mod stop;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -69,7 +69,8 @@ fn main() -> ExitCode {
         cli.role = None;
     }
     init_tracing(cli.log_format);
-    signals::stop_on_signals();
+    stop::stop_on_signals();
+    stop::stop_on_panic();
     let result = match (cli.command.take(), cli.role) {
         (Some(command), None) => commands::run(command),
         (None, Some(role)) => commands::run_node(role, &cli),

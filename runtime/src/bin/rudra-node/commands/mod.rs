@@ -36,8 +36,8 @@ pub(crate) fn run(command: Command) -> Result<(), RuntimeError> {
             out.as_deref(),
             ProgressMode::detect(),
         ),
-        Command::Bench { config, suite, steps, frames, repeats } => {
-            bench::run(&config, suite, (steps, frames, repeats))
+        Command::Bench { config, suite, steps, frames, repeats, markdown } => {
+            bench::run(&config, suite, (steps, frames, repeats), markdown.as_deref())
         }
         Command::Report { runs, out, target } => inspect::report(&runs, &out, target),
         Command::Eval { checkpoint, config, dataset, data_dir } => {

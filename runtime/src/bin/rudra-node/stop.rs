@@ -1,4 +1,4 @@
-//! How a node stops on SIGTERM and SIGINT.
+//! How a node stops on its own: on SIGTERM and SIGINT, and on a panic in any of its threads.
 
 /// Stop at once on SIGTERM or SIGINT, as a crash would (exit code 128 + the signal), even as
 /// a container's first process, which the kernel otherwise shields from both: peers find the
@@ -25,4 +25,18 @@ pub(crate) fn stop_on_signals() {
     if let Err(e) = watch() {
         tracing::warn!("cannot watch for SIGTERM and SIGINT: {e}");
     }
+}
+
+/// End the process when any thread panics, after the panic's own message: a node whose actor
+/// died must not live on looking healthy (answering probes, sending heartbeats) while its
+/// work has stopped. Its peers then find it gone, and an engine restarts it (exit code 70).
+pub(crate) fn stop_on_panic() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        eprintln!(
+            "error: a thread of this node panicked; the node stops so that its peers and its engine see it fail"
+        );
+        std::process::exit(70);
+    }));
 }
