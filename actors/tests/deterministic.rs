@@ -1,168 +1,47 @@
-//! The protocol cores under a deterministic driver: no threads, no clocks, zero-latency
-//! messages and integer compute times, ties broken by learner id.
+//! The protocol cores under the deterministic harness (`rudra_proto::harness`): no threads,
+//! no clocks, messages one tick long and integer compute times per learner.
 
-use std::cmp::Reverse;
-use std::collections::{BTreeSet, BinaryHeap, VecDeque};
-use std::ops::Range;
 use std::path::Path;
-use std::sync::Arc;
 
 use rudra_compute::{BatchStream, CpuBackend, Dataset, Model, ModelSpec, Partition};
-use rudra_proto::shard_ranges;
-use rudra_proto::{
-    GradientRecord, LearnerCore, LearnerEvent, LrModulation, LrSchedule, NextPull, Outcome, SgdShard,
-    SgdShardConfig, ShardEvent, SyncRule,
-};
-use rudra_transport::{Clock, LearnerId, ShardId};
+use rudra_proto::harness::{FaultSchedule, GradientFn, SgdOutcome, SgdSetup, run_sgd};
+use rudra_proto::{Clock, LrModulation, Outcome, SyncRule};
 
-enum Msg {
-    Pull(ShardId, LearnerId, bool, u64),
-    Push(ShardId, LearnerId, Clock, u64, Arc<Vec<f32>>, NextPull),
-    Weights(LearnerId, ShardId, Clock, u64, rudra_transport::Floats),
-}
-
-/// Computes learner `l`'s gradient on `params`.
-type GradFn<'a> = Box<dyn FnMut(usize, &[f32]) -> Vec<f32> + 'a>;
-
-struct Driver<'a> {
-    shards: Vec<SgdShard>,
-    ranges: Vec<Range<usize>>,
-    learners: Vec<LearnerCore>,
-    params: Vec<Vec<f32>>,
+/// `steps` steps of learners with these compute times over `shards` shards from `init`,
+/// on links without faults.
+fn run(
+    (rule, bound): (SyncRule, Option<u64>),
+    (init, shards): (Vec<f32>, u32),
     compute_ticks: Vec<u64>,
-    timers: BinaryHeap<Reverse<(u64, usize)>>,
-    queue: VecDeque<Msg>,
-    now: u64,
-    grad: GradFn<'a>,
-    records: Vec<GradientRecord>,
+    (steps, lr): (u64, f32),
+    grad: &mut GradientFn<'_>,
+) -> SgdOutcome {
+    let setup = SgdSetup {
+        rule,
+        max_staleness: bound,
+        modulation: LrModulation::None,
+        learners: compute_ticks.len() as u32,
+        shards,
+        init,
+        compute_ticks,
+        steps,
+        lr,
+        retry_every: 1_000_000,
+        horizon: 1_000_000,
+    };
+    run_sgd(&setup, FaultSchedule { max_delay: 1, ..FaultSchedule::default() }, 0, grad)
+        .unwrap_or_else(|v| panic!("{rule:?}: {v}"))
 }
 
-impl<'a> Driver<'a> {
-    fn new(
-        (rule, bound): (SyncRule, Option<u64>),
-        (init, shards): (Vec<f32>, usize),
-        compute_ticks: Vec<u64>,
-        (steps, lr): (u64, f32),
-        grad: GradFn<'a>,
-    ) -> Self {
-        let lambda = compute_ticks.len();
-        let active: BTreeSet<LearnerId> = (0..lambda as u32).map(LearnerId).collect();
-        let ranges = shard_ranges(init.len(), shards);
-        let shards = ranges
-            .iter()
-            .enumerate()
-            .map(|(s, r)| {
-                let cfg = SgdShardConfig {
-                    id: ShardId(s as u32),
-                    rule,
-                    modulation: LrModulation::None,
-                    max_staleness: bound,
-                    backups: 0,
-                    schedule: LrSchedule { base: lr, decay: 1.0 },
-                    gradients_per_epoch: u64::MAX,
-                };
-                SgdShard::new(cfg, init[r.clone()].to_vec(), active.clone())
-            })
-            .collect();
-        let learners =
-            (0..lambda).map(|l| LearnerCore::new(LearnerId(l as u32), ranges.len(), steps)).collect();
-        Self {
-            shards,
-            ranges,
-            learners,
-            params: vec![init.clone(); lambda],
-            compute_ticks,
-            timers: BinaryHeap::new(),
-            queue: VecDeque::new(),
-            now: 0,
-            grad,
-            records: Vec::new(),
-        }
-    }
-
-    fn learner_events(&mut self, l: usize, events: Vec<LearnerEvent>, grad: Option<&Arc<Vec<f32>>>) {
-        let id = LearnerId(l as u32);
-        for e in events {
-            match e {
-                LearnerEvent::Pull { shard, last, seq } => {
-                    self.queue.push_back(Msg::Pull(shard, id, last, seq))
-                }
-                LearnerEvent::Push { shard, computed_on, seq, pull } => {
-                    let g = grad.expect("pushes follow a computation");
-                    let slice = Arc::new(g[self.ranges[shard.index()].clone()].to_vec());
-                    self.queue.push_back(Msg::Push(shard, id, computed_on, seq, slice, pull));
-                }
-                LearnerEvent::Compute => self.timers.push(Reverse((self.now + self.compute_ticks[l], l))),
-                LearnerEvent::Finished => {}
-            }
-        }
-    }
-
-    fn deliver(&mut self) {
-        while let Some(m) = self.queue.pop_front() {
-            let (s, events) = match m {
-                Msg::Pull(s, l, last, seq) => {
-                    let shard = &mut self.shards[s.index()];
-                    (s, if last { shard.on_last_pull(l, seq) } else { shard.on_pull(l, seq) }.unwrap())
-                }
-                Msg::Push(s, l, c, seq, g, pull) => {
-                    let shard = &mut self.shards[s.index()];
-                    let mut events = shard.on_push(l, seq, c, &g).unwrap();
-                    let then =
-                        if pull.last { shard.on_last_pull(l, pull.seq) } else { shard.on_pull(l, pull.seq) };
-                    events.extend(then.unwrap());
-                    (s, events)
-                }
-                Msg::Weights(l, s, c, seq, v) => {
-                    let events = self.learners[l.index()].on_weights(s, c, seq).unwrap();
-                    self.params[l.index()][self.ranges[s.index()].clone()].copy_from_slice(&v);
-                    self.learner_events(l.index(), events, None);
-                    continue;
-                }
-            };
-            for e in events {
-                match e {
-                    ShardEvent::Serve { learner, seq, weights } => {
-                        self.queue.push_back(Msg::Weights(learner, s, weights.clock, seq, weights.values));
-                    }
-                    ShardEvent::Gradient(g) => self.records.push(g),
-                    ShardEvent::Update(_) => {}
-                }
-            }
-        }
-    }
-
-    /// Run until every learner has finished.
-    fn run(&mut self) {
-        for l in 0..self.learners.len() {
-            let events = self.learners[l].on_start();
-            self.learner_events(l, events, None);
-        }
-        self.deliver();
-        while let Some(Reverse((t, l))) = self.timers.pop() {
-            self.now = t;
-            let g = Arc::new((self.grad)(l, &self.params[l]));
-            let events = self.learners[l].on_computed().unwrap();
-            self.learner_events(l, events, Some(&g));
-            self.deliver();
-        }
-    }
-
-    fn applied_sigmas(&self) -> Vec<u64> {
-        self.records
-            .iter()
-            .filter(|r| matches!(r.outcome, Outcome::Applied { .. }))
-            .map(|r| r.staleness.0)
-            .collect()
-    }
-
-    fn params(&self) -> Vec<f32> {
-        self.shards.iter().flat_map(|s| s.snapshot().values.to_vec()).collect()
-    }
+fn applied_sigmas(out: &SgdOutcome) -> Vec<u64> {
+    (out.records.iter())
+        .filter(|r| matches!(r.outcome, Outcome::Applied { .. }))
+        .map(|r| r.staleness.0)
+        .collect()
 }
 
-fn constant_grad<'a>() -> GradFn<'a> {
-    Box::new(|_, p: &[f32]| vec![1e-3; p.len()])
+fn constant_grad(_: rudra_proto::LearnerId, _: u64, p: &[f32]) -> Vec<f32> {
+    vec![1e-3; p.len()]
 }
 
 fn mean(v: &[u64]) -> f64 {
@@ -173,15 +52,14 @@ fn mean(v: &[u64]) -> f64 {
 fn softsync_staleness_is_about_n_for_equal_speed_learners() {
     let lambda = 8;
     for n in [1u32, 2, 4, 8] {
-        let mut d = Driver::new(
+        let d = run(
             (SyncRule::Softsync { n }, None),
             (vec![0.0; 16], 2),
             vec![10; lambda],
             (200, 0.1),
-            constant_grad(),
+            &mut constant_grad,
         );
-        d.run();
-        let sigmas = d.applied_sigmas();
+        let sigmas = applied_sigmas(&d);
         assert_eq!(sigmas.len(), 2 * 200 * lambda, "every gradient reaches both shards and is applied");
         let m = mean(&sigmas);
         let n = f64::from(n);
@@ -193,18 +71,12 @@ fn softsync_staleness_is_about_n_for_equal_speed_learners() {
 
 #[test]
 fn hardsync_staleness_is_always_zero_even_with_unequal_learners() {
-    let mut d = Driver::new(
-        (SyncRule::Hardsync, None),
-        (vec![0.0; 9], 3),
-        vec![3, 7, 10, 4],
-        (50, 0.1),
-        constant_grad(),
-    );
-    d.run();
-    let sigmas = d.applied_sigmas();
+    let d =
+        run((SyncRule::Hardsync, None), (vec![0.0; 9], 3), vec![3, 7, 10, 4], (50, 0.1), &mut constant_grad);
+    let sigmas = applied_sigmas(&d);
     assert_eq!(sigmas.len(), 3 * 50 * 4);
     assert!(sigmas.iter().all(|&s| s == 0));
-    assert!(d.shards.iter().all(|s| s.clock() == Clock(50)), "one update per round");
+    assert!(d.clocks.iter().all(|&c| c == Clock(50)), "one update per round");
 }
 
 #[test]
@@ -212,26 +84,23 @@ fn the_staleness_bound_holds_with_slow_learners() {
     // Two learners 7× slower than the other six, async: unbounded, their gradients are
     // very stale; with s = 3 no applied gradient is older than 3.
     let ticks = vec![70, 70, 10, 10, 10, 10, 10, 10];
-    let mut free = Driver::new(
+    let free = run(
         (SyncRule::Softsync { n: 8 }, None),
         (vec![0.0; 4], 1),
         ticks.clone(),
         (60, 0.1),
-        constant_grad(),
+        &mut constant_grad,
     );
-    free.run();
-    let free_max = free.applied_sigmas().into_iter().max().unwrap();
+    let free_max = applied_sigmas(&free).into_iter().max().unwrap();
     assert!(free_max > 3, "the scenario must produce stale gradients without a bound (max σ {free_max})");
 
     for rule in [SyncRule::Softsync { n: 8 }, SyncRule::Softsync { n: 4 }, SyncRule::Softsync { n: 1 }] {
-        let mut bounded =
-            Driver::new((rule, Some(3)), (vec![0.0; 4], 2), ticks.clone(), (60, 0.1), constant_grad());
-        bounded.run();
-        let sigmas = bounded.applied_sigmas();
+        let bounded = run((rule, Some(3)), (vec![0.0; 4], 2), ticks.clone(), (60, 0.1), &mut constant_grad);
+        let sigmas = applied_sigmas(&bounded);
         let max = sigmas.iter().copied().max().unwrap();
         assert!(max <= 3, "{rule:?}: applied σ = {max} > s = 3");
         let dropped = bounded.records.iter().filter(|r| matches!(r.outcome, Outcome::Dropped(_))).count();
-        let held: usize = bounded.shards.iter().map(SgdShard::held).sum();
+        let held = bounded.held;
         assert_eq!(
             sigmas.len() + dropped + held,
             2 * 60 * 8,
@@ -279,20 +148,18 @@ fn hardsync_is_sequential_sgd_with_batch_mu_lambda() {
     let mut models: Vec<Model<CpuBackend>> =
         (0..lambda).map(|_| Model::new(CpuBackend, spec.clone()).unwrap()).collect();
     let mut s = streams();
-    let grad: GradFn = Box::new(move |l, p| {
-        let m = &mut models[l];
+    let mut grad = move |l: rudra_proto::LearnerId, _: u64, p: &[f32]| {
+        let m = &mut models[l.index()];
         m.write_params(0, p).unwrap();
-        data.gather(s[l].next_batch(), &mut bx, &mut by);
+        data.gather(s[l.index()].next_batch(), &mut bx, &mut by);
         m.loss_and_gradient(&bx, &by).unwrap();
         let mut g = vec![0.0; p.len()];
         m.read_gradient(0, &mut g).unwrap();
         g
-    });
-    let mut d =
-        Driver::new((SyncRule::Hardsync, None), (init.clone(), 2), vec![5, 9, 2, 7], (steps, lr), grad);
-    d.run();
-    assert!(d.shards.iter().all(|s| s.clock() == Clock(steps)));
-    let got = d.params();
+    };
+    let d = run((SyncRule::Hardsync, None), (init.clone(), 2), vec![5, 9, 2, 7], (steps, lr), &mut grad);
+    assert!(d.clocks.iter().all(|&c| c == Clock(steps)));
+    let got = d.params;
     let worst = want.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
     let moved = init.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
     assert!(moved > 1e-2, "training moved the parameters (by {moved})");

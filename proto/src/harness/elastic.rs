@@ -194,7 +194,7 @@ impl<'a> Run<'a> {
         match timer {
             Timer::Computed { learner, point } => {
                 let Some(worker) = self.workers[learner].as_mut() else { return Ok(()) };
-                let g = quadratic_gradient(learner as u32, worker.steps_done(), &point);
+                let g = quadratic_gradient(LearnerId(learner as u32), worker.steps_done(), &point);
                 let events =
                     worker.on_gradient(&g).map_err(|e| Violation { tick: self.now, what: e.to_string() })?;
                 self.worker_events(learner, events)

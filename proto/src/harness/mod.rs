@@ -29,10 +29,12 @@ mod sgd;
 #[cfg(test)]
 mod tests;
 
+use crate::LearnerId;
+
 pub use dice::Dice;
 pub use elastic::{ElasticOutcome, ElasticSetup, run_elastic};
 pub use network::{Death, FaultSchedule, Partition, Restart};
-pub use sgd::{SgdOutcome, SgdSetup, run_sgd};
+pub use sgd::{GradientFn, SgdOutcome, SgdSetup, run_sgd};
 
 /// An invariant the run broke, with the virtual time it broke at.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
@@ -48,7 +50,8 @@ pub struct Violation {
 /// target that depends on the learner, its step and the coordinate, so that the order in
 /// which gradients are applied shows in the weights.
 #[must_use]
-pub fn quadratic_gradient(learner: u32, step: u64, params: &[f32]) -> Vec<f32> {
+pub fn quadratic_gradient(learner: LearnerId, step: u64, params: &[f32]) -> Vec<f32> {
+    let learner = learner.0;
     (params.iter().enumerate())
         .map(|(i, &w)| {
             let target = ((u64::from(learner) * 31 + step * 7 + i as u64 * 3) % 11) as f32 / 10.0 - 0.5;

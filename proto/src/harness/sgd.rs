@@ -8,7 +8,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::network::{FaultSchedule, Network};
-use super::{Dice, Violation, quadratic_gradient};
+use super::{Dice, Violation};
 use crate::{
     Clock, CoreError, Floats, GradientRecord, LearnerCore, LearnerEvent, LearnerId, LrModulation, LrSchedule,
     NextPull, Outcome, SgdShard, SgdShardConfig, ShardEvent, ShardId, ShardState, SyncRule, shard_ranges,
@@ -27,8 +27,10 @@ pub struct SgdSetup {
     pub learners: u32,
     /// Shards.
     pub shards: u32,
-    /// Parameters.
-    pub dim: usize,
+    /// The weights every run starts from.
+    pub init: Vec<f32>,
+    /// Each learner's compute time in ticks (empty: drawn from the seed, 1 to 4).
+    pub compute_ticks: Vec<u64>,
     /// Steps per learner.
     pub steps: u64,
     /// Learning rate.
@@ -37,14 +39,6 @@ pub struct SgdSetup {
     pub retry_every: u64,
     /// The run must finish within this many ticks.
     pub horizon: u64,
-}
-
-impl SgdSetup {
-    /// The weights every run starts from.
-    #[must_use]
-    pub fn init(&self) -> Vec<f32> {
-        (0..self.dim).map(|i| (i % 7) as f32 * 0.1 - 0.3).collect()
-    }
 }
 
 /// How an SGD-family harness run ended.
@@ -56,9 +50,14 @@ pub struct SgdOutcome {
     pub records: Vec<GradientRecord>,
     /// Each shard's final clock.
     pub clocks: Vec<Clock>,
+    /// Gradients the shards hold for their next update.
+    pub held: usize,
     /// The tick the last learner finished.
     pub ticks: u64,
 }
+
+/// A learner's gradient at its step on the weights it assembled.
+pub type GradientFn<'g> = dyn FnMut(LearnerId, u64, &[f32]) -> Vec<f32> + 'g;
 
 #[derive(Clone)]
 enum Msg {
@@ -119,8 +118,9 @@ struct Shard {
     checkpoint: (ShardState, BTreeSet<(LearnerId, u64)>),
 }
 
-struct Run<'a> {
+struct Run<'a, 'g> {
     setup: &'a SgdSetup,
+    grad: &'g mut GradientFn<'g>,
     ranges: Vec<Range<usize>>,
     shards: Vec<Shard>,
     learners: Vec<Learner>,
@@ -134,16 +134,22 @@ struct Run<'a> {
     pending: usize,
 }
 
-/// Run `setup` under `faults` with `seed` (link dice, compute times), checking the
-/// harness's invariants throughout; the first one broken ends the run.
-pub fn run_sgd(setup: &SgdSetup, faults: FaultSchedule, seed: u64) -> Result<SgdOutcome, Violation> {
-    Run::new(setup, faults, seed).run()
+/// Run `setup` under `faults` with `seed` (link dice, compute times), learners computing
+/// their gradients with `grad`, checking the harness's invariants throughout; the first one
+/// broken ends the run.
+pub fn run_sgd<'g>(
+    setup: &SgdSetup,
+    faults: FaultSchedule,
+    seed: u64,
+    grad: &'g mut GradientFn<'g>,
+) -> Result<SgdOutcome, Violation> {
+    Run::new(setup, faults, seed, grad).run()
 }
 
-impl<'a> Run<'a> {
-    fn new(setup: &'a SgdSetup, faults: FaultSchedule, seed: u64) -> Self {
-        let init = setup.init();
-        let ranges = shard_ranges(setup.dim, setup.shards as usize);
+impl<'a, 'g> Run<'a, 'g> {
+    fn new(setup: &'a SgdSetup, faults: FaultSchedule, seed: u64, grad: &'g mut GradientFn<'g>) -> Self {
+        let init = &setup.init;
+        let ranges = shard_ranges(init.len(), setup.shards as usize);
         let active: BTreeSet<LearnerId> = (0..setup.learners).map(LearnerId).collect();
         let shards = (ranges.iter().enumerate())
             .map(|(s, r)| {
@@ -175,13 +181,18 @@ impl<'a> Run<'a> {
                 params: init.clone(),
                 grad: Arc::default(),
                 offset: 0,
-                compute_ticks: 1 + dice.below(4),
+                compute_ticks: setup
+                    .compute_ticks
+                    .get(l as usize)
+                    .copied()
+                    .unwrap_or_else(|| 1 + dice.below(4)),
                 done: false,
                 died: false,
             })
             .collect();
         let mut run = Self {
             setup,
+            grad,
             ranges,
             shards,
             learners,
@@ -247,6 +258,7 @@ impl<'a> Run<'a> {
             params,
             records: self.records,
             clocks: self.shards.iter().map(|s| s.clock).collect(),
+            held: self.shards.iter().map(|s| s.core.held()).sum(),
             ticks: self.now,
         })
     }
@@ -273,7 +285,7 @@ impl<'a> Run<'a> {
                     return Ok(());
                 };
                 slot.grad =
-                    Arc::new(quadratic_gradient(learner, slot.offset + core.steps_done(), &slot.params));
+                    Arc::new((self.grad)(LearnerId(learner), slot.offset + core.steps_done(), &slot.params));
                 let events = core.on_computed().map_err(|e| self.violation(e.to_string()))?;
                 self.learner_events(l, events)?;
             }

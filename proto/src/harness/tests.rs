@@ -19,7 +19,8 @@ fn sgd(rule: SyncRule, max_staleness: Option<u64>) -> SgdSetup {
         modulation: LrModulation::PerGradient,
         learners: 4,
         shards: 2,
-        dim: 6,
+        init: (0..6).map(|i| (i % 7) as f32 * 0.1 - 0.3).collect(),
+        compute_ticks: Vec::new(),
         steps: 8,
         lr: 0.1,
         retry_every: 12,
@@ -30,12 +31,12 @@ fn sgd(rule: SyncRule, max_staleness: Option<u64>) -> SgdSetup {
 /// Sequential SGD at batch μλ: every step, the λ gradients at the same weights averaged, in
 /// learner order, as one update.
 fn sequential(setup: &SgdSetup) -> Vec<f32> {
-    let mut w = setup.init();
+    let mut w = setup.init.clone();
     let scale = -setup.lr / setup.learners as f32;
     for step in 0..setup.steps {
         let at = w.clone();
         for l in 0..setup.learners {
-            cpu::axpy(scale, &quadratic_gradient(l, step, &at), &mut w);
+            cpu::axpy(scale, &quadratic_gradient(crate::LearnerId(l), step, &at), &mut w);
         }
     }
     w
@@ -47,8 +48,8 @@ fn hardsync_equals_sequential_sgd_under_every_link_fault_schedule() {
     let want = sequential(&setup);
     for seed in 0..SCHEDULES {
         let faults = FaultSchedule::links(seed, setup.learners, 200);
-        let out =
-            run_sgd(&setup, faults.clone(), seed).unwrap_or_else(|v| panic!("seed {seed} ({faults:?}): {v}"));
+        let out = run_sgd(&setup, faults.clone(), seed, &mut quadratic_gradient)
+            .unwrap_or_else(|v| panic!("seed {seed} ({faults:?}): {v}"));
         assert_eq!(out.params, want, "seed {seed}: hardsync under {faults:?}");
         assert!(out.clocks.iter().all(|c| c.0 == setup.steps), "one update per step: {:?}", out.clocks);
         assert!(out.records.iter().all(|r| r.staleness.0 == 0), "σ ≡ 0 in hardsync");
@@ -73,7 +74,7 @@ fn every_sgd_rule_keeps_its_invariants_through_node_failures() {
                 // faults chapter).
                 faults.restarts.clear();
             }
-            if let Err(v) = run_sgd(&setup, faults.clone(), seed) {
+            if let Err(v) = run_sgd(&setup, faults.clone(), seed, &mut quadratic_gradient) {
                 panic!("{rule:?}, bound {bound:?}, seed {seed} ({faults:?}): {v}");
             }
         }
@@ -84,7 +85,10 @@ fn every_sgd_rule_keeps_its_invariants_through_node_failures() {
 fn a_seed_replays_its_run_exactly() {
     let setup = sgd(SyncRule::Softsync { n: 4 }, Some(2));
     let faults = FaultSchedule::nodes(7, setup.learners, setup.shards, 150);
-    let (a, b) = (run_sgd(&setup, faults.clone(), 7).unwrap(), run_sgd(&setup, faults, 7).unwrap());
+    let (a, b) = (
+        run_sgd(&setup, faults.clone(), 7, &mut quadratic_gradient).unwrap(),
+        run_sgd(&setup, faults, 7, &mut quadratic_gradient).unwrap(),
+    );
     assert_eq!((a.params, a.records, a.ticks), (b.params, b.records, b.ticks));
 }
 
@@ -92,9 +96,14 @@ fn a_seed_replays_its_run_exactly() {
 fn a_shard_that_applies_a_repeated_push_is_caught() {
     let setup = sgd(SyncRule::Softsync { n: 4 }, None);
     let faults = |seed| FaultSchedule { duplicate: 0.3, max_delay: 3, ..FaultSchedule::links(seed, 4, 200) };
-    assert!((0..20).all(|seed| run_sgd(&setup, faults(seed), seed).is_ok()), "the rule holds");
+    assert!(
+        (0..20).all(|seed| run_sgd(&setup, faults(seed), seed, &mut quadratic_gradient).is_ok()),
+        "the rule holds"
+    );
     broken::accept_duplicates(true);
-    let caught = (0..20).filter_map(|seed| run_sgd(&setup, faults(seed), seed).err()).collect::<Vec<_>>();
+    let caught = (0..20)
+        .filter_map(|seed| run_sgd(&setup, faults(seed), seed, &mut quadratic_gradient).err())
+        .collect::<Vec<_>>();
     broken::accept_duplicates(false);
     assert!(!caught.is_empty(), "the harness missed a shard applying repeated pushes");
     assert!(caught.iter().any(|v| v.what.contains("twice")), "{caught:?}");
@@ -103,7 +112,7 @@ fn a_shard_that_applies_a_repeated_push_is_caught() {
 #[test]
 fn an_unfinished_run_is_a_violation() {
     let setup = SgdSetup { horizon: 5, ..sgd(SyncRule::Hardsync, None) };
-    let v = run_sgd(&setup, FaultSchedule::default(), 1).unwrap_err();
+    let v = run_sgd(&setup, FaultSchedule::default(), 1, &mut quadratic_gradient).unwrap_err();
     assert!(v.what.contains("did not finish"), "{v}");
 }
 
