@@ -1,5 +1,5 @@
 //! Every backend operation, on every backend present, against the CPU reference: one test
-//! body per operation. The tests need a GPU backend, so they are ignored unless asked for
+//! body per operation. The comparisons need a GPU backend, so they are ignored unless asked for
 //! (`cargo test -p rudra-compute --test parity -- --ignored`; CI runs them on Mesa's
 //! lavapipe). A backend that cannot be opened is left out with its reason printed, unless
 //! `RUDRA_REQUIRE_BACKENDS` (a comma-separated list such as `wgpu,cuda`) names it; with none
@@ -317,7 +317,6 @@ fn model_loss_gradient_and_evaluation() {
 }
 
 #[test]
-#[ignore = "needs a GPU backend: a wgpu adapter (CI: Mesa's lavapipe) or a CUDA device"]
 fn device_kinds_parse_and_cpu_always_opens() {
     assert_eq!("wgpu".parse::<DeviceKind>(), Ok(DeviceKind::Wgpu));
     assert!("tpu".parse::<DeviceKind>().unwrap_err().contains("auto, cpu, cuda, wgpu"));
