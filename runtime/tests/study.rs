@@ -164,3 +164,29 @@ fn a_bad_study_file_exits_2_naming_the_key_before_any_point_runs() {
         assert!(!out.join("point-000").exists(), "no point ran: {toml}");
     }
 }
+
+/// Points are counted from the file and refused above the limit, duplicate and `study.*` axis
+/// keys are refused, each with exit 2 and at once, before anything is built.
+#[test]
+fn an_oversized_or_ambiguous_study_is_refused_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let values = |n: usize| (0..n).map(|i| (i % 8 + 1).to_string()).collect::<Vec<_>>().join(", ");
+    let axis = |key: &str, n: usize| format!("[[study.axis]]\nkey = \"{key}\"\nvalues = [{}]\n", values(n));
+    let huge = ["protocol.n", "cluster.learners", "training.batch_size"].map(|k| axis(k, 1_000)).concat();
+    for (toml, why) in [
+        (axis("protocol.n", 10_000), "10000 points"),
+        (huge, "1000000000 points"),
+        (format!("{}{}", axis("protocol.n", 2), axis("protocol.n", 3)), "two axes vary protocol.n"),
+        (axis("study.runs", 2), "cannot vary study.runs"),
+    ] {
+        let file = study_file(dir.path(), &toml);
+        let started = std::time::Instant::now();
+        let o =
+            rudra_node(&["study", file.to_str().unwrap(), "--out", dir.path().join("out").to_str().unwrap()]);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{why}: {stderr}");
+        assert!(stderr.contains(why), "{why}: {stderr}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(5), "{why}: took {:?}", started.elapsed());
+        assert!(!dir.path().join("out").exists(), "{why}: nothing written");
+    }
+}

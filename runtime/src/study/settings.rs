@@ -5,6 +5,9 @@ use serde::{Deserialize, Serialize};
 use crate::RuntimeError;
 use crate::simulate::settings::{RawSweepAxis, SweepAxis, sweep_axis};
 
+/// The most points one study runs.
+pub const MAX_POINTS: u64 = 1_000;
+
 /// `[study]` as written.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -126,7 +129,32 @@ impl RawStudy {
                 return Err(invalid("study.runs", format!("{other:?} is not one of local, quic, simulate")));
             }
         };
-        let axes = self.axis.iter().map(|a| sweep_axis(a, "study.axis")).collect::<Result<_, _>>()?;
+        // Counted from the file before any point is built: a point costs a configuration.
+        let points = (self.axis.iter())
+            .try_fold(self.seeds.len().max(1) as u64, |n, a| n.checked_mul(a.values.len() as u64));
+        if points.is_none_or(|n| n > MAX_POINTS) {
+            let n = points.map_or_else(|| "more than 2^64".to_owned(), |n| n.to_string());
+            return Err(invalid(
+                "study.axis",
+                format!(
+                    "the study has {n} points (axes' values × seeds); one study runs at most {MAX_POINTS}: split it"
+                ),
+            ));
+        }
+        let axes: Vec<SweepAxis> =
+            self.axis.iter().map(|a| sweep_axis(a, "study.axis")).collect::<Result<_, _>>()?;
+        let mut keys = std::collections::BTreeSet::new();
+        for k in axes.iter().flat_map(|a| &a.keys) {
+            if k.starts_with("study.") {
+                return Err(invalid(
+                    "study.axis",
+                    format!("an axis cannot vary {k}: the study's own settings are fixed"),
+                ));
+            }
+            if !keys.insert(k) {
+                return Err(invalid("study.axis", format!("two axes vary {k}: give each key one axis")));
+            }
+        }
         let figures = (self.figures.iter())
             .map(|name| {
                 let figure = Figure::parse(name).ok_or_else(|| {
