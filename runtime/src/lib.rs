@@ -40,5 +40,5 @@ mod summary;
 pub use checkpoint::Checkpoint;
 pub use config::{Config, RawConfig};
 pub use error::RuntimeError;
-pub use rundir::RunDir;
+pub use rundir::{RunDir, RunLock};
 pub use summary::{RecordedRun, Summary, metrics_csv, parse_metrics};

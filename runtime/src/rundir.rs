@@ -9,6 +9,51 @@ use crate::checkpoint::Checkpoint;
 use crate::summary::{RecordedRun, Summary, metrics_csv};
 use crate::{Config, RuntimeError};
 
+/// The scheduler's hold on a run directory: an exclusive lock on its `scheduler.lock`, which
+/// the kernel releases when the process ends, however it ends.
+#[derive(Debug)]
+pub struct RunLock {
+    _file: std::fs::File,
+}
+
+impl RunLock {
+    /// The file that holds the lock, with the holder's process id in it.
+    pub const FILE: &'static str = "scheduler.lock";
+
+    /// Take `dir` (created if needed) for this process, or refuse, naming the process that
+    /// holds it; a refused attempt changes nothing in the directory.
+    pub fn take(dir: &Path) -> Result<Self, RuntimeError> {
+        let path = dir.join(Self::FILE);
+        let io = |source| RuntimeError::Io { path: path.clone(), source };
+        std::fs::create_dir_all(dir).map_err(|source| RuntimeError::Io { path: dir.to_owned(), source })?;
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(io)?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let holder = std::fs::read_to_string(&path).unwrap_or_default();
+                return Err(RuntimeError::Input {
+                    path: dir.to_owned(),
+                    message: format!(
+                        "another scheduler (process {}) holds this run directory; stop it, or give this one another --out",
+                        holder.trim()
+                    ),
+                });
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
+        }
+        use std::io::Write;
+        file.set_len(0).map_err(io)?;
+        write!(file, "{}", std::process::id()).map_err(io)?;
+        Ok(Self { _file: file })
+    }
+}
+
 /// A run's output directory.
 #[derive(Clone, Debug)]
 pub struct RunDir {

@@ -370,3 +370,31 @@ fn a_failed_start_marks_the_run_directory_as_failed() {
     assert!(summary["error"].as_str().is_some_and(|e| e.contains(&addr)), "{summary}");
     assert_eq!(summary["updates"], 0, "{summary}");
 }
+
+/// A second scheduler pointed at a live run's directory is refused with exit code 2, naming
+/// the process that holds it, and changes nothing in the directory.
+#[test]
+fn a_second_scheduler_on_a_live_run_directory_exits_2_and_changes_nothing() {
+    let _one = one_at_a_time();
+    let c = Cluster::new(&[]);
+    let mut first = c.start_scheduler(&[], &[]);
+    c.wait_for("scheduler", "waiting for", Duration::from_secs(30));
+    let snapshot = |dir: &Path| -> Vec<(PathBuf, Vec<u8>)> {
+        let mut files: Vec<_> = (std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()))
+            .map(|p| (p.clone(), std::fs::read(&p).unwrap_or_default()))
+            .collect();
+        files.sort();
+        files
+    };
+    let before = snapshot(&c.path("run"));
+    let mut args = vec!["--role", "scheduler", "--out", "run", "--listen", "127.0.0.1:0"];
+    args.extend(["--certs", "certs"]);
+    let second =
+        Command::new(env!("CARGO_BIN_EXE_rudra-node")).args(&args).current_dir(c.path("")).output().unwrap();
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert_eq!(second.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains(&format!("another scheduler (process {})", first.id())), "{stderr}");
+    assert_eq!(snapshot(&c.path("run")), before, "the live run directory changed");
+    first.kill().unwrap();
+    let _ = first.wait();
+}

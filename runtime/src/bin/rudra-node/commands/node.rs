@@ -5,7 +5,7 @@ use rudra_runtime::local::ProgressMode;
 use rudra_runtime::node::{
     NodeOptions, STATE_FILE, recorded_so_far, resumed_config, run_learner, run_scheduler, run_shard,
 };
-use rudra_runtime::{Config, RunDir, RuntimeError};
+use rudra_runtime::{Config, RunDir, RunLock, RuntimeError};
 use rudra_transport::Role;
 
 use super::finish::finish;
@@ -59,6 +59,8 @@ pub(crate) fn run_node(role: RoleArg, cli: &Cli) -> Result<(), RuntimeError> {
     }
     match role {
         RoleArg::Scheduler => {
+            // One scheduler per run directory, taken before anything in it is read or written.
+            let named = opts.resume.as_ref().or(out.as_ref()).map(|dir| RunLock::take(dir)).transpose()?;
             // A run directory holding the state of a job its scheduler did not end (it was
             // killed, or its host went down) is taken back, as with --resume: an engine
             // restarts a scheduler with the command it had.
@@ -82,6 +84,10 @@ pub(crate) fn run_node(role: RoleArg, cli: &Cli) -> Result<(), RuntimeError> {
                 None => (Config::load(config.config.as_deref(), &config.set)?, out),
             };
             let dir = RunDir::create(out.as_deref(), config.protocol_name())?;
+            let _lock = match named {
+                Some(lock) => lock,
+                None => RunLock::take(dir.path())?,
+            };
             dir.write_config(&config)?;
             opts.run_dir = Some(dir.path().to_owned());
             let report = (config.data.load())
