@@ -10,7 +10,7 @@ fn no_diverged_run_exits_0() {
     let base = ["training.train_examples=4000", "training.test_examples=500", "training.epochs=1"];
     for (sets, hint) in [
         (
-            &["protocol.kind=mdownpour", "training.learning_rate=0.2", "protocol.momentum=0.99"][..],
+            &["protocol.kind=mdownpour", "training.learning_rate=2", "protocol.momentum=0.99"][..],
             "protocol.momentum",
         ),
         (&["training.learning_rate=1000"][..], "training.learning_rate (now 1000)"),
