@@ -3,7 +3,7 @@
 //! is put through.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BTreeMap, BinaryHeap};
 
 use super::Dice;
 use crate::LearnerId;
@@ -115,35 +115,16 @@ impl FaultSchedule {
 pub(crate) struct Network<M> {
     dice: Dice,
     faults: FaultSchedule,
-    /// Delivery tick, then the order sent, then the message.
-    queue: BinaryHeap<Reverse<(u64, u64, Slot<M>)>>,
+    /// Delivery tick, then the order sent: each names a message in `flight`.
+    queue: BinaryHeap<Reverse<(u64, u64)>>,
+    /// The messages by the order sent, with the learner whose link they cross.
+    flight: BTreeMap<u64, (LearnerId, M)>,
     sent: u64,
-}
-
-/// A message and the learner whose link it crosses (ordered by the heap's first two keys
-/// only, which are unique).
-pub(crate) struct Slot<M>(pub(crate) LearnerId, pub(crate) M);
-
-impl<M> PartialEq for Slot<M> {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
-}
-impl<M> Eq for Slot<M> {}
-impl<M> PartialOrd for Slot<M> {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl<M> Ord for Slot<M> {
-    fn cmp(&self, _: &Self) -> std::cmp::Ordering {
-        std::cmp::Ordering::Equal
-    }
 }
 
 impl<M: Clone> Network<M> {
     pub(crate) fn new(faults: FaultSchedule, seed: u64) -> Self {
-        Self { dice: Dice::new(seed), faults, queue: BinaryHeap::new(), sent: 0 }
+        Self { dice: Dice::new(seed), faults, queue: BinaryHeap::new(), flight: BTreeMap::new(), sent: 0 }
     }
 
     pub(crate) fn faults(&self) -> &FaultSchedule {
@@ -159,15 +140,17 @@ impl<M: Clone> Network<M> {
         for _ in 0..copies {
             let at = now + 1 + self.dice.below(self.faults.max_delay.max(1));
             self.sent += 1;
-            self.queue.push(Reverse((at, self.sent, Slot(learner, msg.clone()))));
+            self.queue.push(Reverse((at, self.sent)));
+            self.flight.insert(self.sent, (learner, msg.clone()));
         }
     }
 
     /// The next message due at or before `until`, with its delivery tick; one whose link is
     /// cut when it arrives is lost.
     pub(crate) fn next_before(&mut self, until: u64) -> Option<(u64, M)> {
-        while self.queue.peek().is_some_and(|Reverse((at, ..))| *at <= until) {
-            let Reverse((at, _, Slot(learner, msg))) = self.queue.pop()?;
+        while self.queue.peek().is_some_and(|Reverse((at, _))| *at <= until) {
+            let Reverse((at, sent)) = self.queue.pop()?;
+            let (learner, msg) = self.flight.remove(&sent)?;
             if !self.faults.cut(learner, at) {
                 return Some((at, msg));
             }
@@ -177,6 +160,6 @@ impl<M: Clone> Network<M> {
 
     /// The tick of the next delivery.
     pub(crate) fn next_tick(&self) -> Option<u64> {
-        self.queue.peek().map(|Reverse((at, ..))| *at)
+        self.queue.peek().map(|Reverse((at, _))| *at)
     }
 }
