@@ -11,7 +11,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use rudra::actors::{Cluster, ClusterSpec, Models, ProtocolSpec, TrainingData};
+use rudra::actors::{Cluster, ClusterSpec, Models, ProtocolSpec, SgdSpec, TrainingData};
 use rudra::compute::{ComputeError, GradientModel};
 use rudra::proto::{LrModulation, LrSchedule, SyncRule};
 use rudra::transport::Codecs;
@@ -151,13 +151,12 @@ fn main() -> anyhow::Result<()> {
     let spec = ClusterSpec {
         learners: 2,
         shards: 2,
-        protocol: ProtocolSpec {
+        protocol: ProtocolSpec::Sgd(SgdSpec {
             rule: SyncRule::Softsync { n: 2 },
             modulation: LrModulation::PerGradient,
             max_staleness: None,
             backups: 0,
-            elastic: None,
-        },
+        }),
         batch_size: 32,
         epochs: 3,
         schedule: LrSchedule { base: 0.5, decay: 0.9 },

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use rudra::actors::{Cluster, ClusterSpec, Models, ProtocolSpec, RunEvent, TrainingData};
+use rudra::actors::{Cluster, ClusterSpec, Models, ProtocolSpec, RunEvent, SgdSpec, TrainingData};
 use rudra::compute::{CpuBackend, Device, ModelSpec};
 use rudra::proto::{LrModulation, LrSchedule, SyncRule};
 use rudra::transport::Codecs;
@@ -19,13 +19,12 @@ fn main() -> anyhow::Result<()> {
     let spec = ClusterSpec {
         learners: 3,
         shards: 2,
-        protocol: ProtocolSpec {
+        protocol: ProtocolSpec::Sgd(SgdSpec {
             rule: SyncRule::Softsync { n: 3 },
             modulation: LrModulation::PerGradient,
             max_staleness: None,
             backups: 0,
-            elastic: None,
-        },
+        }),
         batch_size: 16,
         epochs: 3,
         schedule: LrSchedule { base: 0.2, decay: 0.9 },

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rudra::actors::faults::{Crash, FaultPlan, LinkRule, Liveness, Node, Nodes, Slow};
-use rudra::actors::{Cluster, ClusterSpec, Models, ProtocolSpec, RunReport, TrainingData};
+use rudra::actors::{Cluster, ClusterSpec, Models, ProtocolSpec, RunReport, SgdSpec, TrainingData};
 use rudra::compute::{CpuBackend, Device, ModelSpec};
 use rudra::proto::{LrModulation, LrSchedule, SyncRule};
 use rudra::transport::{Codecs, FaultWindow, LearnerId, LinkFaults};
@@ -21,13 +21,12 @@ fn spec() -> ClusterSpec {
     ClusterSpec {
         learners: 4,
         shards: 2,
-        protocol: ProtocolSpec {
+        protocol: ProtocolSpec::Sgd(SgdSpec {
             rule: SyncRule::Softsync { n: 4 },
             modulation: LrModulation::PerGradient,
             max_staleness: Some(6),
             backups: 0,
-            elastic: None,
-        },
+        }),
         batch_size: 32,
         epochs: 3,
         schedule: LrSchedule { base: 0.2, decay: 0.8 },
@@ -61,6 +60,7 @@ fn faults() -> FaultPlan {
             restart_after: None,
         }],
         slow: vec![Slow { learner: LearnerId(0), factor: 3.0 }],
+        panics: Vec::new(),
     }
 }
 

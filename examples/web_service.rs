@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use actix_web::{App, HttpResponse, HttpServer, web};
 use rudra::actors::metrics::Metrics;
-use rudra::actors::{Cluster, ClusterSpec, Models, ProtocolSpec, RunEvent, TrainingData};
+use rudra::actors::{Cluster, ClusterSpec, Models, ProtocolSpec, RunEvent, SgdSpec, TrainingData};
 use rudra::compute::{CpuBackend, Device, ModelSpec};
 use rudra::proto::{LrModulation, LrSchedule, SyncRule};
 use rudra::transport::Codecs;
@@ -44,13 +44,12 @@ async fn main() -> anyhow::Result<()> {
     let spec = ClusterSpec {
         learners: 2,
         shards: 1,
-        protocol: ProtocolSpec {
+        protocol: ProtocolSpec::Sgd(SgdSpec {
             rule: SyncRule::Softsync { n: 2 },
             modulation: LrModulation::None,
             max_staleness: None,
             backups: 0,
-            elastic: None,
-        },
+        }),
         batch_size: 32,
         epochs: 3,
         schedule: LrSchedule { base: 0.2, decay: 0.9 },

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::collections::VecDeque;
 
 use rudra::actors::{
-    Cluster, ClusterSpec, ElasticMethod, ElasticSpec, Models, ProtocolSpec, RunReport, TrainingData,
+    Cluster, ClusterSpec, ElasticMethod, ElasticSpec, Models, ProtocolSpec, RunReport, SgdSpec, TrainingData,
 };
 use rudra::compute::{BatchStream, CpuBackend, Dataset, Device, Model, ModelSpec, Partition};
 use rudra::proto::{
@@ -34,13 +34,12 @@ fn spec(learners: u32, shards: u32, rule: SyncRule, batch_size: usize) -> Cluste
     ClusterSpec {
         learners,
         shards,
-        protocol: ProtocolSpec {
+        protocol: ProtocolSpec::Sgd(SgdSpec {
             rule,
             modulation: LrModulation::PerGradient,
             max_staleness: None,
             backups: 0,
-            elastic: None,
-        },
+        }),
         batch_size,
         epochs: 1,
         schedule: LrSchedule { base: 0.1, decay: 1.0 },
@@ -111,7 +110,7 @@ fn softsync_over_actors_applies_every_gradient_and_counts_updates() -> anyhow::R
 
 fn elastic(method: ElasticMethod, tau: u64, lr: f32, momentum: f32) -> ClusterSpec {
     let mut s = spec(3, 2, SyncRule::Hardsync, 16);
-    s.protocol.elastic = Some(ElasticSpec {
+    s.protocol = ProtocolSpec::Elastic(ElasticSpec {
         method,
         tau,
         alpha: 0.3,
@@ -122,6 +121,8 @@ fn elastic(method: ElasticMethod, tau: u64, lr: f32, momentum: f32) -> ClusterSp
         outer_momentum: 0.9,
         optimizer: OptimizerSpec::Sgd,
         fragments: 1,
+        modulation: LrModulation::PerGradient,
+        max_staleness: None,
     });
     s.schedule.base = lr;
     s
@@ -206,7 +207,9 @@ fn every_elastic_method_trains_over_actors() -> anyhow::Result<()> {
     ] {
         let mut spec = elastic(method, tau, lr, momentum);
         (spec.learners, spec.epochs) = (4, 2);
-        if let (ElasticMethod::Diloco { sync: false }, Some(e)) = (method, &mut spec.protocol.elastic) {
+        if let (ElasticMethod::Diloco { sync: false }, ProtocolSpec::Elastic(e)) =
+            (method, &mut spec.protocol)
+        {
             e.outer_lr = 0.3; // every Δ is an outer step of its own (configs/diloco-async.toml)
         }
         let report = run(&spec, data.clone())?;
@@ -225,7 +228,7 @@ fn every_elastic_method_trains_over_actors() -> anyhow::Result<()> {
     // DiLoCo as published: AdamW inside, outer Nesterov at the shards.
     let mut spec = elastic(ElasticMethod::Diloco { sync: true }, 4, 0.001, 0.0);
     (spec.learners, spec.epochs) = (4, 2);
-    if let Some(e) = &mut spec.protocol.elastic {
+    if let ProtocolSpec::Elastic(e) = &mut spec.protocol {
         e.optimizer = OptimizerSpec::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 };
     }
     let report = run(&spec, data)?;

@@ -117,9 +117,11 @@ impl Checkpoints {
             f.write_all(&file)?;
             f.sync_all()
         });
-        written
-            .and_then(|()| std::fs::rename(&tmp, &path))
-            .map_err(|e| error(format!("cannot write: {e}")))?;
+        if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, &path)) {
+            // A full disk keeps the last checkpoint, and no half-written file beside it.
+            let _ = std::fs::remove_file(&tmp);
+            return Err(error(format!("cannot write: {e}")));
+        }
         // The rename itself is durable once the directory is synced (not possible everywhere).
         if let Ok(dir) = std::fs::File::open(&self.dir) {
             let _ = dir.sync_all();

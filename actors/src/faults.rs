@@ -172,13 +172,30 @@ pub struct FaultPlan {
     pub crashes: Vec<Crash>,
     /// Learners that compute slowly.
     pub slow: Vec<Slow>,
+    /// Shard and learner processes whose actor panics.
+    #[serde(default)]
+    pub panics: Vec<Panic>,
+}
+
+/// A shard or learner process whose actor panics `at` after it joined, as a bug would: the
+/// process ends, and its peers find it gone.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Panic {
+    /// Which node.
+    pub node: Node,
+    /// When, after the node joined.
+    pub at: Duration,
 }
 
 impl FaultPlan {
     /// Whether the plan injects nothing.
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.links.is_empty() && self.partitions.is_empty() && self.crashes.is_empty() && self.slow.is_empty()
+        self.links.is_empty()
+            && self.partitions.is_empty()
+            && self.crashes.is_empty()
+            && self.slow.is_empty()
+            && self.panics.is_empty()
     }
 
     /// The timed faults of this plan that a run lasting `ran` never reached, each described
@@ -252,6 +269,12 @@ impl FaultPlan {
     #[must_use]
     pub fn crash_of(&self, node: Node) -> Option<Crash> {
         self.crashes.iter().find(|c| c.node == node).copied()
+    }
+
+    /// When `node`'s actor panics, if it does.
+    #[must_use]
+    pub fn panic_of(&self, node: Node) -> Option<Duration> {
+        self.panics.iter().find(|p| p.node == node).map(|p| p.at)
     }
 }
 

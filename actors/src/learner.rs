@@ -13,7 +13,8 @@ use crate::ActorError;
 use crate::faults::Liveness;
 use crate::links::{SchedulerLink, ShardLink};
 use crate::messages::{
-    Exchange, Heartbeat, LearnerDone, Progress, Pull, Push, Served, StartLearner, StopLearner,
+    AnswerRoutes, Exchange, Heartbeat, InjectedPanic, LearnerDone, Progress, Pull, Push, Served,
+    StartLearner, StopLearner,
 };
 use rudra_proto::{LearnerEvent, LearnerLoop, NextPull, WorkerEvent};
 
@@ -437,6 +438,20 @@ fn refused(learner: LearnerId, e: &ActorError) {
     match e {
         ActorError::Core(c) if c.is_duplicate() => tracing::debug!(%learner, "ignored: {c}"),
         _ => tracing::warn!(%learner, "{e}"),
+    }
+}
+
+impl Handler<InjectedPanic> for LearnerActor {
+    type Result = ();
+    fn handle(&mut self, _: InjectedPanic, _: &mut Context<Self>) {
+        panic!("{}: injected panic (faults.panic)", self.id());
+    }
+}
+
+impl Handler<AnswerRoutes> for LearnerActor {
+    type Result = MessageResult<AnswerRoutes>;
+    fn handle(&mut self, _: AnswerRoutes, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.answers.clone())
     }
 }
 

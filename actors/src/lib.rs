@@ -44,4 +44,4 @@ pub use models::Models;
 pub use report::{
     BytesMoved, Diverged, MetricsRow, ProgressSnapshot, RunEvent, RunReport, SchedulerState, TimelineEntry,
 };
-pub use spec::{ClusterSpec, ElasticMethod, ElasticSpec, ProtocolSpec, TrainingData};
+pub use spec::{ClusterSpec, ElasticMethod, ElasticSpec, ProtocolSpec, SgdSpec, TrainingData};

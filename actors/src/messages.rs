@@ -119,12 +119,35 @@ pub struct StopLearner {
     pub failure: Option<String>,
 }
 
+/// Where each shard's answers to this learner go, in shard order (through the faulty links the
+/// run gives it, if any): a learner's node hands the answers that arrive over the network
+/// there.
+#[derive(Message)]
+#[rtype(result = "Vec<Recipient<Served>>")]
+pub struct AnswerRoutes;
+
 // ---- to the scheduler --------------------------------------------------------------------
 
 /// A node joined the run.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub enum Joined {
+    /// A shard.
+    Shard(ShardId),
+    /// A learner.
+    Learner(LearnerId),
+}
+
+/// Panic inside the actor, as a bug would (`[[faults.panic]]`): the process ends.
+#[derive(Message, Clone, Copy, Debug)]
+#[rtype(result = "()")]
+pub struct InjectedPanic;
+
+/// Whether a node holds its place in the run, as the failure detector sees it: a second
+/// process of its name is refused while it does.
+#[derive(Message, Clone, Copy, Debug)]
+#[rtype(result = "bool")]
+pub enum IsAlive {
     /// A shard.
     Shard(ShardId),
     /// A learner.

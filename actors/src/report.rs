@@ -102,6 +102,9 @@ pub struct RunReport {
     pub updates: u64,
     /// Examples processed.
     pub samples: u64,
+    /// Examples the run was to process: every learner's partition, every epoch (0 where not
+    /// known, as in a simulation).
+    pub samples_expected: u64,
     /// Examples processed by each learner, by learner id.
     pub learner_samples: Vec<u64>,
     /// Seconds from start to the final evaluation.
@@ -132,6 +135,7 @@ impl RunReport {
             staleness: StalenessSummary::default(),
             updates: 0,
             samples: 0,
+            samples_expected: 0,
             learner_samples: Vec::new(),
             wall_seconds: 0.0,
             final_test_accuracy: f64::NAN,
@@ -249,6 +253,7 @@ impl SchedulerState {
             staleness,
             updates,
             samples: self.learner_samples.iter().sum(),
+            samples_expected: self.core.samples_expected(),
             learner_samples: self.learner_samples.clone(),
             wall_seconds: self.wall_seconds,
             final_test_accuracy: last.map_or(f64::NAN, |r| r.test_accuracy),

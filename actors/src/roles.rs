@@ -17,7 +17,7 @@ use crate::checkpoint::Checkpoints;
 use crate::faults::{FaultPlan, LearnerLinks, Liveness, Lossy};
 use crate::learner::{LearnerActor, LearnerParts};
 use crate::links::{Members, SchedulerLink, ShardLink};
-use crate::messages::{Crash, Records, Restart, TrackerReport};
+use crate::messages::{Crash, InjectedPanic, Records, Restart, TrackerReport};
 use crate::metrics::Metrics;
 use crate::report::{RunEvent, RunReport, SchedulerState};
 use crate::scheduler::{SchedulerActor, SchedulerParts};
@@ -103,6 +103,14 @@ pub async fn crash_and_restart(
     crashed(shard.send(Crash).await.ok()?);
     tokio::time::sleep(down).await;
     Some(shard.send(Restart).await.map_err(ActorError::from).and_then(|r| r))
+}
+
+/// `[[faults.panic]]`: make the actor at `to` panic `at` from now.
+pub fn inject_panic(at: Duration, to: Recipient<InjectedPanic>) {
+    actix::spawn(async move {
+        tokio::time::sleep(at).await;
+        to.do_send(InjectedPanic);
+    });
 }
 
 /// A learner's peers: every shard in id order, and the scheduler.

@@ -12,8 +12,9 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::links::Members;
 use crate::messages::{
-    Disconnected, GetState, GetStats, Heartbeat, Joined, LearnerDone, Membership, Note, Progress, ShardAlive,
-    ShardFailed, ShardLost, ShardRestarted, Snapshot, StartLearner, StopLearner, StopShard, TrackerReport,
+    Disconnected, GetState, GetStats, Heartbeat, IsAlive, Joined, LearnerDone, Membership, Note, Progress,
+    ShardAlive, ShardFailed, ShardLost, ShardRestarted, Snapshot, StartLearner, StopLearner, StopShard,
+    TrackerReport,
 };
 use crate::metrics::Metrics;
 use crate::report::{
@@ -328,6 +329,7 @@ impl SchedulerActor {
                 staleness: eval.tracker.staleness,
                 updates: eval.tracker.updates,
                 samples,
+                samples_expected: self.total_samples,
                 learner_samples: row.learner_samples.clone(),
                 wall_seconds: wall,
                 final_test_accuracy: row.test_accuracy,
@@ -411,6 +413,17 @@ impl Handler<Joined> for SchedulerActor {
         };
         self.count_alive();
         self.carry_out(events, ctx);
+    }
+}
+
+impl Handler<IsAlive> for SchedulerActor {
+    type Result = bool;
+    fn handle(&mut self, msg: IsAlive, _: &mut Context<Self>) -> bool {
+        let now = self.born.elapsed();
+        match msg {
+            IsAlive::Shard(s) => self.core.shard_alive(s, now),
+            IsAlive::Learner(l) => self.core.learner_alive(l, now),
+        }
     }
 }
 

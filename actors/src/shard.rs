@@ -11,7 +11,7 @@ use rudra_transport::{Clock, Encoding, LearnerId, Payload};
 use crate::ActorError;
 use crate::checkpoint::Checkpoints;
 use crate::messages::{
-    Crash, Exchange, Membership, Pull, Push, Records, Restart, Served, Snapshot, StopShard,
+    Crash, Exchange, InjectedPanic, Membership, Pull, Push, Records, Restart, Served, Snapshot, StopShard,
 };
 use crate::metrics::ShardMetrics;
 use rudra_proto::{CoreError, DropReason, Outcome, ShardCore, ShardEvent};
@@ -231,6 +231,13 @@ impl Handler<Snapshot> for ShardActor {
     fn handle(&mut self, _: Snapshot, _: &mut Context<Self>) -> Self::Result {
         self.flush();
         MessageResult(self.core.snapshot())
+    }
+}
+
+impl Handler<InjectedPanic> for ShardActor {
+    type Result = ();
+    fn handle(&mut self, _: InjectedPanic, _: &mut Context<Self>) {
+        panic!("{}: injected panic (faults.panic)", self.core.id());
     }
 }
 

@@ -17,9 +17,20 @@ use rudra_proto::{
     ShardCore, SyncRule, shard_ranges,
 };
 
-/// Which protocol the shards run.
+/// Which protocol the shards run: one of two families, each with its own settings only
+/// (`docs/src/algorithms.md` §1–§3 and §4–§6).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct ProtocolSpec {
+pub enum ProtocolSpec {
+    /// Rudra's SGD shards: hardsync, n-softsync, async.
+    Sgd(SgdSpec),
+    /// The EASGD family (EASGD, EAMSGD, DOWNPOUR, MDOWNPOUR, DiLoCo): the shards hold the
+    /// center variable.
+    Elastic(ElasticSpec),
+}
+
+/// Settings of Rudra's SGD protocols.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SgdSpec {
     /// Hardsync or n-softsync (async is softsync with `n = λ`).
     pub rule: SyncRule,
     /// `α(σ)`.
@@ -29,10 +40,44 @@ pub struct ProtocolSpec {
     /// Hardsync's backup learners b (0 ≤ b < λ): a round completes with the first λ − b
     /// gradients on the current weights; the late ones are dropped and counted.
     pub backups: u32,
-    /// The EASGD family instead of Rudra's SGD shards: the shards hold the center variable
-    /// and `rule` does not apply; `modulation` and `max_staleness` apply only to async DiLoCo's
-    /// outer step.
-    pub elastic: Option<ElasticSpec>,
+}
+
+impl ProtocolSpec {
+    /// The EASGD family's settings, for a protocol of that family.
+    #[must_use]
+    pub fn elastic(&self) -> Option<&ElasticSpec> {
+        match self {
+            Self::Sgd(_) => None,
+            Self::Elastic(e) => Some(e),
+        }
+    }
+
+    /// `α(σ)`: the SGD shards', or async DiLoCo's outer step's.
+    #[must_use]
+    pub fn modulation(&self) -> LrModulation {
+        match self {
+            Self::Sgd(s) => s.modulation,
+            Self::Elastic(e) => e.modulation,
+        }
+    }
+
+    /// The staleness bound `s`, if any: the SGD shards', or async DiLoCo's outer step's.
+    #[must_use]
+    pub fn max_staleness(&self) -> Option<u64> {
+        match self {
+            Self::Sgd(s) => s.max_staleness,
+            Self::Elastic(e) => e.max_staleness,
+        }
+    }
+
+    /// Hardsync's backup learners (none in any other protocol).
+    #[must_use]
+    pub fn backups(&self) -> u32 {
+        match self {
+            Self::Sgd(s) => s.backups,
+            Self::Elastic(_) => 0,
+        }
+    }
 }
 
 /// A method of the EASGD family.
@@ -82,6 +127,21 @@ pub struct ElasticSpec {
     /// whole shards, one every τ/F steps (Streaming DiLoCo); 1: all of it every τ steps.
     #[serde(default = "one_fragment")]
     pub fragments: u64,
+    /// Async DiLoCo's outer step: `α(σ)` of each pseudo-gradient (no other method reads it).
+    #[serde(default)]
+    pub modulation: LrModulation,
+    /// Async DiLoCo's outer step: pseudo-gradients staler than this are dropped (no other
+    /// method reads it).
+    #[serde(default)]
+    pub max_staleness: Option<u64>,
+}
+
+/// Why backup learners are refused outside hardsync.
+#[must_use]
+pub fn backups_belong_to_hardsync(backups: u32) -> String {
+    format!(
+        "is {backups}; backup learners belong to hardsync (softsync, async and the EASGD family never wait for all)"
+    )
 }
 
 fn one_fragment() -> u64 {
@@ -89,10 +149,9 @@ fn one_fragment() -> u64 {
 }
 
 impl ElasticSpec {
-    /// The center shards' rule with learning rate `lr`; `modulation` and `max_staleness` are
-    /// read by async DiLoCo only.
+    /// The center shards' rule with learning rate `lr`.
     #[must_use]
-    pub fn center_rule(&self, lr: f32, modulation: LrModulation, max_staleness: Option<u64>) -> CenterRule {
+    pub fn center_rule(&self, lr: f32) -> CenterRule {
         match self.method {
             ElasticMethod::Easgd { sync: true } => CenterRule::ElasticSync { beta: self.beta },
             ElasticMethod::Easgd { sync: false } | ElasticMethod::Eamsgd => {
@@ -104,8 +163,8 @@ impl ElasticSpec {
                 sync,
                 outer_lr: self.outer_lr,
                 outer_momentum: self.outer_momentum,
-                modulation,
-                max_staleness,
+                modulation: self.modulation,
+                max_staleness: self.max_staleness,
             },
         }
     }
@@ -300,34 +359,37 @@ impl ClusterSpec {
                 format!("must be between 1 and the {params} parameters"),
             ));
         }
-        if let Some(e) = &self.protocol.elastic {
-            e.validate()?;
-            if !u64::from(self.shards).is_multiple_of(e.fragments) {
+        match &self.protocol {
+            ProtocolSpec::Elastic(e) => {
+                e.validate()?;
+                if !u64::from(self.shards).is_multiple_of(e.fragments) {
+                    return Err(InvalidSetting::new(
+                        "protocol.fragments",
+                        format!(
+                            "is {}; it must divide cluster.shards = {} (a fragment is a run of whole shards)",
+                            e.fragments, self.shards
+                        ),
+                    ));
+                }
+            }
+            ProtocolSpec::Sgd(SgdSpec { rule: SyncRule::Softsync { n }, .. })
+                if !(1..=self.learners).contains(n) =>
+            {
                 return Err(InvalidSetting::new(
-                    "protocol.fragments",
-                    format!(
-                        "is {}; it must divide cluster.shards = {} (a fragment is a run of whole shards)",
-                        e.fragments, self.shards
-                    ),
+                    "protocol.n",
+                    format!("is {n}; it must be between 1 and λ = {}", self.learners),
                 ));
             }
-        } else if let SyncRule::Softsync { n } = self.protocol.rule
-            && !(1..=self.learners).contains(&n)
-        {
-            return Err(InvalidSetting::new(
-                "protocol.n",
-                format!("is {n}; it must be between 1 and λ = {}", self.learners),
-            ));
+            ProtocolSpec::Sgd(SgdSpec {
+                rule: SyncRule::Softsync { .. } | SyncRule::Async,
+                backups: b @ 1..,
+                ..
+            }) => {
+                return Err(InvalidSetting::new("protocol.backups", backups_belong_to_hardsync(*b)));
+            }
+            ProtocolSpec::Sgd(_) => {}
         }
-        let backups = self.protocol.backups;
-        if backups > 0 && (self.protocol.elastic.is_some() || self.protocol.rule != SyncRule::Hardsync) {
-            return Err(InvalidSetting::new(
-                "protocol.backups",
-                format!(
-                    "is {backups}; backup learners belong to hardsync (softsync and async never wait for all)"
-                ),
-            ));
-        }
+        let backups = self.protocol.backups();
         if backups >= self.learners {
             return Err(InvalidSetting::new(
                 "protocol.backups",
@@ -364,15 +426,16 @@ impl ClusterSpec {
         shard_ranges(len, self.shards as usize)
     }
 
-    /// The settings of SGD shard `s` for a training set of `train_len` examples.
+    /// The settings of SGD shard `s` of protocol `p` for a training set of `train_len`
+    /// examples.
     #[must_use]
-    pub fn sgd_shard_config(&self, s: usize, train_len: usize) -> SgdShardConfig {
+    pub fn sgd_shard_config(&self, p: &SgdSpec, s: usize, train_len: usize) -> SgdShardConfig {
         SgdShardConfig {
             id: ShardId(s as u32),
-            rule: self.protocol.rule,
-            modulation: self.protocol.modulation,
-            max_staleness: self.protocol.max_staleness,
-            backups: self.protocol.backups,
+            rule: p.rule,
+            modulation: p.modulation,
+            max_staleness: p.max_staleness,
+            backups: p.backups,
             schedule: self.schedule,
             gradients_per_epoch: self.steps_per_learner(train_len) / u64::from(self.epochs)
                 * u64::from(self.learners),
@@ -385,15 +448,15 @@ impl ClusterSpec {
     #[must_use]
     pub fn shard_core(&self, s: usize, train_len: usize, init: &[f32]) -> ShardCore {
         let values = init[self.shard_ranges(init.len())[s].clone()].to_vec();
-        match &self.protocol.elastic {
-            None => ShardCore::Sgd(SgdShard::new(
-                self.sgd_shard_config(s, train_len),
+        match &self.protocol {
+            ProtocolSpec::Sgd(p) => ShardCore::Sgd(SgdShard::new(
+                self.sgd_shard_config(p, s, train_len),
                 values,
                 self.active_learners(),
             )),
-            Some(e) => ShardCore::Center(CenterShard::new(
+            ProtocolSpec::Elastic(e) => ShardCore::Center(CenterShard::new(
                 ShardId(s as u32),
-                e.center_rule(self.schedule.base, self.protocol.modulation, self.protocol.max_staleness),
+                e.center_rule(self.schedule.base),
                 values,
                 self.active_learners(),
             )),
@@ -418,7 +481,7 @@ impl ClusterSpec {
         let part = Partition::split(train.len(), self.learners as usize, self.seed).swap_remove(l);
         let batches = Minibatches::new(train, BatchStream::new(part, self.batch_size, self.seed, l as u64));
         let id = LearnerId(l as u32);
-        let Some(e) = &self.protocol.elastic else {
+        let ProtocolSpec::Elastic(e) = &self.protocol else {
             return (LearnerLoop::Sgd(LearnerCore::new(id, self.shards as usize, steps)), batches);
         };
         let worker = ElasticWorker::new(
@@ -439,7 +502,7 @@ impl ClusterSpec {
             * u64::from(self.learners);
         SchedulerCore::new(self.learners, self.shards, per_epoch, u64::from(self.epochs))
             .with_evals_per_epoch(u64::from(self.evals_per_epoch))
-            .with_backups(self.protocol.backups)
+            .with_backups(self.protocol.backups())
     }
 
     /// Examples all learners process over the run, for a training set of `train_len`.
@@ -454,7 +517,7 @@ impl ClusterSpec {
     #[must_use]
     pub fn exchanges_gradients(&self) -> bool {
         matches!(
-            self.protocol.elastic.as_ref().map(|e| e.method),
+            self.protocol.elastic().map(|e| e.method),
             Some(ElasticMethod::Downpour | ElasticMethod::MDownpour | ElasticMethod::Diloco { .. })
         )
     }

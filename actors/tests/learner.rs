@@ -9,7 +9,7 @@ use rudra_actors::faults::{FaultPlan, Liveness};
 use rudra_actors::links::{SchedulerLink, ShardLink};
 use rudra_actors::messages::{Exchange, Heartbeat, LearnerDone, Progress, Pull, Push, Served, StartLearner};
 use rudra_actors::roles::{LearnerPeers, LearnerRun, start_learner};
-use rudra_actors::{ClusterSpec, Models, ProtocolSpec};
+use rudra_actors::{ClusterSpec, Models, ProtocolSpec, SgdSpec};
 use rudra_compute::{ComputeError, Dataset, GradientModel};
 use rudra_proto::{LrModulation, LrSchedule, SyncRule};
 use rudra_transport::Codecs;
@@ -116,13 +116,12 @@ fn a_duplicated_answer_changes_neither_the_model_nor_the_clock_the_gradient_is_c
     let spec = ClusterSpec {
         learners: 1,
         shards: 2,
-        protocol: ProtocolSpec {
+        protocol: ProtocolSpec::Sgd(SgdSpec {
             rule: SyncRule::Softsync { n: 1 },
             modulation: LrModulation::None,
             max_staleness: None,
             backups: 0,
-            elastic: None,
-        },
+        }),
         batch_size: 1,
         epochs: 1,
         schedule: LrSchedule { base: 0.1, decay: 1.0 },

@@ -226,6 +226,34 @@ impl SchedulerCore {
         events
     }
 
+    /// Examples the run is to process: every epoch of every learner's partition.
+    #[must_use]
+    pub fn samples_expected(&self) -> u64 {
+        self.examples_per_epoch * self.epochs_total
+    }
+
+    /// Whether learner `learner` holds its place in the run at `now`: it joined, is not lost,
+    /// and was heard from within the failure timeout (if the detector runs). A second process
+    /// of its name is refused while it does.
+    #[must_use]
+    pub fn learner_alive(&self, learner: LearnerId, now: Duration) -> bool {
+        self.joined_learners.contains(&learner)
+            && !self.lost.contains(&learner)
+            && self.last_heard.get(&learner).is_none_or(|&t| self.heard_within(t, now))
+    }
+
+    /// Whether shard `shard` holds its place at `now`: not declared silent, and heard from
+    /// within the failure timeout (if it sends heartbeats and the detector runs).
+    #[must_use]
+    pub fn shard_alive(&self, shard: ShardId, now: Duration) -> bool {
+        !self.shards_silent.contains(&shard)
+            && self.shard_heard.get(&shard).is_none_or(|&t| self.heard_within(t, now))
+    }
+
+    fn heard_within(&self, heard: Duration, now: Duration) -> bool {
+        self.failure_timeout.is_none_or(|timeout| now.saturating_sub(heard) <= timeout)
+    }
+
     /// The transport saw `learner`'s connection close: it is lost at once.
     #[must_use]
     pub fn on_disconnected(&mut self, learner: LearnerId) -> Vec<SchedulerEvent> {

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use rudra_actors::{ActorError, ClusterSpec, Diverged, ElasticMethod, InvalidSetting};
+use rudra_actors::{ActorError, ClusterSpec, Diverged, ElasticMethod, InvalidSetting, ProtocolSpec};
 use rudra_compute::ComputeError;
 use rudra_proto::LrModulation;
 
@@ -92,12 +92,16 @@ impl RuntimeError {
     pub fn diverged(cluster: &ClusterSpec, diverged: Diverged) -> Self {
         let lr = cluster.schedule.base;
         let mut hint = format!("lower training.learning_rate (now {lr})");
-        if let Some(e) = &cluster.protocol.elastic
-            && matches!(e.method, ElasticMethod::Eamsgd | ElasticMethod::MDownpour)
-        {
-            hint += &format!(" or protocol.momentum (now {})", e.momentum);
-        } else if cluster.protocol.elastic.is_none() && cluster.protocol.modulation == LrModulation::None {
-            hint += ", or modulate it by staleness (protocol.lr_modulation = \"per-gradient\")";
+        match &cluster.protocol {
+            ProtocolSpec::Elastic(e)
+                if matches!(e.method, ElasticMethod::Eamsgd | ElasticMethod::MDownpour) =>
+            {
+                hint += &format!(" or protocol.momentum (now {})", e.momentum);
+            }
+            ProtocolSpec::Sgd(s) if s.modulation == LrModulation::None => {
+                hint += ", or modulate it by staleness (protocol.lr_modulation = \"per-gradient\")";
+            }
+            _ => {}
         }
         Self::Diverged { diverged, hint }
     }
@@ -132,10 +136,14 @@ impl RuntimeError {
 }
 
 impl From<ActorError> for RuntimeError {
-    /// A bad setting found by the actors is a bad setting of the run, like any other.
+    /// A bad setting found by the actors is a bad setting of the run, like any other; a
+    /// checkpoint that cannot be read back (damaged, of another job) is a bad input.
     fn from(e: ActorError) -> Self {
         match e {
             ActorError::Invalid(setting) => Self::Invalid(setting),
+            ActorError::Checkpoint { path, message } => {
+                Self::Input { path, message: format!("checkpoint: {message}") }
+            }
             other => Self::Actor(other),
         }
     }

@@ -43,6 +43,7 @@ pub fn run_local(
     metrics_addr: Option<SocketAddr>,
 ) -> Result<RunReport, RuntimeError> {
     config.refuse_kills()?;
+    config.refuse_panics()?;
     let models = config.models(Device::open(config.device)?);
     let mut cluster = Cluster::new(config.cluster.clone(), models, data)?
         .with_liveness(config.liveness)

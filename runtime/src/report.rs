@@ -220,6 +220,7 @@ mod tests {
             },
             updates: 100,
             samples: 3200,
+            samples_expected: 3200,
             learner_samples: vec![800; 4],
             wall_seconds: 1.5 * accuracies.len() as f64,
             final_test_accuracy: *accuracies.last().unwrap(),

@@ -84,9 +84,31 @@ impl RunDir {
     /// Write the file `name` in the directory (into a new file renamed over the old, so that a
     /// reader, or a crash, never sees half of it).
     pub fn write_file(&self, name: &str, contents: &str) -> Result<(), RuntimeError> {
+        self.replace(name, |tmp| {
+            std::fs::write(tmp, contents).map_err(|source| RuntimeError::Io { path: tmp.to_owned(), source })
+        })
+    }
+
+    /// Replace the file `name` with what `write` writes into the path it is given: the
+    /// directory is made again if it went away, and a write that fails (a full disk) leaves no
+    /// file behind but the one it would have replaced.
+    fn replace(
+        &self,
+        name: &str,
+        write: impl FnOnce(&Path) -> Result<(), RuntimeError>,
+    ) -> Result<(), RuntimeError> {
         let (path, tmp) = (self.path.join(name), self.path.join(format!("{name}.tmp")));
-        std::fs::write(&tmp, contents).map_err(|source| RuntimeError::Io { path: tmp.clone(), source })?;
-        std::fs::rename(&tmp, &path).map_err(|source| RuntimeError::Io { path, source })
+        if !self.path.is_dir() {
+            tracing::warn!("{} went away: making it again", self.path.display());
+            std::fs::create_dir_all(&self.path)
+                .map_err(|source| RuntimeError::Io { path: self.path.clone(), source })?;
+        }
+        let written = write(&tmp)
+            .and_then(|()| std::fs::rename(&tmp, &path).map_err(|source| RuntimeError::Io { path, source }));
+        if written.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        written
     }
 
     /// `config.toml`, the configuration as resolved.
@@ -108,23 +130,24 @@ impl RunDir {
             ("seed", c.seed.to_string()),
             ("dataset", config.data.kind.as_str().to_owned()),
         ];
-        let tmp = self.path.join("checkpoint.safetensors.tmp");
-        Checkpoint::write(&tmp, &config.model, params, &run)?;
-        let path = self.path.join("checkpoint.safetensors");
-        std::fs::rename(&tmp, &path).map_err(|source| RuntimeError::Io { path, source })
+        self.replace("checkpoint.safetensors", |tmp| Checkpoint::write(tmp, &config.model, params, &run))
     }
 
-    /// Everything a finished run leaves: `metrics.csv`, `checkpoint.safetensors`,
-    /// `summary.json`, `timeline.json` (membership changes and faults, in order) and the plots,
-    /// drawn from the run as recorded (a plot that cannot be drawn is a warning: the run itself
-    /// succeeded). Returns the run as recorded.
+    /// Everything a finished run leaves: `summary.json` first (small, and what says how the
+    /// run ended), then `metrics.csv`, `timeline.json` (membership changes and faults, in
+    /// order), `checkpoint.safetensors` and the plots, drawn from the run as recorded. A file
+    /// after the summary that cannot be written (a full disk) or drawn is a warning: the run
+    /// itself succeeded, and its summary says how. Returns the run as recorded.
     pub fn record(&self, config: &Config, report: &RunReport) -> Result<RecordedRun, RuntimeError> {
         let run = RecordedRun::of(&self.path, config, report);
-        self.record_so_far(report)?;
-        self.write_checkpoint(config, &report.params)?;
         self.write_summary(&run.summary)?;
-        if let Err(e) = crate::plot::draw_run(&run) {
-            tracing::warn!("the run's plots were not drawn: {e}");
+        let rest = [
+            ("metrics were not written", self.record_so_far(report)),
+            ("checkpoint was not written", self.write_checkpoint(config, &report.params)),
+            ("plots were not drawn", crate::plot::draw_run(&run).map(drop)),
+        ];
+        for (what, e) in rest.into_iter().filter_map(|(what, r)| r.err().map(|e| (what, e))) {
+            tracing::warn!("the run's {what} ({e}); its summary is written");
         }
         Ok(run)
     }
@@ -150,8 +173,8 @@ impl RunDir {
         let mut summary = Summary::new(config, so_far);
         summary.outcome = "failed".into();
         summary.error = Some(error.to_string());
-        self.record_so_far(so_far)?;
-        self.write_summary(&summary)
+        self.write_summary(&summary)?;
+        self.record_so_far(so_far)
     }
 
     fn write_summary(&self, summary: &Summary) -> Result<(), RuntimeError> {

@@ -67,11 +67,17 @@ pub struct Summary {
     pub gradients_dropped: u64,
     /// Examples processed.
     pub samples: u64,
+    /// Examples the run was to process (0 where not known): fewer processed, and the run is
+    /// `incomplete`.
+    #[serde(default)]
+    pub samples_expected: u64,
     /// Training seconds (start to last gradient, excluding start-up and the final evaluation).
     pub wall_seconds: f64,
     /// `samples / wall_seconds`.
     pub samples_per_second: f64,
-    /// `completed`, `diverged` (see `diverged`) or `failed` (see `error`).
+    /// `completed`; `incomplete` when examples were left unprocessed (learners left out at
+    /// the end; see `samples` against `samples_expected`); `diverged` (see `diverged`); or
+    /// `failed` (see `error`).
     pub outcome: String,
     /// Why a failed run stopped (what it had recorded by then is in the rest of the summary).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -105,6 +111,18 @@ pub struct Summary {
     pub wire_bytes_per_step: f64,
 }
 
+/// How a run that stopped without an error ended. Hardsync's backup learners are cut off by
+/// design: their unprocessed examples do not make a run incomplete.
+fn outcome(report: &RunReport, backups: u32) -> &'static str {
+    if report.diverged.is_some() {
+        "diverged"
+    } else if backups == 0 && report.samples < report.samples_expected {
+        "incomplete"
+    } else {
+        "completed"
+    }
+}
+
 impl Summary {
     /// The summary of `report` for a run of `config`.
     #[must_use]
@@ -119,8 +137,8 @@ impl Summary {
             shards: c.shards,
             batch_size: c.batch_size,
             global_batch: c.global_batch(),
-            lr_modulation: c.protocol.modulation.to_string(),
-            max_staleness: c.protocol.max_staleness,
+            lr_modulation: c.protocol.modulation().to_string(),
+            max_staleness: c.protocol.max_staleness(),
             model: config.model_kind.as_str().to_owned(),
             device: config.device.name().into(),
             updates: report.updates,
@@ -128,9 +146,10 @@ impl Summary {
             gradients_applied: report.staleness.applied,
             gradients_dropped: report.staleness.dropped,
             samples: report.samples,
+            samples_expected: report.samples_expected,
             wall_seconds: report.wall_seconds,
             samples_per_second: report.samples as f64 / report.wall_seconds.max(1e-9),
-            outcome: if report.diverged.is_some() { "diverged" } else { "completed" }.to_owned(),
+            outcome: outcome(report, c.protocol.backups()).to_owned(),
             diverged: report.diverged,
             error: None,
             final_test_accuracy: report.final_test_accuracy,
@@ -139,7 +158,7 @@ impl Summary {
             target_accuracy: target,
             time_to_target: reached.map(|m| m.wall_seconds),
             updates_to_target: reached.map(|m| m.updates),
-            elastic: c.protocol.elastic.clone(),
+            elastic: c.protocol.elastic().cloned(),
             codecs: c.codecs,
             bytes: report.bytes,
             payload_bytes_per_step: report.bytes.payload_per_step(),
@@ -348,6 +367,7 @@ mod tests {
             staleness: StalenessSummary::default(),
             updates: 10,
             samples: 256,
+            samples_expected: 256,
             learner_samples: vec![128, 96, 32],
             wall_seconds: 2.0,
             final_test_accuracy: 0.9,

@@ -122,3 +122,40 @@ fn bad_dataset_files_are_named_and_never_block() {
     idx(&odd.path().join("t10k-images-idx3-ubyte"), &[4, 27, 29], 100);
     run(odd.path(), "t10k-images-idx3-ubyte is invalid: images of 783 pixels");
 }
+
+/// Every permanent error of the command line exits 2 with its reason, so that an engine does
+/// not restart what cannot succeed (a lost peer, worth a retry, exits 1): misused join tokens,
+/// a finished run given to `--resume`, a damaged checkpoint, text that is no join token.
+#[test]
+fn every_permanent_error_exits_2_with_its_reason() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = |p: &str| tmp.path().join(p).to_str().unwrap().to_owned();
+    let (ca, ca_pem, node_certs) = (path("ca"), path("ca/ca.pem"), path("node"));
+    let (finished, damaged) = (path("finished"), path("damaged.safetensors"));
+    assert!(node(&["cert", "init", "--dir", &ca]).status.success());
+    std::fs::write(&damaged, b"not a checkpoint").unwrap();
+    std::fs::create_dir(&finished).unwrap();
+    std::fs::write(path("finished/summary.json"), "{}").unwrap();
+    let long = format!("rudra1.learner.{}", "0".repeat(20_000));
+    let no_ca = path("no-such-ca");
+    let learner = ["--role", "learner", "--scheduler", "127.0.0.1:9", "--certs", &node_certs];
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["cert", "token", "--dir", &ca, "--role", "scheduler"], "enrols no one"),
+        (vec!["cert", "token", "--dir", &ca, "--role", "learner", "--uses", "0"], "at least one use"),
+        (vec!["cert", "token", "--dir", &no_ca, "--role", "learner"], "cert init"),
+        (
+            vec!["--role", "scheduler", "--certs", &ca, "--listen", "127.0.0.1:0", "--resume", &finished],
+            "nothing to take back",
+        ),
+        (vec!["eval", "--checkpoint", &damaged], "damaged.safetensors"),
+        ([&learner[..], &["--ca", &ca_pem]].concat(), "--token"),
+        ([&learner[..], &["--token", &long]].concat(), "at most 256"),
+    ];
+    for (args, expect) in cases {
+        let o = node(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: exit {:?}: {err}", o.status.code());
+        assert!(err.contains(expect), "{args:?}: the message does not say {expect:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}

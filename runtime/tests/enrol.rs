@@ -41,6 +41,18 @@ fn enrolling(dir: &Path, name: &str, role: &str, token: Option<&str>, addr: &str
     c
 }
 
+/// A scheduler with the cluster CA in `dir/ca`, listening on `listen`, writing `dir/run`: a
+/// run of one epoch with one shard, changed by `settings`.
+fn scheduler(dir: &Path, listen: &str, settings: &[&str]) -> Command {
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/mnist");
+    let data = format!("training.data_dir={}", data.display());
+    let mut args = vec!["--role", "scheduler", "--certs", "ca", "--listen", listen, "--out", "run"];
+    for set in ["cluster.shards=1", "training.epochs=1", &data].iter().chain(settings) {
+        args.extend(["--set", set]);
+    }
+    node(dir, &args)
+}
+
 fn refused(c: Command, why: &str) -> Output {
     let mut c = c;
     let out = c.output().unwrap();
@@ -79,38 +91,9 @@ fn nodes_enrol_with_join_tokens_and_bad_tokens_are_refused_while_the_run_goes_on
     let addr = format!("localhost:{port}");
     let listen = format!("127.0.0.1:{port}");
 
-    let scheduler = node(
-        dir,
-        &[
-            "--role",
-            "scheduler",
-            "--certs",
-            "ca",
-            "--listen",
-            &listen,
-            "--out",
-            "run",
-            "--set",
-            "cluster.learners=2",
-            "--set",
-            "cluster.shards=1",
-            "--set",
-            "protocol.n=2",
-            "--set",
-            "training.train_examples=8000",
-            "--set",
-            "training.epochs=1",
-            "--set",
-            &format!(
-                "training.data_dir={}",
-                Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/mnist").display()
-            ),
-        ],
-    )
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap();
+    let settings = ["cluster.learners=2", "protocol.n=2", "training.train_examples=8000"];
+    let scheduler =
+        scheduler(dir, &listen, &settings).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
 
     // Before the run: the shard's token, replayed by a second shard.
     let mut shard =
@@ -172,4 +155,87 @@ fn nodes_enrol_with_join_tokens_and_bad_tokens_are_refused_while_the_run_goes_on
 
 fn free_port() -> u16 {
     std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Slow and silent clients hold connections to the enrolment port: 200 that never start their
+/// TLS handshake, and 32 that trickle a byte a second (connecting again when cut off). A shard
+/// and a learner with valid tokens still enrol within 5 s each, the run finishes, and the
+/// scheduler exits within 2 s of the run's end whatever is still connected.
+#[test]
+fn slow_and_silent_clients_cannot_hold_the_enrolment_port() {
+    use std::io::Write as _;
+    use std::net::TcpStream;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    stdout(node(dir, &["cert", "init", "--dir", "ca"]));
+    let shard_token = token(dir, "ca", "shard", "1h", "1");
+    let learner_token = token(dir, "ca", "learner", "1h", "1");
+    let port = free_port();
+    let (addr, listen) = (format!("localhost:{port}"), format!("127.0.0.1:{port}"));
+    let settings = ["cluster.learners=1", "protocol.kind=async", "training.train_examples=2000"];
+    let mut scheduler =
+        scheduler(dir, &listen, &settings).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let start = Instant::now();
+    while TcpStream::connect(&listen).is_err() {
+        assert!(start.elapsed() < Duration::from_secs(30), "the enrolment port never opened");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let silent: Vec<TcpStream> = (0..200).filter_map(|_| TcpStream::connect(&listen).ok()).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let tricklers: Vec<_> = (0..32)
+        .map(|_| {
+            let (stop, listen) = (Arc::clone(&stop), listen.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok(mut s) = TcpStream::connect(&listen) else { continue };
+                    // A TLS record header, one byte at a time, a second apart.
+                    for b in [0x16u8, 0x03, 0x01, 0x02, 0x00].iter().cycle() {
+                        if stop.load(Ordering::Relaxed) || s.write_all(&[*b]).is_err() {
+                            break;
+                        }
+                        std::thread::sleep(Duration::from_secs(1));
+                    }
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(2));
+
+    let mut nodes = Vec::new();
+    for (role, token, cert) in [
+        ("shard", &shard_token, "shard/certs/shard-0.pem"),
+        ("learner", &learner_token, "learner/certs/learner-0.pem"),
+    ] {
+        let started = Instant::now();
+        nodes.push(
+            enrolling(dir, role, role, Some(token), &addr)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        while !dir.join(cert).exists() {
+            assert!(started.elapsed() < Duration::from_secs(5), "the {role} did not enrol within 5 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        eprintln!("the {role} enrolled in {:.2?} under load", started.elapsed());
+    }
+    let mut last_exit = Instant::now();
+    for (name, mut child) in ["the shard", "the learner"].into_iter().zip(nodes) {
+        wait(name, &mut child, Duration::from_secs(120));
+        last_exit = Instant::now();
+    }
+    wait("the scheduler", &mut scheduler, Duration::from_secs(30));
+    let after = last_exit.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    drop(silent);
+    for t in tricklers {
+        t.join().unwrap();
+    }
+    assert!(dir.join("run/summary.json").exists(), "the run's results are written");
+    eprintln!("the scheduler exited {after:.2?} after its last node, 232 clients still connected");
+    assert!(after < Duration::from_secs(2), "the scheduler exited {after:.2?} after its last node");
 }

@@ -398,3 +398,99 @@ fn a_second_scheduler_on_a_live_run_directory_exits_2_and_changes_nothing() {
     first.kill().unwrap();
     let _ = first.wait();
 }
+
+/// A shard whose actor panics (`[[faults.panic]]`) ends its process at once, exit code 70
+/// after the panic's message: the scheduler names it within the failure timeout and a second,
+/// and the run stops as for any lost shard. No node lives on with a dead actor.
+#[test]
+fn a_node_whose_actor_panics_exits_at_once_and_is_named() {
+    let _one = one_at_a_time();
+    let names = ["shard-0", "learner-0"];
+    let c = Cluster::new(&names);
+    let timeout = ["--connect-timeout", "4s"];
+    let mut nodes: Vec<(&str, Child)> = names.iter().map(|n| (*n, c.node(n, &timeout))).collect();
+    let settings = [
+        "cluster.learners=1",
+        "cluster.shards=1",
+        "training.train_examples=20000",
+        "training.epochs=50",
+        "faults.panic=[{node = \"shard-0\", at_ms = 3000}]",
+    ];
+    let mut scheduler = c.start_scheduler(&timeout, &settings);
+    c.wait_for("shard-0", "injected panic", Duration::from_secs(120));
+    let panicked = Instant::now();
+    let (_, mut shard) = nodes.remove(0);
+    let status = exit_within("shard-0", &mut shard, Duration::from_secs(2));
+    assert_eq!(status.code(), Some(70), "{}", c.log("shard-0"));
+    assert!(c.log("shard-0").contains("the node stops"), "{}", c.log("shard-0"));
+    c.wait_for("scheduler", "shard lost", Duration::from_secs(10));
+    let named = panicked.elapsed();
+    assert!(named <= Duration::from_secs(2), "named after {named:?}; the failure timeout is 1 s");
+    assert!(c.log("scheduler").contains("shard=shard-0"), "{}", c.log("scheduler"));
+    assert!(!exit_within("the scheduler", &mut scheduler, Duration::from_secs(15)).success());
+    for (name, mut child) in nodes {
+        assert!(!exit_within(name, &mut child, Duration::from_secs(15)).success(), "{name} exited 0");
+    }
+}
+
+/// The scheduler's run directory removed while the run goes on is made again, and the run
+/// ends with its summary, metrics and checkpoint written there.
+#[test]
+fn a_run_directory_removed_mid_run_is_made_again_and_the_results_written() {
+    let _one = one_at_a_time();
+    let names = ["shard-0", "learner-0"];
+    let c = Cluster::new(&names);
+    let mut nodes: Vec<(&str, Child)> = names.iter().map(|n| (*n, c.node(n, &[]))).collect();
+    let settings =
+        ["cluster.learners=1", "cluster.shards=1", "training.train_examples=8000", "training.epochs=4"];
+    let mut scheduler = c.start_scheduler(&[], &settings);
+    c.wait_for("scheduler", "evaluated", Duration::from_secs(120));
+    std::fs::remove_dir_all(c.path("run")).unwrap();
+    assert!(
+        exit_within("the scheduler", &mut scheduler, Duration::from_secs(120)).success(),
+        "{}",
+        c.log("scheduler")
+    );
+    for (name, mut child) in nodes.drain(..) {
+        assert!(exit_within(name, &mut child, Duration::from_secs(10)).success(), "{name}: {}", c.log(name));
+    }
+    let summary = summary(&c.path("run"));
+    assert_eq!(summary["outcome"], "completed", "{summary}");
+    for file in ["metrics.csv", "checkpoint.safetensors"] {
+        assert!(c.path("run").join(file).is_file(), "{file} was not written");
+    }
+    assert!(!c.path("run").join("scheduler.json").exists(), "a finished run leaves no state to take back");
+}
+
+/// A run whose disk fills up (a 256 KiB tmpfs: the summary fits, the checkpoint does not)
+/// still writes `summary.json` first, prints its summary line, and leaves no `.tmp` files.
+#[test]
+#[ignore = "mounts a small tmpfs: needs root (CI runs it as root)"]
+fn a_full_disk_still_leaves_the_summary_and_no_temporary_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let disk = tmp.path().join("disk");
+    std::fs::create_dir(&disk).unwrap();
+    let mounted = Command::new("mount").args(["-t", "tmpfs", "-o", "size=256k", "tmpfs"]).arg(&disk).status();
+    assert!(mounted.is_ok_and(|s| s.success()), "cannot mount a tmpfs (run as root)");
+    let out = disk.join("run");
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/mnist");
+    let o = Command::new(env!("CARGO_BIN_EXE_rudra-node"))
+        .args(["local", "--out", out.to_str().unwrap()])
+        .args(["--set", "training.train_examples=4000", "--set", "training.test_examples=1000"])
+        .args(["--set", "training.epochs=1", "--set", &format!("training.data_dir={}", data.display())])
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let files: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    let _ = Command::new("umount").arg(&disk).status();
+    let (stdout, stderr) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "{stderr}");
+    assert!(stdout.contains("test accuracy"), "the summary line: {stdout}");
+    assert!(stderr.contains("checkpoint was not written"), "{stderr}");
+    assert!(files.iter().any(|f| f == "summary.json"), "{files:?}");
+    assert!(!files.iter().any(|f| f.ends_with(".tmp")), "{files:?}");
+    assert!(!files.iter().any(|f| f == "checkpoint.safetensors"), "{files:?}");
+}

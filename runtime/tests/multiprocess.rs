@@ -239,6 +239,12 @@ fn a_killed_learner_process_is_dropped_and_the_run_finishes() {
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("run/summary.json")).unwrap()).unwrap();
     assert!(summary["final_test_accuracy"].as_f64().unwrap() > 0.9, "{summary}");
+    // Learner 2's examples were not all processed: the run says so.
+    assert_eq!(summary["outcome"], "incomplete", "{summary}");
+    let (samples, expected) =
+        (summary["samples"].as_u64().unwrap(), summary["samples_expected"].as_u64().unwrap());
+    // 30,000 examples over 3 learners in minibatches of 32: 312 steps an epoch, 3 epochs.
+    assert!(samples < expected && expected == 312 * 3 * 32 * 3, "{samples} of {expected}");
     let csv = std::fs::read_to_string(dir.join("run/metrics.csv")).unwrap();
     let last: Vec<u64> =
         csv.lines().last().unwrap().split(',').rev().take(3).map(|v| v.parse().unwrap()).collect();

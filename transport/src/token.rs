@@ -19,6 +19,8 @@ use crate::{Role, TransportError};
 const PREFIX: &str = "rudra1";
 /// MAC bytes kept.
 const MAC_LEN: usize = 16;
+/// The longest text read as a join token (a real one is about 90 bytes).
+pub const MAX_TOKEN: usize = 256;
 
 /// A token's contents, as minted or as read back.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,6 +38,12 @@ pub struct JoinToken {
 /// Why a token was refused: what the scheduler logs and tells the node.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum TokenRefusal {
+    /// Far longer than any token.
+    #[error("is {len} bytes; a join token is at most {MAX_TOKEN}: make one with `rudra-node cert token`")]
+    TooLong {
+        /// Its length.
+        len: usize,
+    },
     /// Not a token at all.
     #[error(
         "not a join token (expected rudra1.ROLE.EXPIRY.USES.ID.MAC); make one with `rudra-node cert token`"
@@ -159,6 +167,9 @@ impl TokenKey {
 /// Read a token's fields without checking its MAC (a node does this to fail early on a token
 /// that is not one, and to learn its role).
 pub fn parse(text: &str) -> Result<JoinToken, TokenRefusal> {
+    if text.len() > MAX_TOKEN {
+        return Err(TokenRefusal::TooLong { len: text.len() });
+    }
     let parts: Vec<&str> = text.trim().split('.').collect();
     let [prefix, role, expires, uses, id, mac] = parts[..] else { return Err(TokenRefusal::Malformed) };
     let role = match role {

@@ -30,9 +30,11 @@ pub enum SyncRule {
     Hardsync,
     /// Apply as soon as `c = ⌊λ/n⌋` (at least 1) gradients are held, from any learners.
     Softsync {
-        /// The splitting parameter, `1 ≤ n ≤ λ`; `n = λ` is async SGD.
+        /// The splitting parameter, `1 ≤ n ≤ λ`.
         n: u32,
     },
+    /// Asynchronous SGD: every gradient is an update as it arrives (`c = 1`), as λ-softsync.
+    Async,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -233,6 +235,7 @@ impl SgdShard {
                 lambda.saturating_sub(self.cfg.backups as usize).max(1)
             }
             SyncRule::Softsync { n } => (self.active.len().max(1) / n.max(1) as usize).max(1),
+            SyncRule::Async => 1,
         }
     }
 

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rudra_actors::{ElasticMethod, ElasticSpec, TrainingData};
+use rudra_actors::{ElasticMethod, ElasticSpec, ProtocolSpec, SgdSpec, TrainingData};
 use rudra_compute::{BatchStream, CpuBackend, Dataset, Device, Minibatches, Model, ModelSpec, Partition};
 use rudra_proto::{LrModulation, OptimizerSpec, SyncRule};
 
@@ -89,10 +89,13 @@ fn cluster(
     c.cluster.learners = learners;
     c.cluster.shards = shards;
     match protocol {
-        Protocol::Sgd(rule) => c.cluster.protocol.rule = rule,
+        Protocol::Sgd(rule) => {
+            let (modulation, max_staleness, backups) = (LrModulation::None, None, 0);
+            c.cluster.protocol = ProtocolSpec::Sgd(SgdSpec { rule, modulation, max_staleness, backups });
+        }
         Protocol::Elastic(method, tau) => {
             let beta = 0.9;
-            c.cluster.protocol.elastic = Some(ElasticSpec {
+            c.cluster.protocol = ProtocolSpec::Elastic(ElasticSpec {
                 method,
                 tau,
                 alpha: beta / learners as f32,
@@ -103,6 +106,8 @@ fn cluster(
                 outer_momentum: 0.9,
                 optimizer: OptimizerSpec::Sgd,
                 fragments: 1,
+                modulation: LrModulation::None,
+                max_staleness: None,
             });
         }
     }
@@ -121,10 +126,13 @@ pub fn run(
     steps: usize,
     repeats: usize,
 ) -> Result<Vec<BenchRow>, RuntimeError> {
-    let mut config = config.clone();
-    config.cluster.protocol.modulation = LrModulation::None;
     let c = &config.cluster;
     let lambda = c.learners;
+    // The configured SGD rule (async for a protocol of the EASGD family).
+    let rule = match &c.protocol {
+        ProtocolSpec::Sgd(s) => s.rule,
+        ProtocolSpec::Elastic(_) => SyncRule::Softsync { n: lambda },
+    };
     let settings: Vec<(String, Option<Shape>)> = vec![
         ("bare SGD loop (1 thread)".into(), None),
         ("local λ=1, 1 shard".into(), Some((1, 1, Protocol::Sgd(SyncRule::Softsync { n: 1 })))),
@@ -138,8 +146,8 @@ pub fn run(
         ),
         ("local λ=2, 1 shard, async".into(), Some((2, 1, Protocol::Sgd(SyncRule::Softsync { n: 2 })))),
         (
-            format!("local λ={lambda}, {} shards, {:?}", c.shards, c.protocol.rule),
-            Some((lambda, c.shards, Protocol::Sgd(c.protocol.rule))),
+            format!("local λ={lambda}, {} shards, {rule:?}", c.shards),
+            Some((lambda, c.shards, Protocol::Sgd(rule))),
         ),
     ];
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); settings.len()];
@@ -147,8 +155,8 @@ pub fn run(
     for round in 0..repeats {
         for (i, (name, setting)) in settings.iter().enumerate() {
             let sps = match setting {
-                None => bare_sgd(&config, data, steps)?,
-                Some(s) => cluster(&config, data, *s, steps)?,
+                None => bare_sgd(config, data, steps)?,
+                Some(s) => cluster(config, data, *s, steps)?,
             };
             tracing::info!(round, "{name}: {sps:.0} samples/s");
             samples[i].push(sps);

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use rudra_actors::faults::{Crash, FaultPlan, LinkRule, Node, Nodes, Partition, Slow};
+use rudra_actors::faults::{Crash, FaultPlan, LinkRule, Node, Nodes, Panic, Partition, Slow};
 use rudra_transport::{FaultWindow, LearnerId, LinkFaults, ShardId};
 
 use serde::Serialize;
@@ -126,7 +126,22 @@ impl RawFaults {
                 Ok(Slow { learner: learner("faults.slow.learner", s.learner)?, factor: s.factor })
             })
             .collect::<Result<_, RuntimeError>>()?;
-        Ok(FaultPlan { seed: self.seed, links, partitions, crashes, slow })
+        let panics = (self.panic.iter())
+            .map(|p| {
+                let node = match nodes("faults.panic.node", &p.node)? {
+                    Nodes::Learner(l) => Node::Learner(l),
+                    Nodes::Shard(s) => Node::Shard(s),
+                    _ => {
+                        return Err(invalid(
+                            "faults.panic.node",
+                            format!("{}: name one shard-N or learner-N", p.node),
+                        ));
+                    }
+                };
+                Ok(Panic { node, at: ms(p.at_ms) })
+            })
+            .collect::<Result<_, RuntimeError>>()?;
+        Ok(FaultPlan { seed: self.seed, links, partitions, crashes, slow, panics })
     }
 }
 

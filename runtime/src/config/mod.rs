@@ -20,7 +20,8 @@ pub use raw::{
 };
 use rudra_actors::checkpoint::Checkpoints;
 use rudra_actors::faults::{FaultPlan, Liveness};
-use rudra_actors::{ClusterSpec, ElasticMethod, ElasticSpec, InvalidSetting, Models, ProtocolSpec};
+use rudra_actors::spec::backups_belong_to_hardsync;
+use rudra_actors::{ClusterSpec, ElasticMethod, ElasticSpec, InvalidSetting, Models, ProtocolSpec, SgdSpec};
 use rudra_compute::{Device, DeviceKind, ModelSpec};
 use rudra_proto::{LrModulation, LrSchedule, OptimizerSpec, SyncRule};
 
@@ -82,6 +83,25 @@ impl ProtocolKind {
 
     fn parse(name: &str) -> Result<Self, RuntimeError> {
         one_of("protocol.kind", name, &Self::ALL, Self::as_str)
+    }
+
+    /// The kind of protocol `p`.
+    #[must_use]
+    pub fn of(p: &ProtocolSpec) -> Self {
+        match p {
+            ProtocolSpec::Sgd(s) => match s.rule {
+                SyncRule::Hardsync => Self::Hardsync,
+                SyncRule::Softsync { .. } => Self::Softsync,
+                SyncRule::Async => Self::Async,
+            },
+            ProtocolSpec::Elastic(e) => match e.method {
+                ElasticMethod::Easgd { .. } => Self::Easgd,
+                ElasticMethod::Eamsgd => Self::Eamsgd,
+                ElasticMethod::Downpour => Self::Downpour,
+                ElasticMethod::MDownpour => Self::MDownpour,
+                ElasticMethod::Diloco { .. } => Self::Diloco,
+            },
+        }
     }
 
     /// α0 (η for the EASGD family) when `training.learning_rate` is not set: the rate at which
@@ -153,8 +173,6 @@ pub struct CheckpointSettings {
 pub struct Config {
     /// The cluster and training settings.
     pub cluster: ClusterSpec,
-    /// `protocol.kind`.
-    pub kind: ProtocolKind,
     /// The network trained.
     pub model: ModelSpec,
     /// `training.model`.
@@ -239,53 +257,6 @@ impl TryFrom<RawConfig> for Config {
         let kind = ProtocolKind::parse(&p.kind)?;
         keys::check_every_protocol_key(&raw)?;
         let optimizer = keys::optimizer(&raw.training)?;
-        let elastic = |method| {
-            let default_tau = if matches!(
-                method,
-                ElasticMethod::Easgd { .. } | ElasticMethod::Eamsgd | ElasticMethod::Diloco { .. }
-            ) {
-                10
-            } else {
-                1
-            };
-            let beta = p.beta.unwrap_or(0.9);
-            ElasticSpec {
-                method,
-                tau: p.tau.unwrap_or(default_tau),
-                alpha: p.alpha.unwrap_or(beta / raw.cluster.learners.max(1) as f32),
-                beta,
-                momentum: p.momentum.unwrap_or(kind.default_momentum()),
-                lr_decay_gamma: raw.training.lr_decay_gamma,
-                outer_lr: p.outer_lr.unwrap_or(0.7),
-                outer_momentum: p.outer_momentum.unwrap_or(0.9),
-                optimizer,
-                fragments: p.fragments.unwrap_or(1),
-            }
-        };
-        let (rule, elastic) = match kind {
-            ProtocolKind::Hardsync => (SyncRule::Hardsync, None),
-            ProtocolKind::Softsync => (SyncRule::Softsync { n: p.n }, None),
-            ProtocolKind::Async => (SyncRule::Softsync { n: raw.cluster.learners }, None),
-            ProtocolKind::Easgd => {
-                (SyncRule::Hardsync, Some(elastic(ElasticMethod::Easgd { sync: p.sync.unwrap_or(false) })))
-            }
-            ProtocolKind::Diloco => {
-                (SyncRule::Hardsync, Some(elastic(ElasticMethod::Diloco { sync: p.sync.unwrap_or(true) })))
-            }
-            ProtocolKind::Eamsgd => (SyncRule::Hardsync, Some(elastic(ElasticMethod::Eamsgd))),
-            ProtocolKind::Downpour => (SyncRule::Hardsync, Some(elastic(ElasticMethod::Downpour))),
-            ProtocolKind::MDownpour => (SyncRule::Hardsync, Some(elastic(ElasticMethod::MDownpour))),
-        };
-        if elastic.is_none() && optimizer != OptimizerSpec::Sgd {
-            return Err(invalid(
-                "training.optimizer",
-                format!(
-                    "is {:?}; a local optimizer is for easgd, downpour and diloco, whose learners step on their own \
-                     ({} applies gradients at the shards)",
-                    raw.training.optimizer, p.kind
-                ),
-            ));
-        }
         let modulation = match p.lr_modulation.as_str() {
             "none" => LrModulation::None,
             "per-gradient" => LrModulation::PerGradient,
@@ -297,6 +268,66 @@ impl TryFrom<RawConfig> for Config {
                 ));
             }
         };
+        let elastic = |method| {
+            let default_tau = if matches!(
+                method,
+                ElasticMethod::Easgd { .. } | ElasticMethod::Eamsgd | ElasticMethod::Diloco { .. }
+            ) {
+                10
+            } else {
+                1
+            };
+            let beta = p.beta.unwrap_or(0.9);
+            ProtocolSpec::Elastic(ElasticSpec {
+                method,
+                tau: p.tau.unwrap_or(default_tau),
+                alpha: p.alpha.unwrap_or(beta / raw.cluster.learners.max(1) as f32),
+                beta,
+                momentum: p.momentum.unwrap_or(kind.default_momentum()),
+                lr_decay_gamma: raw.training.lr_decay_gamma,
+                outer_lr: p.outer_lr.unwrap_or(0.7),
+                outer_momentum: p.outer_momentum.unwrap_or(0.9),
+                optimizer,
+                fragments: p.fragments.unwrap_or(1),
+                modulation,
+                max_staleness: p.max_staleness,
+            })
+        };
+        let sgd = |rule| {
+            ProtocolSpec::Sgd(SgdSpec {
+                rule,
+                modulation,
+                max_staleness: p.max_staleness,
+                backups: p.backups,
+            })
+        };
+        let protocol = match kind {
+            ProtocolKind::Hardsync => sgd(SyncRule::Hardsync),
+            ProtocolKind::Softsync => sgd(SyncRule::Softsync { n: p.n }),
+            ProtocolKind::Async => sgd(SyncRule::Async),
+            ProtocolKind::Easgd => elastic(ElasticMethod::Easgd { sync: p.sync.unwrap_or(false) }),
+            ProtocolKind::Diloco => elastic(ElasticMethod::Diloco { sync: p.sync.unwrap_or(true) }),
+            ProtocolKind::Eamsgd => elastic(ElasticMethod::Eamsgd),
+            ProtocolKind::Downpour => elastic(ElasticMethod::Downpour),
+            ProtocolKind::MDownpour => elastic(ElasticMethod::MDownpour),
+        };
+        if let ProtocolSpec::Elastic(_) = protocol
+            && p.backups > 0
+        {
+            return Err(invalid("protocol.backups", backups_belong_to_hardsync(p.backups)));
+        }
+        if let ProtocolSpec::Sgd(_) = protocol
+            && optimizer != OptimizerSpec::Sgd
+        {
+            return Err(invalid(
+                "training.optimizer",
+                format!(
+                    "is {:?}; a local optimizer is for easgd, downpour and diloco, whose learners step on their own \
+                     ({} applies gradients at the shards)",
+                    raw.training.optimizer, p.kind
+                ),
+            ));
+        }
         let t = &raw.training;
         if !(t.target_accuracy > 0.0 && t.target_accuracy <= 1.0) {
             return Err(invalid(
@@ -336,13 +367,7 @@ impl TryFrom<RawConfig> for Config {
         let cluster = ClusterSpec {
             learners: raw.cluster.learners,
             shards: raw.cluster.shards,
-            protocol: ProtocolSpec {
-                rule,
-                modulation,
-                max_staleness: p.max_staleness,
-                backups: p.backups,
-                elastic,
-            },
+            protocol,
             batch_size,
             epochs: t.epochs,
             schedule: LrSchedule {
@@ -385,7 +410,7 @@ impl TryFrom<RawConfig> for Config {
             retry: Duration::from_millis(c.retry_ms),
             failure_timeout: Duration::from_millis(c.failure_timeout_ms),
         };
-        let elastic = cluster.protocol.elastic.is_some();
+        let elastic = cluster.protocol.elastic().is_some();
         let checkpoint = CheckpointSettings {
             every_updates: raw.checkpoint.every_updates,
             dir: non_empty("checkpoint.dir", raw.checkpoint.dir.clone())?,
@@ -396,7 +421,6 @@ impl TryFrom<RawConfig> for Config {
         let resolved = toml::to_string_pretty(&raw).map_err(|e| RuntimeError::Config(e.to_string()))?;
         Ok(Self {
             cluster,
-            kind,
             model,
             model_kind,
             data,
@@ -455,6 +479,18 @@ impl Config {
         ))
     }
 
+    /// Refuse `[[faults.panic]]` in a run of one process: a panic ends the process, so it is
+    /// for the shard and learner processes of a distributed run.
+    pub fn refuse_panics(&self) -> Result<(), RuntimeError> {
+        if self.faults.panics.is_empty() {
+            return Ok(());
+        }
+        Err(invalid(
+            "faults.panic",
+            "ends the process whose actor panics; it is for `rudra-node --role shard|learner` processes",
+        ))
+    }
+
     /// The configured network, initialised from `training.seed`, its learners computing on
     /// `device`.
     #[must_use]
@@ -484,18 +520,23 @@ impl Config {
         })
     }
 
+    /// `protocol.kind`, of the protocol built from the configuration.
+    #[must_use]
+    pub fn kind(&self) -> ProtocolKind {
+        ProtocolKind::of(&self.cluster.protocol)
+    }
+
     /// Protocol name for reports: `protocol.kind`.
     #[must_use]
     pub fn protocol_name(&self) -> &'static str {
-        self.kind.as_str()
+        self.kind().as_str()
     }
 
     /// The protocol and its key settings, e.g. `softsync n=4` or `easgd τ=10 α=0.225`.
     #[must_use]
     pub fn protocol_label(&self) -> String {
-        let p = &self.cluster.protocol;
-        match (&p.elastic, p.rule) {
-            (Some(e), _) => match e.method {
+        match &self.cluster.protocol {
+            ProtocolSpec::Elastic(e) => match e.method {
                 ElasticMethod::Easgd { sync: true } => {
                     format!("easgd sync τ={} α={} β={}", e.tau, e.alpha, e.beta)
                 }
@@ -511,17 +552,21 @@ impl Config {
                     e.outer_momentum
                 ),
             },
-            (None, SyncRule::Hardsync) => "hardsync".into(),
-            (None, SyncRule::Softsync { n }) => format!("{} n={n}", self.protocol_name()),
+            ProtocolSpec::Sgd(SgdSpec { rule: SyncRule::Hardsync, .. }) => "hardsync".into(),
+            ProtocolSpec::Sgd(SgdSpec { rule: SyncRule::Softsync { n }, .. }) => format!("softsync n={n}"),
+            ProtocolSpec::Sgd(SgdSpec { rule: SyncRule::Async, .. }) => {
+                format!("async n={}", self.cluster.learners)
+            }
         }
     }
 
-    /// Softsync's `n` as reports give it: λ for async, 0 for hardsync.
+    /// Softsync's `n` as reports give it: λ for async, 0 for hardsync and the EASGD family.
     #[must_use]
     pub fn sync_n(&self) -> u32 {
-        match self.cluster.protocol.rule {
-            SyncRule::Hardsync => 0,
-            SyncRule::Softsync { n } => n,
+        match self.cluster.protocol {
+            ProtocolSpec::Sgd(SgdSpec { rule: SyncRule::Softsync { n }, .. }) => n,
+            ProtocolSpec::Sgd(SgdSpec { rule: SyncRule::Async, .. }) => self.cluster.learners,
+            _ => 0,
         }
     }
 

@@ -204,6 +204,19 @@ pub struct RawFaults {
     pub slow: Vec<RawSlow>,
     /// `[[faults.kill]]`
     pub kill: Vec<RawKill>,
+    /// `[[faults.panic]]`
+    pub panic: Vec<RawPanic>,
+}
+
+/// `[[faults.panic]]`: a shard or learner process whose actor panics, as a bug would: the
+/// process ends (exit code 70) and its peers find it gone.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPanic {
+    /// `shard-N` or `learner-N`.
+    pub node: String,
+    /// When, milliseconds after the node joined.
+    pub at_ms: u64,
 }
 
 /// `[[faults.link]]`: faults on the links between two sets of nodes, both ways.

@@ -6,16 +6,24 @@ fn load(set: &[&str]) -> Result<Config, RuntimeError> {
     Config::load(None, &set.iter().map(|s| s.to_string()).collect::<Vec<_>>())
 }
 
+/// The rule of `c`'s SGD protocol.
+fn sgd_rule(c: &Config) -> SyncRule {
+    match &c.cluster.protocol {
+        ProtocolSpec::Sgd(s) => s.rule,
+        ProtocolSpec::Elastic(e) => panic!("{:?} is not an SGD protocol", e.method),
+    }
+}
+
 #[test]
 fn defaults_are_the_shipped_default_config() {
     let c = load(&[]).unwrap();
     assert_eq!(c.cluster.learners, 4);
     assert_eq!(c.cluster.shards, 2);
-    assert_eq!(c.cluster.protocol.rule, SyncRule::Softsync { n: 4 });
-    assert_eq!(c.cluster.protocol.modulation, LrModulation::PerGradient);
+    assert_eq!(sgd_rule(&c), SyncRule::Softsync { n: 4 });
+    assert_eq!(c.cluster.protocol.modulation(), LrModulation::PerGradient);
     assert_eq!(c.model.hidden, vec![256]);
     assert_eq!(c.cluster.batch_size, 32);
-    assert_eq!(c.cluster.protocol.max_staleness, None);
+    assert_eq!(c.cluster.protocol.max_staleness(), None);
 }
 
 #[test]
@@ -37,20 +45,22 @@ fn set_overrides_with_typed_values() {
         "protocol.lr_modulation=mean",
     ])
     .unwrap();
-    assert_eq!(c.cluster.protocol.rule, SyncRule::Hardsync);
+    assert_eq!(sgd_rule(&c), SyncRule::Hardsync);
     assert_eq!(c.model.hidden, vec![64, 32]);
     assert_eq!(c.cluster.schedule.base, 0.05);
-    assert_eq!(c.cluster.protocol.max_staleness, Some(3));
-    assert_eq!(c.cluster.protocol.modulation, LrModulation::Mean);
+    assert_eq!(c.cluster.protocol.max_staleness(), Some(3));
+    assert_eq!(c.cluster.protocol.modulation(), LrModulation::Mean);
     let a = load(&["protocol.kind=async", "cluster.learners=6"]).unwrap();
-    assert_eq!(a.cluster.protocol.rule, SyncRule::Softsync { n: 6 });
+    assert_eq!(sgd_rule(&a), SyncRule::Async);
+    assert_eq!((a.protocol_name(), a.sync_n()), ("async", 6));
     let twice = load(&["training.epochs=1", "training.epochs=3"]).unwrap();
     assert_eq!(twice.cluster.epochs, 3, "the last --set of a key wins");
 }
 
 #[test]
 fn elastic_protocols_take_the_papers_defaults() {
-    let e = |set: &[&str]| load(set).unwrap().cluster.protocol.elastic.expect("an elastic protocol");
+    let e =
+        |set: &[&str]| load(set).unwrap().cluster.protocol.elastic().cloned().expect("an elastic protocol");
     let easgd = e(&["protocol.kind=easgd", "cluster.learners=6"]);
     assert_eq!(easgd.method, ElasticMethod::Easgd { sync: false });
     assert_eq!((easgd.tau, easgd.beta), (10, 0.9));
@@ -61,7 +71,7 @@ fn elastic_protocols_take_the_papers_defaults() {
     assert_eq!(e(&["protocol.kind=downpour"]).tau, 1);
     let gamma = e(&["protocol.kind=mdownpour", "training.lr_decay_gamma=0.5"]);
     assert_eq!((gamma.method, gamma.lr_decay_gamma), (ElasticMethod::MDownpour, 0.5));
-    assert_eq!(load(&[]).unwrap().cluster.protocol.elastic, None);
+    assert_eq!(load(&[]).unwrap().cluster.protocol.elastic().cloned(), None);
     let d = e(&["protocol.kind=diloco"]);
     assert_eq!(
         (d.method, d.tau, d.outer_lr, d.outer_momentum),
@@ -76,7 +86,7 @@ fn elastic_protocols_take_the_papers_defaults() {
 
 #[test]
 fn local_optimizers_are_for_learners_that_step_on_their_own() {
-    let optimizer = |set: &[&str]| load(set).unwrap().cluster.protocol.elastic.unwrap().optimizer;
+    let optimizer = |set: &[&str]| load(set).unwrap().cluster.protocol.elastic().cloned().unwrap().optimizer;
     let adamw = OptimizerSpec::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 };
     assert_eq!(optimizer(&["protocol.kind=diloco", "training.optimizer=adamw"]), adamw);
     assert_eq!(
@@ -182,7 +192,7 @@ fn bad_values_name_their_key() {
     }
     assert!(load(&["protocol.kind=mdownpour", "protocol.tau=2"]).is_err(), "MDOWNPOUR has τ = 1");
     let wide = load(&["protocol.kind=easgd", "protocol.alpha=1.5", "protocol.beta=1.95"]).unwrap();
-    let e = wide.cluster.protocol.elastic.unwrap();
+    let e = wide.cluster.protocol.elastic().cloned().unwrap();
     assert_eq!((e.alpha, e.beta), (1.5, 1.95), "α and β above 1 are points of the stability analysis");
     assert_eq!(key_of(&["training.target_accuracy=1.5"]), "training.target_accuracy");
     assert_eq!(key_of(&["protocol.lr_modulation=cubic"]), "protocol.lr_modulation");
@@ -201,7 +211,7 @@ fn streaming_fragments_are_diloco_runs_of_whole_shards_dividing_tau() {
     };
     assert!(refusal(&["protocol.fragments=4"]).is_ok());
     assert_eq!(
-        load(&["protocol.fragments=4"]).unwrap().cluster.protocol.elastic,
+        load(&["protocol.fragments=4"]).unwrap().cluster.protocol.elastic().cloned(),
         None,
         "not read by softsync"
     );

@@ -11,9 +11,9 @@
 //! uses (in memory and in `enrolments.log` in the run directory, so a restarted scheduler still
 //! refuses a replayed token), assigns names, and logs every refusal with its reason.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Write as _;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -23,15 +23,19 @@ use rudra_transport::enrol::{self, EnrolRequest, NodeKey};
 use rudra_transport::tls::{Authority, CertDir, Identity, check_name};
 use rudra_transport::token::TokenRefusal;
 use rudra_transport::{Role, TransportError};
-use tokio::sync::Semaphore;
 
 use super::{NodeOptions, resolve, retry, scheduler_addr};
 use crate::RuntimeError;
 
-/// How long one enrolment exchange may take, each way.
-const EXCHANGE: Duration = Duration::from_secs(10);
-/// Enrolments served at once; further connections wait for a turn.
+/// How long one whole enrolment exchange may take, the TLS handshake included: the scheduler
+/// cuts it off then, and a node waits no longer for any one read or write.
+const EXCHANGE: Duration = Duration::from_secs(5);
+/// Enrolments served at once. A newcomer past it cuts off the oldest exchange still going, so
+/// slow clients cannot hold the port: a real node's exchange takes milliseconds.
 const CONCURRENT: usize = 16;
+/// Enrolments one address may have going at once; a newcomer past it cuts off that address's
+/// oldest.
+const PER_ADDRESS: usize = 4;
 /// The file, in the scheduler's run directory, that records every enrolment.
 const LEDGER: &str = "enrolments.log";
 
@@ -77,6 +81,10 @@ pub(super) async fn identity(opts: &NodeOptions, role: Role) -> Result<Identity,
         }
         return Ok(certs.identity(&name)?);
     };
+    // Text that is not a token is refused here: no scheduler could take it. (A token for
+    // another role goes to the scheduler, which refuses it and logs the attempt.)
+    rudra_transport::token::parse(token)
+        .map_err(|e| RuntimeError::Invalid(InvalidSetting::new("--token", e.to_string())))?;
     let ca_path = opts.ca.clone().unwrap_or_else(|| opts.certs.join("ca.pem"));
     let ca_pem = std::fs::read_to_string(&ca_path).map_err(|e| {
         RuntimeError::Invalid(InvalidSetting::new(
@@ -158,6 +166,47 @@ pub(super) struct Registrar {
     authority: Authority,
     tls: Arc<rustls::ServerConfig>,
     ledger: Mutex<Ledger>,
+    exchanges: Mutex<Exchanges>,
+}
+
+/// The enrolment exchanges going on, oldest first: each one's address, and its socket to cut
+/// it off with.
+#[derive(Default)]
+struct Exchanges {
+    next: u64,
+    live: BTreeMap<u64, (IpAddr, TcpStream)>,
+}
+
+impl Exchanges {
+    /// Make room for an exchange from `ip` over `socket` (a handle on it), cutting off the
+    /// oldest of its address past [`PER_ADDRESS`], else the oldest of all past [`CONCURRENT`];
+    /// returns the new exchange's number.
+    fn admit(&mut self, ip: IpAddr, socket: TcpStream) -> u64 {
+        let mine: Vec<u64> = (self.live.iter()).filter(|(_, (a, _))| *a == ip).map(|(&n, _)| n).collect();
+        let oldest = if mine.len() >= PER_ADDRESS {
+            mine.first().copied()
+        } else if self.live.len() >= CONCURRENT {
+            self.live.keys().next().copied()
+        } else {
+            None
+        };
+        if let Some(n) = oldest {
+            self.cut(n, "cut off for a newer enrolment");
+        }
+        let n = self.next;
+        self.next += 1;
+        self.live.insert(n, (ip, socket));
+        n
+    }
+
+    /// End exchange `n` if it is still going: its socket is shut down, so the next read or
+    /// write of the thread serving it fails at once.
+    fn cut(&mut self, n: u64, why: &str) {
+        if let Some((ip, socket)) = self.live.remove(&n) {
+            tracing::debug!(%ip, "enrolment {why}");
+            let _ = socket.shutdown(Shutdown::Both);
+        }
+    }
 }
 
 impl Registrar {
@@ -172,7 +221,8 @@ impl Registrar {
         let authority = certs.authority()?;
         let tls = Arc::new(identity.enrol_server_config(enrol::ALPN)?);
         let ledger = Ledger::open(opts.run_dir.as_ref().map(|d| d.join(LEDGER)));
-        Ok(Some(Arc::new(Self { authority, tls, ledger: Mutex::new(ledger) })))
+        let (ledger, exchanges) = (Mutex::new(ledger), Mutex::default());
+        Ok(Some(Arc::new(Self { authority, tls, ledger, exchanges })))
     }
 
     /// Answer one request: a certificate for the name asked for (or the next free one of the
@@ -217,35 +267,50 @@ impl Registrar {
                 ))
             })?;
         tracing::info!("enrolling nodes with join tokens on TCP {listen}");
-        let turns = Arc::new(Semaphore::new(CONCURRENT));
         actix::spawn(async move {
             loop {
-                let (stream, peer) = match listener.accept().await {
-                    Ok(accepted) => accepted,
+                match listener.accept().await {
+                    Ok((stream, peer)) => Arc::clone(&self).start(stream, peer),
                     // Out of file descriptors and the like: let the moment pass.
                     Err(e) => {
                         tracing::warn!("enrolment: {e}");
                         tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
                     }
-                };
-                let Ok(turn) = Arc::clone(&turns).acquire_owned().await else { return };
-                let registrar = Arc::clone(&self);
-                tokio::task::spawn_blocking(move || {
-                    let _turn = turn;
-                    registrar.answer(stream, peer);
-                });
+                }
             }
         });
         Ok(())
     }
 
-    fn answer(&self, stream: tokio::net::TcpStream, peer: SocketAddr) {
-        let served = stream
-            .into_std()
-            .and_then(|s| s.set_nonblocking(false).map(|()| s))
-            .map_err(|e| TransportError::Connection(e.to_string()))
-            .and_then(|s| enrol::serve(s, Arc::clone(&self.tls), EXCHANGE, |r| self.decide(r)));
+    /// Serve the enrolment on `stream` on a thread of its own, cut off after [`EXCHANGE`]. A
+    /// plain thread: nothing waits for it when the scheduler exits.
+    fn start(self: Arc<Self>, stream: tokio::net::TcpStream, peer: SocketAddr) {
+        let stream = stream.into_std().and_then(|s| s.set_nonblocking(false).map(|()| s));
+        let Ok((stream, handle)) = stream.and_then(|s| s.try_clone().map(|h| (s, h))) else {
+            return tracing::warn!(%peer, "enrolment: the connection failed as it was accepted");
+        };
+        let n = self.exchanges().admit(peer.ip(), handle);
+        let registrar = Arc::clone(&self);
+        let thread = std::thread::Builder::new().name("enrolment".into()).spawn(move || {
+            registrar.answer(stream, peer);
+            registrar.exchanges().live.remove(&n);
+        });
+        if let Err(e) = thread {
+            tracing::warn!(%peer, "enrolment: {e}");
+            return self.exchanges().cut(n, "not served: no thread");
+        }
+        actix::spawn(async move {
+            tokio::time::sleep(EXCHANGE).await;
+            self.exchanges().cut(n, &format!("cut off after {EXCHANGE:?}"));
+        });
+    }
+
+    fn exchanges(&self) -> std::sync::MutexGuard<'_, Exchanges> {
+        self.exchanges.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn answer(&self, stream: TcpStream, peer: SocketAddr) {
+        let served = enrol::serve(stream, Arc::clone(&self.tls), EXCHANGE, |r| self.decide(r));
         match served {
             Ok((request, Ok(name))) => {
                 tracing::info!(%peer, role = request.role.as_str(), name, "enrolled a node");

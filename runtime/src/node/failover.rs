@@ -44,10 +44,16 @@ impl JobState {
     /// Read the state in run directory `dir`, naming the file in any error.
     pub(super) fn read(dir: &Path) -> Result<Self, RuntimeError> {
         let path = dir.join(STATE_FILE);
-        let text = std::fs::read_to_string(&path)
-            .map_err(|source| RuntimeError::Io { path: path.clone(), source })?;
-        serde_json::from_str(&text)
-            .map_err(|e| RuntimeError::Config(format!("{} is not a scheduler's state: {e}", path.display())))
+        let input = |message: String| RuntimeError::Input { path: path.clone(), message };
+        let text = std::fs::read_to_string(&path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => input(
+                "no scheduler state: the run in this directory has finished (see its summary.json) or never \
+                 started; there is nothing to take back"
+                    .into(),
+            ),
+            _ => input(format!("cannot read: {e}")),
+        })?;
+        serde_json::from_str(&text).map_err(|e| input(format!("not a scheduler's state: {e}")))
     }
 
     /// Write the state into `dir`.

@@ -7,20 +7,21 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use rudra_actors::faults::Node;
 use rudra_actors::learner::LearnerActor;
-use rudra_actors::links::{SchedulerLink, ShardLink};
-use rudra_actors::messages::{StartLearner, StopLearner};
+use rudra_actors::links::{self, ShardLink};
+use rudra_actors::messages::{AnswerRoutes, Served, StartLearner, StopLearner};
 use rudra_actors::remote::codec::{self, ToLearner};
-use rudra_actors::remote::{Arrived, Rebind, RemotePeer};
-use rudra_actors::roles::{LearnerPeers, LearnerRun, start_learner};
+use rudra_actors::remote::{Rebind, RemoteShard};
+use rudra_actors::roles::{LearnerPeers, LearnerRun, inject_panic, start_learner};
 use rudra_actors::{InvalidSetting, Models, TrainingData};
 use rudra_compute::Device;
 use rudra_transport::quic::{Ended, Goodbye, Peer, QuicEndpoint};
-use rudra_transport::{Codec, Inbound, LearnerId, Msg, Role, ShardId};
+use rudra_transport::{Codec, LearnerId, Msg, Role, ShardId};
 use tokio::sync::mpsc;
 
-use super::join::{Welcome, join, lost_or_final, rejoin};
+use super::join::{Welcome, join};
+use super::link::UpLink;
 use super::scheduler::{serve_metrics, set_ready};
-use super::{NodeOptions, Silence, connect_with_retry, endpoint, leave, scheduler_gone};
+use super::{NodeOptions, connect_with_retry, endpoint, leave, scheduler_gone};
 use crate::RuntimeError;
 use crate::exporter::{MetricsEndpoint, Serving};
 
@@ -40,7 +41,7 @@ pub fn run_learner(
         let ep = endpoint(&opts, Role::Learner).await?;
         let serving = serve_metrics(exporter, &ep)?;
         let (sched, rx, welcome) = join(&ep, &opts, Role::Learner).await?;
-        let mut link = (sched, rx);
+        let mut link = UpLink::new((sched, rx), (Role::Learner, &welcome.job), welcome.config.liveness);
         let result = learn(&ep, &opts, &mut link, &welcome, (data, models), serving.as_ref()).await;
         let result = match result {
             Ok(Exit::Crashed) => return Ok(()),
@@ -62,12 +63,11 @@ enum Exit {
     Crashed,
 }
 
-/// The learner's work once it joined: `link` is its connection to the scheduler (replaced when
-/// it joins again).
+/// The learner's work once it joined over `link`.
 async fn learn(
     ep: &QuicEndpoint,
     opts: &NodeOptions,
-    link: &mut (Peer, mpsc::Receiver<Inbound>),
+    link: &mut UpLink,
     welcome: &Welcome,
     (data, models): (Option<TrainingData>, Option<Models>),
     serving: Option<&Serving>,
@@ -96,9 +96,8 @@ async fn learn(
     // The scheduler may stop the run while this learner reaches the shards (one failed).
     let (links, connections) = tokio::select! {
         connected = connect_shards(ep, opts, welcome, &models) => connected?,
-        ended = link.0.ended() => return Err(scheduler_gone(ended)),
+        ended = link.peer().ended() => return Err(scheduler_gone(ended)),
     };
-    let to_sched = RemotePeer::new(link.0.clone(), ShardId(0)).holding().start();
     let me = LearnerId(welcome.id);
     // Fault injection: this learner's side of its links, its speed and its crash, timed
     // from when it joined.
@@ -110,11 +109,16 @@ async fn learn(
         traffic: Some(ep.traffic()),
     };
     let arbiter = Arbiter::new();
-    let peers = LearnerPeers { shards: links, scheduler: SchedulerLink::of(&to_sched) };
+    let peers = LearnerPeers { shards: links, scheduler: links::SchedulerLink::of(link.reports()) };
     let learner = start_learner((spec, &models, data.train), me, peers, &run, &arbiter.handle())?;
+    let answers = learner.send(AnswerRoutes).await.map_err(super::net)?;
     let (lost_tx, mut lost_rx) = mpsc::channel(1);
-    for c in connections {
-        actix::spawn(keep_shard(c, ep.clone(), me, learner.clone(), opts.connect_timeout, lost_tx.clone()));
+    for (c, answer) in connections.into_iter().zip(answers) {
+        let watch = (learner.clone(), lost_tx.clone());
+        actix::spawn(keep_shard(c, answer, ep.clone(), me, opts.connect_timeout, watch));
+    }
+    if let Some(at) = config.faults.panic_of(Node::Learner(me)).filter(|_| incarnation == 0) {
+        inject_panic(at, learner.clone().recipient());
     }
     let crash = config.faults.crash_of(Node::Learner(me)).filter(|_| incarnation == 0);
     let crashed = async move {
@@ -126,27 +130,18 @@ async fn learn(
     tokio::pin!(crashed);
     set_ready(serving);
     if incarnation == 0 {
-        link.0.send(&Msg::Ready).await?;
+        link.peer().send(&Msg::Ready).await?;
     } else {
         learner.do_send(StartLearner);
     }
-    let mut silence = Silence::new(config.liveness.failure_timeout);
-    let mut tick = tokio::time::interval(config.liveness.heartbeat);
     let result = loop {
-        let lost = tokio::select! {
-            m = link.1.recv() => match m.map(codec::to_learner) {
-                Some(Ok(ToLearner::Start)) => { silence.heard(); learner.do_send(StartLearner); continue }
-                Some(Ok(ToLearner::Heartbeat)) => { silence.heard(); continue }
-                Some(Ok(ToLearner::Stop)) => break Ok(Exit::Stopped),
-                Some(Err(e)) => { tracing::warn!("from the scheduler: {e}"); continue }
-                None => match lost_or_final(link.0.ended().await) {
-                    Ok(lost) => lost,
-                    Err(e) => break Err(e),
-                },
-            },
-            _ = tick.tick() => match silence.too_long() {
-                Some(silent) => format!("the scheduler was silent for {silent:.1?}"),
-                None => continue,
+        tokio::select! {
+            m = link.next(ep, opts) => match m.map(codec::to_learner) {
+                Ok(Ok(ToLearner::Start)) => learner.do_send(StartLearner),
+                Ok(Ok(ToLearner::Heartbeat)) => {}
+                Ok(Ok(ToLearner::Stop)) => break Ok(Exit::Stopped),
+                Ok(Err(e)) => tracing::warn!("from the scheduler: {e}"),
+                Err(e) => break Err(e),
             },
             Some(e) = lost_rx.recv() => break Err(e),
             () = &mut crashed => {
@@ -156,15 +151,6 @@ async fn learn(
                 arbiter.stop();
                 return Ok(Exit::Crashed);
             }
-        };
-        // Reports to the scheduler are kept meanwhile and follow on the new connection.
-        match rejoin(ep, opts, (Role::Learner, &welcome.job), &link.0, &lost).await {
-            Ok((peer, inbox)) => {
-                to_sched.do_send(Rebind(peer.clone()));
-                *link = (peer, inbox);
-                silence.heard();
-            }
-            Err(e) => break Err(e),
         }
     };
     learner.do_send(StopLearner::default());
@@ -186,7 +172,7 @@ async fn connect_shards(
     {
         let peer = connect_with_retry(ep, addr, name, opts.connect_timeout).await?;
         peer.send(&Msg::Hello { learner: LearnerId(welcome.id) }).await?;
-        let remote = RemotePeer::new(peer.clone(), ShardId(s as u32)).start();
+        let remote = RemoteShard::new(ShardId(s as u32), peer.clone()).start();
         links.push(ShardLink::of(range, &remote));
         let weights = spec.codecs.weights.codec;
         connections.push(ShardConnection { peer, addr: addr.clone(), name: name.clone(), remote, weights });
@@ -200,29 +186,29 @@ struct ShardConnection {
     /// `HOST:PORT`, looked up again at every reconnection.
     addr: String,
     name: String,
-    /// The shard's stand-in: the learner's pulls and pushes leave through it, and the shard's
-    /// answers are handed to it to pass on.
-    remote: Addr<RemotePeer>,
+    /// The shard's stand-in: the learner's pulls and pushes leave through it.
+    remote: Addr<RemoteShard>,
     /// The job's weights codec: answers in another are refused.
     weights: Codec,
 }
 
-/// Hand the shard's answers to its stand-in; when the connection is lost (the shard restarted,
-/// or the network failed for longer than the idle timeout), connect again and go on. A shard
-/// not reachable within `timeout` is an error on `lost`.
+/// Hand the shard's answers to the learner (at `answer`, where the learner takes them from this
+/// shard); when the connection is lost (the shard restarted, or the network failed for longer
+/// than the idle timeout), connect again and go on. A shard not reachable within `timeout` is
+/// an error on `lost`.
 async fn keep_shard(
     mut c: ShardConnection,
+    answer: Recipient<Served>,
     ep: QuicEndpoint,
     me: LearnerId,
-    learner: Addr<LearnerActor>,
     timeout: Duration,
-    lost: mpsc::Sender<RuntimeError>,
+    (learner, lost): (Addr<LearnerActor>, mpsc::Sender<RuntimeError>),
 ) {
     loop {
         let mut inbox = c.peer.incoming(8);
         while let Some(m) = inbox.recv().await {
             match codec::served(m, c.weights) {
-                Ok(served) => c.remote.do_send(Arrived(served)),
+                Ok(served) => answer.do_send(served),
                 Err(e) => tracing::warn!("from {}: {e}", c.name),
             }
         }

@@ -10,6 +10,7 @@
 //! - `enrol`: a node's identity (its certificate, or one the scheduler signs for its join
 //!   token), and the scheduler's enrolment service.
 //! - `join`: the join handshake on both sides, and the welcome.
+//! - `link`: a shard's or a learner's uplink to the scheduler: liveness, and joining again.
 //! - `failover`: the scheduler's state in the run directory, and taking a job back with it.
 //! - `scheduler`, `shard`, `learner`: one file per role.
 //! - `loopback`: every role on its own thread in one process, over loopback QUIC.
@@ -18,6 +19,7 @@ mod enrol;
 mod failover;
 mod join;
 mod learner;
+mod link;
 mod loopback;
 mod scheduler;
 mod shard;
@@ -214,28 +216,6 @@ async fn leave(ep: &QuicEndpoint, result: &Result<(), RuntimeError>) {
         _ => ep.close(),
     }
     let _ = tokio::time::timeout(HANG_UP, ep.wait_idle()).await;
-}
-
-/// When the scheduler was last heard from, against the failure timeout. It is watched once
-/// its heartbeats have begun (it starts them when every node has joined).
-struct Silence {
-    last: Option<Instant>,
-    timeout: Duration,
-}
-
-impl Silence {
-    fn new(timeout: Duration) -> Self {
-        Self { last: None, timeout }
-    }
-
-    fn heard(&mut self) {
-        self.last = Some(Instant::now());
-    }
-
-    /// How long the peer has been silent, once that is longer than the timeout.
-    fn too_long(&self) -> Option<Duration> {
-        self.last.map(|t| t.elapsed()).filter(|&d| d > self.timeout)
-    }
 }
 
 /// How long a stopping node waits for its peers to hang up.

@@ -5,15 +5,16 @@
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use actix::prelude::*;
 use rudra_actors::links::{LearnerHandle, Members, ShardHandle};
 use rudra_actors::messages::{
-    Disconnected, Heartbeat, Joined, ShardAlive, ShardFailed, ShardLost, ShardRestarted, TrackerReport,
+    Disconnected, Heartbeat, IsAlive, Joined, ShardAlive, ShardFailed, ShardLost, ShardRestarted,
+    TrackerReport,
 };
 use rudra_actors::remote::codec::{self, FromLearner, FromShard};
-use rudra_actors::remote::{Rebind, RemotePeer, SnapshotReply};
+use rudra_actors::remote::{Rebind, RemoteLearner, RemoteShard, SnapshotReply};
 use rudra_actors::roles::{SchedulerRun, SchedulerSlot, resume_tracker, start_scheduler, start_tracker};
 use rudra_actors::scheduler::SchedulerActor;
 use rudra_actors::tracker::StalenessTracker;
@@ -143,15 +144,13 @@ async fn drive(
         Some((_, counts)) => resume_tracker(metrics.clone(), counts),
         None => start_tracker(metrics.clone()),
     };
-    let shard_peers: Vec<Addr<RemotePeer>> = (shards.iter().enumerate())
-        .map(|(s, j)| RemotePeer::new(j.peer.clone(), ShardId(s as u32)).start())
+    let shard_peers: Vec<Addr<RemoteShard>> = (shards.iter().enumerate())
+        .map(|(s, j)| RemoteShard::new(ShardId(s as u32), j.peer.clone()).start())
         .collect();
-    let learner_peers: Vec<Addr<RemotePeer>> = (learners.iter())
-        .map(|j| {
-            j.as_ref().map_or_else(
-                || RemotePeer::unbound(ShardId(0)),
-                |j| RemotePeer::new(j.peer.clone(), ShardId(0)),
-            )
+    let learner_peers: Vec<Addr<RemoteLearner>> = (learners.iter().enumerate())
+        .map(|(l, j)| {
+            let l = LearnerId(l as u32);
+            j.as_ref().map_or_else(|| RemoteLearner::unbound(l), |j| RemoteLearner::new(l, j.peer.clone()))
         })
         .map(Actor::start)
         .collect();
@@ -179,7 +178,6 @@ async fn drive(
         learners: learner_peers.into_iter().map(|r| Seat::new(r, first)).collect(),
         tracker: tracker.clone(),
         scheduler: scheduler.clone(),
-        failure_timeout: config.liveness.failure_timeout,
     });
     for (s, j) in shards.into_iter().enumerate() {
         let s = ShardId(s as u32);
@@ -308,34 +306,25 @@ pub(super) fn set_ready(serving: Option<&Serving>) {
     }
 }
 
-/// One node's place in the running job: its stand-in (which outlives any one connection),
-/// its current connection and how many times it joined.
-struct Seat {
-    remote: Addr<RemotePeer>,
+/// One node's place in the running job: its stand-in (which outlives any one connection), its
+/// current connection and how many times it joined.
+struct Seat<R: Actor> {
+    remote: Addr<R>,
     /// The incarnation of its first connection (1 in a job a restarted scheduler took back).
     first: u32,
     current: std::sync::Mutex<Option<(Peer, u32)>>,
     /// A shard's last clock reported (what it had when it was lost).
     clock: AtomicU64,
-    /// When the node was last heard from on its current connection.
-    heard: std::sync::Mutex<Instant>,
 }
 
-impl Seat {
-    fn new(remote: Addr<RemotePeer>, first: u32) -> Self {
-        let (current, heard) = (std::sync::Mutex::new(None), std::sync::Mutex::new(Instant::now()));
-        Self { remote, first, current, clock: AtomicU64::new(0), heard }
+impl<R: Actor> Seat<R> {
+    fn new(remote: Addr<R>, first: u32) -> Self {
+        Self { remote, first, current: std::sync::Mutex::new(None), clock: AtomicU64::new(0) }
     }
 
-    fn heard(&self) {
-        *self.heard.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Instant::now();
-    }
-
-    /// Whether the node's current connection is open and it was heard from within `timeout`:
-    /// a live process holds the seat.
-    fn alive(&self, timeout: Duration) -> bool {
-        let heard = *self.heard.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        self.current().as_ref().is_some_and(|(p, _)| !p.is_closed()) && heard.elapsed() <= timeout
+    /// Whether the node's current connection is open.
+    fn connected(&self) -> bool {
+        self.current().as_ref().is_some_and(|(p, _)| !p.is_closed())
     }
 
     fn current(&self) -> std::sync::MutexGuard<'_, Option<(Peer, u32)>> {
@@ -351,8 +340,6 @@ impl Seat {
             n + 1
         });
         *current = Some((peer.clone(), incarnation));
-        drop(current);
-        self.heard();
         incarnation
     }
 
@@ -365,12 +352,10 @@ impl Seat {
 /// The nodes of the running job, so that one that restarts or reconnects takes its seat again.
 struct Roster {
     invitation: Invitation,
-    shards: Vec<Seat>,
-    learners: Vec<Seat>,
+    shards: Vec<Seat<RemoteShard>>,
+    learners: Vec<Seat<RemoteLearner>>,
     tracker: Addr<StalenessTracker>,
     scheduler: Addr<SchedulerActor>,
-    /// A node silent this long no longer holds its seat against a newcomer of its name.
-    failure_timeout: Duration,
 }
 
 /// Every heartbeat period, tell every node of the job that the scheduler is alive.
@@ -387,26 +372,38 @@ async fn send_heartbeats(roster: Arc<Roster>, every: Duration) {
 
 /// A seat's id: a shard's or a learner's.
 trait SeatId: Copy + std::fmt::Display + Send + 'static {
-    fn seat(self, roster: &Roster) -> &Seat;
+    /// The node's stand-in.
+    type Remote: Actor<Context = Context<Self::Remote>> + Handler<Rebind>;
+    fn seat(self, roster: &Roster) -> &Seat<Self::Remote>;
     /// Serve the node's messages until its connection `incarnation` ends.
     fn dispatch(self, roster: Arc<Roster>, j: Joiner, incarnation: u32);
+    /// Whether the failure detector holds the node alive.
+    fn is_alive(self) -> IsAlive;
 }
 
 impl SeatId for ShardId {
-    fn seat(self, roster: &Roster) -> &Seat {
+    type Remote = RemoteShard;
+    fn seat(self, roster: &Roster) -> &Seat<RemoteShard> {
         &roster.shards[self.index()]
     }
     fn dispatch(self, roster: Arc<Roster>, j: Joiner, incarnation: u32) {
         actix::spawn(dispatch_shard(self, j, roster, incarnation));
     }
+    fn is_alive(self) -> IsAlive {
+        IsAlive::Shard(self)
+    }
 }
 
 impl SeatId for LearnerId {
-    fn seat(self, roster: &Roster) -> &Seat {
+    type Remote = RemoteLearner;
+    fn seat(self, roster: &Roster) -> &Seat<RemoteLearner> {
         &roster.learners[self.index()]
     }
     fn dispatch(self, roster: Arc<Roster>, j: Joiner, incarnation: u32) {
         actix::spawn(dispatch_learner(self, j, roster, incarnation));
+    }
+    fn is_alive(self) -> IsAlive {
+        IsAlive::Learner(self)
     }
 }
 
@@ -422,9 +419,16 @@ impl Roster {
         incarnation
     }
 
+    /// Whether node `id` holds its seat: its connection is open and the failure detector
+    /// holds it alive.
+    async fn held<I: SeatId>(&self, id: I) -> bool {
+        id.seat(self).connected() && self.scheduler.send(id.is_alive()).await.unwrap_or(false)
+    }
+
     fn peers(&self) -> Vec<Peer> {
-        let current = |s: &Seat| s.current().as_ref().map(|(p, _)| p.clone());
-        self.shards.iter().chain(&self.learners).filter_map(current).collect()
+        let shards = self.shards.iter().map(|s| s.current().as_ref().map(|(p, _)| p.clone()));
+        let learners = self.learners.iter().map(|s| s.current().as_ref().map(|(p, _)| p.clone()));
+        shards.chain(learners).flatten().collect()
     }
 }
 
@@ -450,8 +454,8 @@ async fn accept_rejoins(ep: QuicEndpoint, roster: Arc<Roster>) {
                 Err((goodbye, why)) => return peer.say_goodbye(goodbye, &why),
             };
             let alive = match role {
-                Role::Shard => roster.shards[id as usize].alive(roster.failure_timeout),
-                _ => roster.learners[id as usize].alive(roster.failure_timeout),
+                Role::Shard => roster.held(ShardId(id)).await,
+                _ => roster.held(LearnerId(id)).await,
             };
             if alive {
                 tracing::warn!(
@@ -480,7 +484,6 @@ async fn accept_rejoins(ep: QuicEndpoint, roster: Arc<Roster>) {
 async fn dispatch_shard(id: ShardId, mut j: Joiner, roster: Arc<Roster>, incarnation: u32) {
     let seat = id.seat(&roster);
     while let Some(m) = j.rx.recv().await {
-        seat.heard();
         match codec::from_shard(id, m) {
             Ok(FromShard::Heartbeat) => roster.scheduler.do_send(ShardAlive(id)),
             Ok(FromShard::Records(records)) => {
@@ -514,7 +517,6 @@ async fn dispatch_learner(id: LearnerId, mut j: Joiner, roster: Arc<Roster>, inc
     let scheduler = &roster.scheduler;
     let seat = id.seat(&roster);
     while let Some(m) = j.rx.recv().await {
-        seat.heard();
         match codec::from_learner(id, m) {
             Ok(FromLearner::Progress(p)) => scheduler.do_send(p),
             Ok(FromLearner::Done(d)) => scheduler.do_send(d),

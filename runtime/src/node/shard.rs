@@ -13,17 +13,18 @@ use rudra_actors::faults::{Crash, Node};
 use rudra_actors::messages::{Exchange, Pull, Push, Snapshot, StopShard};
 use rudra_actors::metrics::Metrics;
 use rudra_actors::remote::codec::{self, DataPolicy, LearnerData, ToShard};
-use rudra_actors::remote::{AnswerSnapshot, Rebind, RemotePeer};
-use rudra_actors::roles::{ShardStart, crash_and_restart, start_shard};
+use rudra_actors::remote::{AnswerSnapshot, RemoteLearner, RemoteScheduler};
+use rudra_actors::roles::{ShardStart, crash_and_restart, inject_panic, start_shard};
 use rudra_actors::shard::ShardActor;
 use rudra_compute::{CpuBackend, Device};
 use rudra_transport::quic::{Peer, QuicEndpoint};
 use rudra_transport::{Inbound, LearnerId, Msg, Role, ShardId};
 use tokio::sync::mpsc;
 
-use super::join::{Welcome, join, lost_or_final, rejoin};
+use super::join::{Welcome, join};
+use super::link::UpLink;
 use super::scheduler::{serve_metrics, set_ready};
-use super::{NodeOptions, Silence, endpoint, expect, leave, net};
+use super::{NodeOptions, endpoint, expect, leave, net};
 use crate::exporter::{MetricsEndpoint, Serving};
 use crate::{Config, RuntimeError};
 
@@ -50,14 +51,15 @@ pub fn run_shard(opts: &NodeOptions, models: Option<Models>) -> Result<(), Runti
 async fn serve(
     ep: &QuicEndpoint,
     opts: &NodeOptions,
-    (mut sched, mut rx, welcome): (Peer, mpsc::Receiver<Inbound>, Welcome),
+    (sched, rx, welcome): (Peer, mpsc::Receiver<Inbound>, Welcome),
     models: Option<Models>,
     serving: Option<&Serving>,
 ) -> Result<(), RuntimeError> {
     let metrics = serving.map(|s| Arc::clone(s.metrics()));
     let (id, config) = (ShardId(welcome.id), &welcome.config);
     let models = models.unwrap_or_else(|| config.models(Device::Cpu(CpuBackend)));
-    let tracker = RemotePeer::new(sched.clone(), id).holding().start();
+    let mut link = UpLink::new((sched, rx), (Role::Shard, &welcome.job), config.liveness);
+    let tracker = link.reports().clone();
     let checkpoints = shard_checkpoints(opts, config, &welcome.job);
     let resume = opts.resume.is_some() || welcome.incarnation > 0;
     let start = if resume { ShardStart::Resume } else { ShardStart::Fresh };
@@ -70,7 +72,7 @@ async fn serve(
         &Arbiter::current(),
     )?;
     if let Some(clock) = resumed {
-        sched.send(&Msg::Resumed { clock }).await?;
+        link.peer().send(&Msg::Resumed { clock }).await?;
     }
     let policy = LearnerPolicy {
         names: Arc::new(welcome.learners.clone()),
@@ -83,46 +85,26 @@ async fn serve(
     };
     actix::spawn(accept_learners(ep.clone(), shard.clone(), policy));
     set_ready(serving);
+    if let Some(at) = config.faults.panic_of(Node::Shard(id)).filter(|_| !resume) {
+        inject_panic(at, shard.clone().recipient());
+    }
     let crash = config.faults.crash_of(Node::Shard(id)).filter(|_| !resume);
     let (failed_tx, mut failed) = mpsc::channel(1);
     if let Some(c) = crash {
-        actix::spawn(injected_crash(c, shard.clone(), sched.clone(), failed_tx));
+        actix::spawn(injected_crash(c, shard.clone(), link.peer().clone(), failed_tx));
     }
-    let mut silence = Silence::new(config.liveness.failure_timeout);
-    let mut tick = tokio::time::interval(config.liveness.heartbeat);
+    // The learners are served meanwhile, also while the scheduler is away.
     let result = loop {
-        let lost = tokio::select! {
-            m = rx.recv() => match m {
-                Some(m) => {
-                    silence.heard();
-                    match answer(m, &shard, &tracker).await {
-                        Ok(true) => break Ok(()),
-                        Ok(false) => continue,
-                        Err(e) => break Err(e),
-                    }
-                }
-                None => match lost_or_final(sched.ended().await) {
-                    Ok(lost) => lost,
+        tokio::select! {
+            m = link.next(ep, opts) => match m {
+                Ok(m) => match answer(m, &shard, &tracker).await {
+                    Ok(true) => break Ok(()),
+                    Ok(false) => {}
                     Err(e) => break Err(e),
                 },
+                Err(e) => break Err(e),
             },
             Some(e) = failed.recv() => return Err(e),
-            _ = tick.tick() => match silence.too_long() {
-                Some(silent) => format!("lost the scheduler (silent for {silent:.1?})"),
-                None => {
-                    let _ = sched.send(&Msg::Heartbeat).await;
-                    continue;
-                }
-            },
-        };
-        // The learners are served meanwhile; records for the tracker are kept and follow.
-        match rejoin(ep, opts, (Role::Shard, &welcome.job), &sched, &lost).await {
-            Ok((peer, inbox)) => {
-                tracker.do_send(Rebind(peer.clone()));
-                (sched, rx) = (peer, inbox);
-                silence.heard();
-            }
-            Err(e) => break Err(e),
         }
     };
     // The shard's state is kept for a restart: on its way out it writes a checkpoint.
@@ -137,7 +119,7 @@ async fn serve(
 async fn answer(
     m: Inbound,
     shard: &Addr<ShardActor>,
-    tracker: &Addr<RemotePeer>,
+    tracker: &Addr<RemoteScheduler>,
 ) -> Result<bool, RuntimeError> {
     match codec::to_shard(m) {
         Ok(ToShard::SnapshotRequest(request)) => {
@@ -243,7 +225,7 @@ async fn serve_learner(peer: Peer, shard: Addr<ShardActor>, policy: LearnerPolic
         return;
     };
     let _alive = policy.metrics.as_ref().map(Metrics::learner_connected);
-    let reply = RemotePeer::new(peer.clone(), ShardId(0)).start().recipient();
+    let reply = RemoteLearner::new(learner, peer.clone()).start().recipient();
     // A push travels on its own stream with the pull it carries, and a lone pull (a learner's
     // first, or a retry) on the control stream, so a pull may overtake the push before it: the
     // shard orders them by their sequence numbers.

@@ -29,7 +29,7 @@ use std::time::Instant;
 
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use rudra_actors::{ClusterSpec, ElasticMethod, ElasticSpec};
+use rudra_actors::{ClusterSpec, ElasticMethod, ElasticSpec, ProtocolSpec, SgdSpec};
 use rudra_compute::{CpuBackend, Device};
 use rudra_proto::shard_ranges;
 use rudra_proto::{
@@ -56,8 +56,8 @@ use crate::{Config, RunDir, RuntimeError};
 #[must_use]
 pub fn protocol_label(config: &Config) -> String {
     let name = config.protocol_name();
-    match config.cluster.protocol.elastic {
-        Some(ElasticSpec {
+    match config.cluster.protocol {
+        ProtocolSpec::Elastic(ElasticSpec {
             method: ElasticMethod::Easgd { sync: true } | ElasticMethod::Diloco { sync: true },
             ..
         }) => format!("{name}-sync"),
@@ -103,8 +103,8 @@ pub fn simulate(config: &Config, progress: ProgressMode) -> Result<SimReport, Ru
     let expected = model_run.as_ref().map(|(_, len)| spec.steps_per_learner(*len) * u64::from(spec.learners));
     let mut progress = Progress::new(progress);
     let run = (sim.loss_every, expected);
-    let (finished, world) = match &spec.protocol.elastic {
-        Some(elastic) => {
+    let (finished, world) = match &spec.protocol {
+        ProtocolSpec::Elastic(elastic) => {
             let (centers, workers) = match model_run {
                 Some((loops, train_len)) => model_elastic_cores(spec, loops, (train_len, &init))?,
                 None => synthetic_elastic_cores(spec, elastic, &init, &ranges),
@@ -113,10 +113,10 @@ pub fn simulate(config: &Config, progress: ProgressMode) -> Result<SimReport, Ru
             let engine = Engine::new(rng, compute, net, gradients, learners);
             (engine.run(&mut world, &sim.stop, run, &mut progress)?, summarize(&world))
         }
-        None => {
+        ProtocolSpec::Sgd(sgd) => {
             let (shards, cores) = match model_run {
                 Some((loops, train_len)) => model_sgd_cores(spec, loops, (train_len, &init))?,
-                None => synthetic_cores(config, &init, &ranges),
+                None => synthetic_cores(spec, sgd, &init, &ranges),
             };
             let mut world = SgdWorld::new(shards, ranges, cores);
             let engine = Engine::new(rng, compute, net, gradients, learners);
@@ -213,7 +213,7 @@ fn synthetic_elastic_cores(
         .map(|(s, r)| {
             CenterShard::new(
                 ShardId(s as u32),
-                elastic.center_rule(lr, spec.protocol.modulation, spec.protocol.max_staleness),
+                elastic.center_rule(lr),
                 init[r.clone()].to_vec(),
                 active.clone(),
             )
@@ -232,18 +232,18 @@ fn synthetic_elastic_cores(
 /// Shard and learner cores over the quadratic: the configured protocol with a constant α0
 /// (there are no epochs), learners that run until the simulation stops.
 fn synthetic_cores(
-    config: &Config,
+    spec: &ClusterSpec,
+    sgd: &SgdSpec,
     init: &[f32],
     ranges: &[std::ops::Range<usize>],
 ) -> (Vec<SgdShard>, Vec<LearnerCore>) {
-    let spec = &config.cluster;
     let active: BTreeSet<LearnerId> = (0..spec.learners).map(LearnerId).collect();
     let shards = ranges
         .iter()
         .enumerate()
         .map(|(s, r)| {
             // The quadratic has no epochs: the base rate stays where it starts.
-            let cfg = SgdShardConfig { gradients_per_epoch: u64::MAX, ..spec.sgd_shard_config(s, 0) };
+            let cfg = SgdShardConfig { gradients_per_epoch: u64::MAX, ..spec.sgd_shard_config(sgd, s, 0) };
             SgdShard::new(cfg, init[r.clone()].to_vec(), active.clone())
         })
         .collect();

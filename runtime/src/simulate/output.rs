@@ -184,6 +184,7 @@ impl SimSummary {
             staleness: report.staleness.clone(),
             updates: report.updates,
             samples,
+            samples_expected: 0,
             learner_samples: Vec::new(),
             wall_seconds: report.wall_seconds,
             final_test_accuracy: report.test.map_or(f64::NAN, |t| t.1),
@@ -204,7 +205,7 @@ impl SimSummary {
         if synthetic.is_some() {
             run.model = "quadratic".into();
         }
-        let elastic = c.protocol.elastic.as_ref();
+        let elastic = c.protocol.elastic();
         // The conditions are those of sync EASGD with an exchange every step and a constant η.
         let analysed = elastic.filter(|e| {
             e.method == ElasticMethod::Easgd { sync: true } && e.tau == 1 && e.lr_decay_gamma == 0.0

@@ -393,7 +393,8 @@ values = [0.0, 0.25, 0.5]
         );
         let point = Config::load(None, &points[4]).unwrap();
         assert_eq!(point.simulation.compute.dist, ComputeDist::Uniform { spread: 0.25 });
-        assert_eq!(point.cluster.protocol.rule, rudra_proto::SyncRule::Softsync { n: 2 });
+        let softsync = rudra_proto::SyncRule::Softsync { n: 2 };
+        assert!(matches!(&point.cluster.protocol, rudra_actors::ProtocolSpec::Sgd(s) if s.rule == softsync));
         assert_eq!(Config::load(None, &[]).unwrap().simulation.sweep_points(), vec![Vec::<String>::new()]);
     }
 

@@ -125,6 +125,7 @@ pub fn run_command(
                 }
             }
             config.refuse_kills()?;
+            config.refuse_panics()?;
             Ok((sets, config))
         })
         .collect::<Result<Vec<_>, RuntimeError>>()?;

@@ -1,10 +1,11 @@
 //! A run's end, for every command that trains: its results written and its summary printed.
 
 use rudra_actors::RunReport;
-use rudra_runtime::{Config, RunDir, RuntimeError};
+use rudra_runtime::{Config, RunDir, RuntimeError, Summary};
 
-/// A run's end: its results written and printed; or, for a run that failed, what it had
-/// recorded (`so_far`) and why it stopped, in its run directory.
+/// A run's end: its results written and printed (printed even when they cannot be written);
+/// or, for a run that failed, what it had recorded (`so_far`) and why it stopped, in its run
+/// directory.
 pub(crate) fn finish(
     dir: &RunDir,
     config: &Config,
@@ -20,7 +21,8 @@ pub(crate) fn finish(
             return Err(e);
         }
     };
-    let s = dir.record(config, &report)?.summary;
+    let recorded = dir.record(config, &report);
+    let s = recorded.as_ref().map_or_else(|_| Summary::new(config, &report), |run| run.summary.clone());
     let reached = s.time_to_target.map_or_else(
         || format!("{} never reached", s.target_accuracy),
         |t| format!("{} reached after {t:.1} s", s.target_accuracy),
@@ -40,6 +42,14 @@ pub(crate) fn finish(
         s.wall_seconds,
         dir.path().display()
     );
+    recorded?;
+    if s.outcome == "incomplete" {
+        let missing = s.samples_expected - s.samples;
+        tracing::warn!(
+            "the run is incomplete: {missing} of {} examples were not processed (learners left out at the end)",
+            s.samples_expected
+        );
+    }
     match s.diverged {
         Some(d) => Err(RuntimeError::diverged(&config.cluster, d)),
         None => Ok(()),

@@ -93,9 +93,13 @@ pub(crate) fn run_node(role: RoleArg, cli: &Cli) -> Result<(), RuntimeError> {
             let report = (config.data.load())
                 .and_then(|data| run_scheduler(&config, (data, None), &opts, ProgressMode::detect()));
             let so_far = recorded_so_far(dir.path());
-            // The run ended, finished or failed: there is no job left to take back.
-            let _ = std::fs::remove_file(dir.path().join(STATE_FILE));
-            finish(&dir, &config, report, || so_far)
+            let ended = finish(&dir, &config, report, || so_far);
+            // The run ended, finished or failed, and its summary says how: there is no job left
+            // to take back. (Without a summary, a full disk, `--resume` takes it back.)
+            if dir.path().join("summary.json").is_file() {
+                let _ = std::fs::remove_file(dir.path().join(STATE_FILE));
+            }
+            ended
         }
         RoleArg::Shard => run_shard(&opts, None),
         RoleArg::Learner => run_learner(&opts, None, None),
