@@ -173,7 +173,7 @@ fn sync_easgd_over_actors_equals_a_sequential_driver_of_the_cores() -> anyhow::R
             WorkerEvent::Exchange { values, .. } => {
                 for (s, (center, range)) in centers.iter_mut().zip(&ranges).enumerate() {
                     for event in center.on_exchange(LearnerId(l as u32), &values[range.clone()])? {
-                        let ShardEvent::Serve { learner, weights, .. } = event else { continue };
+                        let ShardEvent::Center { learner, weights } = event else { continue };
                         let (w, _) = &mut learners[learner.index()];
                         let events = w.on_center(ShardId(s as u32), &weights.values)?;
                         queue.extend(events.into_iter().map(|e| (learner.index(), e)));

@@ -18,13 +18,13 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::checkpoint::Checkpoints;
 use crate::faults::{FaultPlan, Liveness, Node};
-use crate::links::{LearnerHandle, Members, ShardHandle, ShardLink};
+use crate::links::{Members, ShardHandle, ShardLink};
 use crate::messages::{Joined, Note, ShardRestarted, StopLearner};
 use crate::metrics::Metrics;
 use crate::report::{RunEvent, RunReport};
 use crate::roles::{
-    LearnerPeers, LearnerRun, SchedulerRun, SchedulerSlot, ShardStart, crash_and_restart, start_learner,
-    start_scheduler, start_shard, start_tracker,
+    LearnerPeers, LearnerRun, SchedulerRun, SchedulerSlot, ShardStart, StartedLearner, crash_and_restart,
+    start_learner, start_scheduler, start_shard, start_tracker,
 };
 use crate::scheduler::SchedulerActor;
 use crate::shard::ShardActor;
@@ -212,7 +212,7 @@ impl Cluster {
             .collect::<Result<Vec<_>, ActorError>>()?;
         let members = Members {
             shards: shards.iter().map(ShardHandle::of).collect(),
-            learners: learners.iter().map(LearnerHandle::of).collect(),
+            learners: learners.iter().map(StartedLearner::handle).collect(),
             stats: tracker.recipient(),
         };
         let run = SchedulerRun { observer, metrics, liveness, shard_timeout: SHARD_TIMEOUT, resume: None };
@@ -223,7 +223,7 @@ impl Cluster {
         for l in 0..spec.learners {
             scheduler.do_send(Joined::Learner(LearnerId(l)));
         }
-        let stops: Vec<Recipient<StopLearner>> = learners.iter().map(|a| a.clone().recipient()).collect();
+        let stops: Vec<Recipient<StopLearner>> = learners.iter().map(|l| l.handle().stop).collect();
         inject(&faults, born, &scheduler, &stops, &shards);
         Ok(ClusterHandle { report, arbiters })
     }

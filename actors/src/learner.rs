@@ -1,31 +1,55 @@
-//! The learner actor: a thin shell over its loop ([`LearnerLoop`]: the SGD loop of Rudra's
-//! protocols or the EASGD family's worker) that computes gradients with a [`GradientModel`] (a
-//! [`rudra_compute::Model`], or a model of your own) on its own partition of the training set.
+//! The learner actor: a thin shell over its protocol family's loop (a [`Behaviour`]: Rudra's SGD
+//! loop [`LearnerCore`], whose pulls the shards answer with weights, or the EASGD family's
+//! [`ElasticWorker`], whose exchanges they answer with centers) that computes gradients with a
+//! [`GradientModel`] (a [`rudra_compute::Model`], or a model of your own) on its own partition
+//! of the training set.
 
 use std::sync::Arc;
 
 use actix::prelude::*;
 use rudra_compute::{GradientModel, Minibatches, cpu};
 use rudra_transport::quic::Traffic;
-use rudra_transport::{Codecs, Floats, LearnerId, Payload};
+use rudra_transport::{Codecs, Floats, LearnerId, Payload, ShardId};
 
 use crate::ActorError;
 use crate::faults::Liveness;
 use crate::links::{SchedulerLink, ShardLink};
 use crate::messages::{
-    AnswerRoutes, Exchange, Heartbeat, InjectedPanic, LearnerDone, Progress, Pull, Push, Served,
+    AnswerRoutes, Center, Exchange, Heartbeat, InjectedPanic, LearnerDone, Progress, Pull, Push, Served,
     StartLearner, StopLearner,
 };
-use rudra_proto::{LearnerEvent, LearnerLoop, NextPull, WorkerEvent};
+use rudra_proto::{ElasticWorker, LearnerCore, LearnerEvent, NextPull, WorkerEvent};
+
+/// A protocol family's learner loop, as the learner actor drives it.
+pub trait Behaviour: Sized + Send + Unpin + 'static {
+    /// What the shards answer this loop with: weights for a pull, or a center for an exchange.
+    type Answer: Message<Result = ()> + Clone + Send + 'static;
+
+    /// The learner's id.
+    fn id(&self) -> LearnerId;
+
+    /// Steps done so far.
+    fn steps_done(&self) -> u64;
+
+    /// Where the learner at `addr` takes its answers.
+    fn answers_to(addr: &Addr<LearnerActor<Self>>) -> Recipient<Self::Answer>;
+
+    /// Begin training.
+    fn start(act: &mut LearnerActor<Self>, ctx: &mut Context<LearnerActor<Self>>);
+
+    /// Answers have been overdue for longer than the retry interval: ask again (the EASGD
+    /// family's exchanges are not retried).
+    fn retry(_act: &mut LearnerActor<Self>, _ctx: &mut Context<LearnerActor<Self>>) {}
+}
 
 /// The learner actor.
-pub struct LearnerActor {
-    core: LearnerLoop,
+pub struct LearnerActor<B: Behaviour> {
+    core: B,
     model: Box<dyn GradientModel>,
     batches: Minibatches,
     shards: Vec<ShardLink>,
     /// Where each shard sends its answers: this learner, maybe through a faulty link.
-    answers: Vec<Recipient<Served>>,
+    answers: Vec<Recipient<B::Answer>>,
     scheduler: SchedulerLink,
     grad: Arc<Vec<f32>>,
     /// With a single shard, its weights are computed on in place rather than copied.
@@ -104,8 +128,6 @@ pub struct LearnerParts {
     pub batches: Minibatches,
     /// Every shard, in id order.
     pub shards: Vec<ShardLink>,
-    /// Where each shard's answers go, in shard order.
-    pub answers: Vec<Recipient<Served>>,
     /// Where progress, completion and heartbeats go.
     pub scheduler: SchedulerLink,
     /// Heartbeats and retries.
@@ -120,12 +142,13 @@ pub struct LearnerParts {
     pub traffic: Option<Arc<Traffic>>,
 }
 
-impl LearnerActor {
-    /// A learner running `core` with `parts`.
+impl<B: Behaviour> LearnerActor<B> {
+    /// A learner running `core` with `parts`; each shard's answers reach it at `answers`, in
+    /// shard order.
     #[must_use]
-    pub fn new(core: LearnerLoop, parts: LearnerParts) -> Self {
+    pub fn new(core: B, parts: LearnerParts, answers: Vec<Recipient<B::Answer>>) -> Self {
         let wire = WireState::new(&parts, parts.shards.len());
-        let LearnerParts { model, batches, shards, answers, scheduler, liveness, slowdown, .. } = parts;
+        let LearnerParts { model, batches, shards, scheduler, liveness, slowdown, .. } = parts;
         let grad = Arc::new(vec![0.0; model.param_count()]);
         let totals = Progress::start(core.id());
         Self {
@@ -150,21 +173,15 @@ impl LearnerActor {
     /// EASGD exchange is not retried).
     fn start_timers(&mut self, ctx: &mut Context<Self>) {
         let pulse = Pulse {
-            learner: ctx.address().downgrade(),
+            learner: ctx.address().recipient().downgrade(),
             id: self.id(),
             to: self.scheduler.heartbeat.clone(),
             every: self.liveness.heartbeat,
         };
         Pulse::start_in_arbiter(&System::current().arbiter().clone(), move |_| pulse);
         ctx.run_interval(self.liveness.retry / 2, |act, ctx| {
-            let LearnerLoop::Sgd(core) = &act.core else { return };
-            if act.last_activity.elapsed() < act.liveness.retry {
-                return;
-            }
-            let events = core.on_retry();
-            if !events.is_empty() {
-                tracing::debug!(learner = %core.id(), "pulling again: {} answers overdue", events.len());
-                act.carry_out(events, ctx);
+            if act.last_activity.elapsed() >= act.liveness.retry {
+                B::retry(act, ctx);
             }
         });
     }
@@ -189,81 +206,6 @@ impl LearnerActor {
     fn finish(&mut self) {
         self.report();
         self.scheduler.done.do_send(LearnerDone { learner: self.id(), error: None });
-    }
-
-    fn carry_out(&mut self, events: Vec<LearnerEvent>, ctx: &mut Context<Self>) {
-        let LearnerLoop::Sgd(core) = &mut self.core else { return };
-        let learner = core.id();
-        for event in events {
-            match event {
-                LearnerEvent::Pull { shard, last, seq } => {
-                    self.last_activity = std::time::Instant::now();
-                    let reply_to = self.answers[shard.index()].clone();
-                    self.shards[shard.index()].pull.do_send(Pull { learner, seq, last, reply_to });
-                }
-                LearnerEvent::Push { shard, computed_on, seq, pull: NextPull { seq: next, last } } => {
-                    self.last_activity = std::time::Instant::now();
-                    let Some(values) = self.push_payload(shard.index(), seq) else { continue };
-                    self.totals.payload_bytes += values.bytes() as u64;
-                    let then =
-                        Pull { learner, seq: next, last, reply_to: self.answers[shard.index()].clone() };
-                    self.shards[shard.index()].push.do_send(Push { learner, seq, computed_on, values, then });
-                    // The next minibatch is gathered while the weights are on their way.
-                    self.batches.prepare();
-                }
-                LearnerEvent::Compute => {
-                    let at = self.shared.take();
-                    let next = self.gradient(at.as_ref()).and_then(|()| match &mut self.core {
-                        LearnerLoop::Sgd(core) => Ok(core.on_computed()?),
-                        LearnerLoop::Elastic(_) => Ok(Vec::new()),
-                    });
-                    match next {
-                        Ok(more) => self.carry_out(more, ctx),
-                        Err(e) => self.halt(&e, ctx),
-                    }
-                }
-                LearnerEvent::Finished => self.finish(),
-            }
-        }
-    }
-
-    fn carry_out_elastic(&mut self, events: Vec<WorkerEvent>, ctx: &mut Context<Self>) {
-        for event in events {
-            match event {
-                WorkerEvent::Exchange { values, shards } => {
-                    let values = Floats::from(values);
-                    let links = self.shards.iter().zip(&self.answers).skip(shards.start).take(shards.len());
-                    for (link, reply_to) in links {
-                        let Some(part) = values.slice(link.range.clone()) else { continue };
-                        let payload = if self.wire.exchanges_gradients {
-                            self.wire.gradient(&part, link.range.clone())
-                        } else {
-                            self.wire.codecs.weights.encode(&part, None)
-                        };
-                        self.totals.payload_bytes += payload.bytes() as u64;
-                        let reply_to = reply_to.clone();
-                        link.exchange.do_send(Exchange {
-                            learner: self.core.id(),
-                            values: payload,
-                            reply_to,
-                        });
-                    }
-                }
-                WorkerEvent::Compute(point) => {
-                    let computed = self.gradient(Some(&point));
-                    drop(point);
-                    let next = computed.and_then(|()| match &mut self.core {
-                        LearnerLoop::Elastic(w) => Ok(w.on_gradient(&self.grad)?),
-                        LearnerLoop::Sgd(_) => Ok(Vec::new()),
-                    });
-                    match next {
-                        Ok(more) => self.carry_out_elastic(more, ctx),
-                        Err(e) => self.halt(&e, ctx),
-                    }
-                }
-                WorkerEvent::Finished => self.finish(),
-            }
-        }
     }
 
     /// One gradient on the next minibatch, at `at` or at the model's own parameters, into
@@ -312,6 +254,71 @@ impl LearnerActor {
             _ => self.fail(error, ctx),
         }
     }
+}
+
+/// Rudra's SGD protocols: pull weights from every shard, compute, push the gradient (with the
+/// next pull riding on it).
+impl Behaviour for LearnerCore {
+    type Answer = Served;
+
+    fn id(&self) -> LearnerId {
+        self.id()
+    }
+
+    fn steps_done(&self) -> u64 {
+        self.steps_done()
+    }
+
+    fn answers_to(addr: &Addr<LearnerActor<Self>>) -> Recipient<Served> {
+        addr.clone().recipient()
+    }
+
+    fn start(act: &mut LearnerActor<Self>, ctx: &mut Context<LearnerActor<Self>>) {
+        let events = act.core.on_start();
+        act.carry_out(events, ctx);
+    }
+
+    fn retry(act: &mut LearnerActor<Self>, ctx: &mut Context<LearnerActor<Self>>) {
+        let events = act.core.on_retry();
+        if !events.is_empty() {
+            tracing::debug!(learner = %act.core.id(), "pulling again: {} answers overdue", events.len());
+            act.carry_out(events, ctx);
+        }
+    }
+}
+
+impl LearnerActor<LearnerCore> {
+    fn carry_out(&mut self, events: Vec<LearnerEvent>, ctx: &mut Context<Self>) {
+        let learner = self.core.id();
+        for event in events {
+            match event {
+                LearnerEvent::Pull { shard, last, seq } => {
+                    self.last_activity = std::time::Instant::now();
+                    let reply_to = self.answers[shard.index()].clone();
+                    self.shards[shard.index()].pull.do_send(Pull { learner, seq, last, reply_to });
+                }
+                LearnerEvent::Push { shard, computed_on, seq, pull: NextPull { seq: next, last } } => {
+                    self.last_activity = std::time::Instant::now();
+                    let Some(values) = self.push_payload(shard.index(), seq) else { continue };
+                    self.totals.payload_bytes += values.bytes() as u64;
+                    let then =
+                        Pull { learner, seq: next, last, reply_to: self.answers[shard.index()].clone() };
+                    self.shards[shard.index()].push.do_send(Push { learner, seq, computed_on, values, then });
+                    // The next minibatch is gathered while the weights are on their way.
+                    self.batches.prepare();
+                }
+                LearnerEvent::Compute => {
+                    let at = self.shared.take();
+                    let next = self.gradient(at.as_ref()).and_then(|()| Ok(self.core.on_computed()?));
+                    match next {
+                        Ok(more) => self.carry_out(more, ctx),
+                        Err(e) => self.halt(&e, ctx),
+                    }
+                }
+                LearnerEvent::Finished => self.finish(),
+            }
+        }
+    }
 
     /// Shard `s`'s part of the gradient of step `seq`, encoded: the compressed payload sent
     /// before when this is a retry of it, else fresh from the gradient buffer (with error
@@ -341,14 +348,74 @@ impl LearnerActor {
     }
 }
 
-impl Actor for LearnerActor {
+/// The EASGD family: local steps, and every τ an exchange with each center shard.
+impl Behaviour for ElasticWorker {
+    type Answer = Center;
+
+    fn id(&self) -> LearnerId {
+        self.id()
+    }
+
+    fn steps_done(&self) -> u64 {
+        self.steps_done()
+    }
+
+    fn answers_to(addr: &Addr<LearnerActor<Self>>) -> Recipient<Center> {
+        addr.clone().recipient()
+    }
+
+    fn start(act: &mut LearnerActor<Self>, ctx: &mut Context<LearnerActor<Self>>) {
+        let events = act.core.on_start();
+        act.carry_out(events, ctx);
+    }
+}
+
+impl LearnerActor<ElasticWorker> {
+    fn carry_out(&mut self, events: Vec<WorkerEvent>, ctx: &mut Context<Self>) {
+        for event in events {
+            match event {
+                WorkerEvent::Exchange { values, shards } => {
+                    let values = Floats::from(values);
+                    let links = self.shards.iter().zip(&self.answers).skip(shards.start).take(shards.len());
+                    for (link, reply_to) in links {
+                        let Some(part) = values.slice(link.range.clone()) else { continue };
+                        let payload = if self.wire.exchanges_gradients {
+                            self.wire.gradient(&part, link.range.clone())
+                        } else {
+                            self.wire.codecs.weights.encode(&part, None)
+                        };
+                        self.totals.payload_bytes += payload.bytes() as u64;
+                        let reply_to = reply_to.clone();
+                        link.exchange.do_send(Exchange {
+                            learner: self.core.id(),
+                            values: payload,
+                            reply_to,
+                        });
+                    }
+                }
+                WorkerEvent::Compute(point) => {
+                    let computed = self.gradient(Some(&point));
+                    drop(point);
+                    let next = computed.and_then(|()| Ok(self.core.on_gradient(&self.grad)?));
+                    match next {
+                        Ok(more) => self.carry_out(more, ctx),
+                        Err(e) => self.halt(&e, ctx),
+                    }
+                }
+                WorkerEvent::Finished => self.finish(),
+            }
+        }
+    }
+}
+
+impl<B: Behaviour> Actor for LearnerActor<B> {
     type Context = Context<Self>;
 }
 
 /// A learner's heartbeats, sent from the system's arbiter rather than the learner's own
 /// thread, so that a long computation never looks like a failure. They stop with the learner.
 struct Pulse {
-    learner: actix::WeakAddr<LearnerActor>,
+    learner: actix::WeakRecipient<StopLearner>,
     id: LearnerId,
     to: Recipient<Heartbeat>,
     every: std::time::Duration,
@@ -368,61 +435,64 @@ impl Actor for Pulse {
     }
 }
 
-impl Handler<StartLearner> for LearnerActor {
+impl<B: Behaviour> Handler<StartLearner> for LearnerActor<B> {
     type Result = ();
     fn handle(&mut self, _: StartLearner, ctx: &mut Context<Self>) {
         self.start_timers(ctx);
-        match &mut self.core {
-            LearnerLoop::Sgd(core) => {
-                let events = core.on_start();
+        B::start(self, ctx);
+    }
+}
+
+impl<B: Behaviour> LearnerActor<B> {
+    /// An answer of `len` values from `shard` arrived: its bytes as it travelled, or `None`
+    /// (logged) when it cannot be this learner's.
+    fn answered(&mut self, shard: ShardId, len: usize) -> Option<u64> {
+        let learner = self.id();
+        let Some(link) = self.shards.get(shard.index()) else {
+            tracing::warn!(%learner, "an answer from unknown {shard}");
+            return None;
+        };
+        if len != link.range.len() {
+            let want = link.range.len();
+            tracing::warn!(%learner, "an answer from {shard} rejected: {len} values for a range of {want}");
+            return None;
+        }
+        self.last_activity = std::time::Instant::now();
+        // As the answer travelled: one from the network arrives decoded, in the job's codec.
+        Some(self.wire.codecs.weights.bytes(len) as u64)
+    }
+}
+
+impl Handler<Served> for LearnerActor<LearnerCore> {
+    type Result = ();
+    fn handle(&mut self, Served { shard, clock, seq, values }: Served, ctx: &mut Context<Self>) {
+        let Some(bytes) = self.answered(shard, values.len()) else { return };
+        // The core decides first: a late or repeated answer must not overwrite weights the
+        // learner already holds for this step.
+        match self.core.on_weights(shard, clock, seq) {
+            Ok(events) => {
+                self.totals.payload_bytes += bytes;
+                let taken = decoded(values).and_then(|v| self.take_weights(shard.index(), &v));
+                if let Err(e) = taken {
+                    return self.fail(&e, ctx);
+                }
                 self.carry_out(events, ctx);
             }
-            LearnerLoop::Elastic(worker) => {
-                let events = worker.on_start();
-                self.carry_out_elastic(events, ctx);
-            }
+            Err(e) => refused(self.id(), &e.into()),
         }
     }
 }
 
-impl Handler<Served> for LearnerActor {
+impl Handler<Center> for LearnerActor<ElasticWorker> {
     type Result = ();
-    fn handle(&mut self, Served { shard, clock, seq, values }: Served, ctx: &mut Context<Self>) {
-        let learner = self.id();
-        let Some(link) = self.shards.get(shard.index()) else {
-            return tracing::warn!(%learner, "weights from unknown {shard}");
-        };
-        if values.len() != link.range.len() {
-            let (got, want) = (values.len(), link.range.len());
-            return tracing::warn!(%learner, "weights from {shard} rejected: {got} values for a range of {want}");
-        }
-        self.last_activity = std::time::Instant::now();
-        // As the answer travelled: one from the network arrives decoded, in the job's codec.
-        let bytes = self.wire.codecs.weights.bytes(values.len()) as u64;
-        // The core decides first: a late or repeated answer must not overwrite weights the
-        // learner already holds for this step.
-        match &mut self.core {
-            LearnerLoop::Elastic(worker) => {
-                let events = decoded(values).and_then(|v| Ok(worker.on_center(shard, &v)?));
-                match events {
-                    Ok(events) => {
-                        self.totals.payload_bytes += bytes;
-                        self.carry_out_elastic(events, ctx);
-                    }
-                    Err(e) => refused(learner, &e),
-                }
+    fn handle(&mut self, Center { shard, values, .. }: Center, ctx: &mut Context<Self>) {
+        let Some(bytes) = self.answered(shard, values.len()) else { return };
+        match decoded(values).and_then(|v| Ok(self.core.on_center(shard, &v)?)) {
+            Ok(events) => {
+                self.totals.payload_bytes += bytes;
+                self.carry_out(events, ctx);
             }
-            LearnerLoop::Sgd(core) => match core.on_weights(shard, clock, seq) {
-                Ok(events) => {
-                    self.totals.payload_bytes += bytes;
-                    let taken = decoded(values).and_then(|v| self.take_weights(shard.index(), &v));
-                    if let Err(e) = taken {
-                        return self.fail(&e, ctx);
-                    }
-                    self.carry_out(events, ctx);
-                }
-                Err(e) => refused(learner, &e.into()),
-            },
+            Err(e) => refused(self.id(), &e),
         }
     }
 }
@@ -441,21 +511,21 @@ fn refused(learner: LearnerId, e: &ActorError) {
     }
 }
 
-impl Handler<InjectedPanic> for LearnerActor {
+impl<B: Behaviour> Handler<InjectedPanic> for LearnerActor<B> {
     type Result = ();
     fn handle(&mut self, _: InjectedPanic, _: &mut Context<Self>) {
         panic!("{}: injected panic (faults.panic)", self.id());
     }
 }
 
-impl Handler<AnswerRoutes> for LearnerActor {
-    type Result = MessageResult<AnswerRoutes>;
-    fn handle(&mut self, _: AnswerRoutes, _: &mut Context<Self>) -> Self::Result {
+impl<B: Behaviour> Handler<AnswerRoutes<B::Answer>> for LearnerActor<B> {
+    type Result = MessageResult<AnswerRoutes<B::Answer>>;
+    fn handle(&mut self, _: AnswerRoutes<B::Answer>, _: &mut Context<Self>) -> Self::Result {
         MessageResult(self.answers.clone())
     }
 }
 
-impl Handler<StopLearner> for LearnerActor {
+impl<B: Behaviour> Handler<StopLearner> for LearnerActor<B> {
     type Result = ();
     fn handle(&mut self, _: StopLearner, ctx: &mut Context<Self>) {
         ctx.stop();

@@ -55,7 +55,7 @@ pub struct Exchange {
     /// The values for this shard's range, encoded with the job's codec for their kind.
     pub values: Payload,
     /// Where the center goes.
-    pub reply_to: Recipient<Served>,
+    pub reply_to: Recipient<Center>,
 }
 
 /// The current weights, without gating, for evaluation and checkpoints.
@@ -92,7 +92,7 @@ pub struct StopShard {
 
 // ---- to a learner ------------------------------------------------------------------------
 
-/// Weights served to a learner, answering its pull `seq` (0 for a center's answer).
+/// Weights served to a learner, answering its pull `seq`.
 #[derive(Message, Clone, Debug)]
 #[rtype(result = "()")]
 pub struct Served {
@@ -102,6 +102,18 @@ pub struct Served {
     pub clock: Clock,
     /// The sequence number of the pull answered.
     pub seq: u64,
+    /// The values of the shard's range, encoded with the job's weights codec.
+    pub values: Payload,
+}
+
+/// A center shard's answer to a learner's exchange: the center variable of its range.
+#[derive(Message, Clone, Debug)]
+#[rtype(result = "()")]
+pub struct Center {
+    /// The shard.
+    pub shard: ShardId,
+    /// Its clock.
+    pub clock: Clock,
     /// The values of the shard's range, encoded with the job's weights codec.
     pub values: Payload,
 }
@@ -121,10 +133,18 @@ pub struct StopLearner {
 
 /// Where each shard's answers to this learner go, in shard order (through the faulty links the
 /// run gives it, if any): a learner's node hands the answers that arrive over the network
-/// there.
-#[derive(Message)]
-#[rtype(result = "Vec<Recipient<Served>>")]
-pub struct AnswerRoutes;
+/// there. `M` is what its protocol family's shards answer with ([`Served`] or [`Center`]).
+pub struct AnswerRoutes<M>(std::marker::PhantomData<fn() -> M>);
+
+impl<M> Default for AnswerRoutes<M> {
+    fn default() -> Self {
+        Self(std::marker::PhantomData)
+    }
+}
+
+impl<M: Message<Result = ()> + Send + 'static> Message for AnswerRoutes<M> {
+    type Result = Vec<Recipient<M>>;
+}
 
 // ---- to the scheduler --------------------------------------------------------------------
 

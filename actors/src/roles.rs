@@ -10,14 +10,15 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use rudra_compute::Dataset;
+use rudra_proto::{ElasticWorker, LearnerCore, LearnerLoop};
 use rudra_transport::{Clock, LearnerId, ShardId};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::checkpoint::Checkpoints;
-use crate::faults::{FaultPlan, LearnerLinks, Liveness, Lossy};
-use crate::learner::{LearnerActor, LearnerParts};
-use crate::links::{Members, SchedulerLink, ShardLink};
-use crate::messages::{Crash, InjectedPanic, Records, Restart, TrackerReport};
+use crate::faults::{FaultPlan, LearnerLinks, LinkPlan, Liveness, Lossy};
+use crate::learner::{Behaviour, LearnerActor, LearnerParts};
+use crate::links::{LearnerHandle, Members, SchedulerLink, ShardLink};
+use crate::messages::{AnswerRoutes, Center, Crash, InjectedPanic, Records, Restart, Served, TrackerReport};
 use crate::metrics::Metrics;
 use crate::report::{RunEvent, RunReport, SchedulerState};
 use crate::scheduler::{SchedulerActor, SchedulerParts};
@@ -137,6 +138,65 @@ pub struct LearnerRun {
     pub traffic: Option<Arc<rudra_transport::quic::Traffic>>,
 }
 
+/// A learner started by [`start_learner`], of its protocol family.
+#[derive(Clone)]
+pub enum StartedLearner {
+    /// Rudra's SGD loop: the shards answer its pulls with weights.
+    Sgd(Addr<LearnerActor<LearnerCore>>),
+    /// The EASGD family's worker: the shards answer its exchanges with centers.
+    Elastic(Addr<LearnerActor<ElasticWorker>>),
+}
+
+/// Where one shard's answers reach a learner, as its family takes them.
+#[derive(Clone)]
+pub enum AnswerRoute {
+    /// Weights, answering pulls.
+    Weights(Recipient<Served>),
+    /// Centers, answering exchanges.
+    Centers(Recipient<Center>),
+}
+
+impl StartedLearner {
+    /// How the scheduler starts and stops it.
+    #[must_use]
+    pub fn handle(&self) -> LearnerHandle {
+        match self {
+            Self::Sgd(a) => LearnerHandle::of(a),
+            Self::Elastic(a) => LearnerHandle::of(a),
+        }
+    }
+
+    /// Where `[[faults.panic]]` reaches it.
+    #[must_use]
+    pub fn panic(&self) -> Recipient<InjectedPanic> {
+        match self {
+            Self::Sgd(a) => a.clone().recipient(),
+            Self::Elastic(a) => a.clone().recipient(),
+        }
+    }
+
+    /// Whether it still runs.
+    #[must_use]
+    pub fn connected(&self) -> bool {
+        match self {
+            Self::Sgd(a) => a.connected(),
+            Self::Elastic(a) => a.connected(),
+        }
+    }
+
+    /// Where each shard's answers reach it, in shard order (through its faulty links).
+    pub async fn answer_routes(&self) -> Result<Vec<AnswerRoute>, ActorError> {
+        Ok(match self {
+            Self::Sgd(a) => {
+                a.send(AnswerRoutes::default()).await?.into_iter().map(AnswerRoute::Weights).collect()
+            }
+            Self::Elastic(a) => {
+                a.send(AnswerRoutes::default()).await?.into_iter().map(AnswerRoute::Centers).collect()
+            }
+        })
+    }
+}
+
 /// Start learner `id` of `spec` on `arbiter`: a model of `models`, its partition of `train`,
 /// talking to `peers` through the faulty links `run.faults` gives it.
 pub fn start_learner(
@@ -145,7 +205,7 @@ pub fn start_learner(
     peers: LearnerPeers,
     run: &LearnerRun,
     arbiter: &ArbiterHandle,
-) -> Result<Addr<LearnerActor>, ActorError> {
+) -> Result<StartedLearner, ActorError> {
     let model = models.learner()?;
     let (core, batches) = spec.learner_loop(id.index(), train, models.init());
     let core = core.incarnation(run.incarnation);
@@ -153,30 +213,43 @@ pub fn start_learner(
     let LearnerPeers { shards, mut scheduler } = peers;
     let born = run.born;
     scheduler.heartbeat = Lossy::wrap(scheduler.heartbeat, heartbeat, born);
-    let (liveness, slowdown) = (run.liveness, run.faults.slowdown(id));
-    let (codecs, exchanges_gradients, traffic) =
-        (spec.codecs, spec.exchanges_gradients(), run.traffic.clone());
-    Ok(LearnerActor::start_in_arbiter(arbiter, move |ctx| {
-        let (mut links, mut answers) = (Vec::new(), Vec::new());
-        for (link, [pull, push, reply]) in shards.into_iter().zip(plans) {
-            answers.push(Lossy::wrap(ctx.address().recipient(), reply, born));
-            let (pull, push) = (Lossy::wrap(link.pull, pull, born), Lossy::wrap(link.push, push, born));
-            links.push(ShardLink { pull, push, ..link });
+    let parts = LearnerParts {
+        model,
+        batches,
+        shards,
+        scheduler,
+        liveness: run.liveness,
+        slowdown: run.faults.slowdown(id),
+        codecs: spec.codecs,
+        exchanges_gradients: spec.exchanges_gradients(),
+        traffic: run.traffic.clone(),
+    };
+    Ok(match core {
+        LearnerLoop::Sgd(core) => StartedLearner::Sgd(spawn_learner(core, parts, (plans, born), arbiter)),
+        LearnerLoop::Elastic(worker) => {
+            StartedLearner::Elastic(spawn_learner(*worker, parts, (plans, born), arbiter))
         }
-        let parts = LearnerParts {
-            model,
-            batches,
-            shards: links,
-            answers,
-            scheduler,
-            liveness,
-            slowdown,
-            codecs,
-            exchanges_gradients,
-            traffic,
-        };
-        LearnerActor::new(core, parts)
-    }))
+    })
+}
+
+/// Start a learner running `core` on `arbiter`, its pulls, pushes and answers passing through
+/// the faulty links of `plans` (one `[pull, push, answer]` per shard), timed from `born`.
+fn spawn_learner<B: Behaviour>(
+    core: B,
+    mut parts: LearnerParts,
+    (plans, born): (Vec<[Option<LinkPlan>; 3]>, Instant),
+    arbiter: &ArbiterHandle,
+) -> Addr<LearnerActor<B>> {
+    LearnerActor::start_in_arbiter(arbiter, move |ctx| {
+        let mut answers = Vec::new();
+        let shards = std::mem::take(&mut parts.shards);
+        for (link, [pull, push, reply]) in shards.into_iter().zip(plans) {
+            answers.push(Lossy::wrap(B::answers_to(&ctx.address()), reply, born));
+            let (pull, push) = (Lossy::wrap(link.pull, pull, born), Lossy::wrap(link.push, push, born));
+            parts.shards.push(ShardLink { pull, push, ..link });
+        }
+        LearnerActor::new(core, parts, answers)
+    })
 }
 
 /// The scheduler's address before it runs, so that peers reporting to it (learners in this

@@ -11,10 +11,11 @@ use rudra_transport::{Clock, Encoding, LearnerId, Payload};
 use crate::ActorError;
 use crate::checkpoint::Checkpoints;
 use crate::messages::{
-    Crash, Exchange, InjectedPanic, Membership, Pull, Push, Records, Restart, Served, Snapshot, StopShard,
+    Center, Crash, Exchange, InjectedPanic, Membership, Pull, Push, Records, Restart, Served, Snapshot,
+    StopShard,
 };
 use crate::metrics::ShardMetrics;
-use rudra_proto::{CoreError, DropReason, Outcome, ShardCore, ShardEvent};
+use rudra_proto::{CoreError, DropReason, Outcome, ShardCore, ShardEvent, Weights};
 
 /// Records are sent to the tracker in batches of this many (and on every snapshot and stop) …
 const REPORT_BATCH: usize = 256;
@@ -25,7 +26,10 @@ const REPORT_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
 pub struct ShardActor {
     core: ShardCore,
     tracker: Recipient<Records>,
+    /// Where each learner takes the answers to its pulls …
     replies: BTreeMap<LearnerId, Recipient<Served>>,
+    /// … and to its exchanges.
+    centers: BTreeMap<LearnerId, Recipient<Center>>,
     pending: Records,
     metrics: Option<ShardMetrics>,
     checkpoints: Option<Checkpoints>,
@@ -57,6 +61,7 @@ impl ShardActor {
             core,
             tracker,
             replies: BTreeMap::new(),
+            centers: BTreeMap::new(),
             pending: Records::default(),
             metrics,
             checkpoints,
@@ -99,18 +104,15 @@ impl ShardActor {
         for event in events {
             match event {
                 ShardEvent::Serve { learner, seq, weights } => {
-                    if let Some(to) = self.replies.get(&learner) {
-                        let values = match &self.encoded {
-                            Some((clock, p)) if *clock == weights.clock => p.clone(),
-                            _ => {
-                                let p = self.weights.encode(&weights.values, None);
-                                if p.codec() != rudra_transport::Codec::F32 {
-                                    self.encoded = Some((weights.clock, p.clone()));
-                                }
-                                p
-                            }
-                        };
+                    if let Some(to) = self.replies.get(&learner).cloned() {
+                        let values = self.encoded(&weights);
                         to.do_send(Served { shard: weights.shard, clock: weights.clock, seq, values });
+                    }
+                }
+                ShardEvent::Center { learner, weights } => {
+                    if let Some(to) = self.centers.get(&learner).cloned() {
+                        let values = self.encoded(&weights);
+                        to.do_send(Center { shard: weights.shard, clock: weights.clock, values });
                     }
                 }
                 ShardEvent::Gradient(g) => {
@@ -132,6 +134,21 @@ impl ShardActor {
             self.flush();
         }
         self.checkpoint(false);
+    }
+
+    /// `weights` in the job's weights codec: encoded once per clock, the same payload for every
+    /// learner served at that clock.
+    fn encoded(&mut self, weights: &Weights) -> Payload {
+        match &self.encoded {
+            Some((clock, p)) if *clock == weights.clock => p.clone(),
+            _ => {
+                let p = self.weights.encode(&weights.values, None);
+                if p.codec() != rudra_transport::Codec::F32 {
+                    self.encoded = Some((weights.clock, p.clone()));
+                }
+                p
+            }
+        }
     }
 
     /// Log the first of a burst of non-finite gradients from one learner; the rest are counted.
@@ -204,7 +221,7 @@ impl Handler<Exchange> for ShardActor {
         if self.down {
             return;
         }
-        self.replies.insert(msg.learner, msg.reply_to);
+        self.centers.insert(msg.learner, msg.reply_to);
         match msg.values.decode() {
             Ok(values) => {
                 let events = self.core.on_exchange(msg.learner, &values);
@@ -249,6 +266,7 @@ impl Handler<Crash> for ShardActor {
         // What the tracker was sent is the run's record; what was not is lost with the process.
         self.pending = Records::default();
         self.replies.clear();
+        self.centers.clear();
         self.down = true;
         MessageResult(clock)
     }

@@ -155,7 +155,7 @@ fn a_duplicated_answer_changes_neither_the_model_nor_the_clock_the_gradient_is_c
         let peers = LearnerPeers { shards: links, scheduler };
         let learner = start_learner((&spec, &models, train), LearnerId(0), peers, &run, &arbiter.handle())
             .expect("a learner");
-        learner.do_send(StartLearner);
+        learner.handle().start.do_send(StartLearner);
         until("both pulls", || pulls.iter().all(|p| !p.lock().unwrap().is_empty())).await;
         let reply = |s: usize| pulls[s].lock().unwrap()[0].reply_to.clone();
         reply(0).do_send(served(0, 5, 1.0));

@@ -9,8 +9,9 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|data: &[u8]| {
     if let Ok(inbound) = rudra_transport::reader::decode_fuzz_input(data) {
         // A payload view must be readable in full.
-        if let rudra_transport::Inbound::Push { values, .. } | rudra_transport::Inbound::Weights { values, .. } =
-            &inbound
+        if let rudra_transport::Inbound::Push { values, .. }
+        | rudra_transport::Inbound::Weights { values, .. }
+        | rudra_transport::Inbound::Center { values, .. } = &inbound
         {
             std::hint::black_box(values.iter().sum::<f32>());
         }

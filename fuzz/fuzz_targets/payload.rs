@@ -24,6 +24,7 @@ enum Kind {
     Push,
     Exchange,
     Weights,
+    Center,
 }
 
 #[derive(Arbitrary, Debug)]
@@ -68,6 +69,7 @@ fuzz_target!(|input: Input| {
         },
         Kind::Exchange => Msg::Exchange { learner: LearnerId(learner), values },
         Kind::Weights => Msg::Weights { shard: ShardId(learner), seq, clock: Clock(clock), values },
+        Kind::Center => Msg::Center { shard: ShardId(learner), clock: Clock(clock), values },
     };
     let Ok(frame) = msg.encode() else { return };
     let mut bytes = frame.to_bytes().to_vec();
@@ -78,8 +80,8 @@ fuzz_target!(|input: Input| {
     }
     let accepts = Accepts { max_body: 1 << 20, ..Accepts::for_kind(msg.kind()) };
     let Ok(inbound) = decode_frame(&bytes, &accepts) else { return };
-    if matches!(kind, Kind::Weights) {
-        let _ = codec::served(inbound, codec);
+    if matches!(kind, Kind::Weights | Kind::Center) {
+        let _ = codec::answer(inbound, codec);
         return;
     }
     let policy = DataPolicy { range_len: RANGE, push: codec, exchange: codec };

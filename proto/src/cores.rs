@@ -1,5 +1,6 @@
-//! The core a shard runs ([`ShardCore`]: Rudra's SGD shard or the EASGD family's center) and the
-//! loop a learner runs ([`LearnerLoop`]), each one enum, so an actor drives either the same way.
+//! The core a shard runs ([`ShardCore`]: Rudra's SGD shard or the EASGD family's center), one
+//! enum so that one shard actor drives either, and the loop a learner runs ([`LearnerLoop`]),
+//! built once from the run's protocol; the learner actor is generic over the loop inside.
 
 use std::collections::BTreeSet;
 
@@ -129,24 +130,6 @@ impl LearnerLoop {
         match self {
             Self::Sgd(c) => Self::Sgd(c.with_seq_base(LearnerCore::incarnation_base(incarnation))),
             elastic @ Self::Elastic(_) => elastic,
-        }
-    }
-
-    /// Steps (gradients) done so far: the learner's local clock.
-    #[must_use]
-    pub fn steps_done(&self) -> u64 {
-        match self {
-            Self::Sgd(c) => c.steps_done(),
-            Self::Elastic(w) => w.steps_done(),
-        }
-    }
-
-    /// The learner running this loop.
-    #[must_use]
-    pub fn id(&self) -> LearnerId {
-        match self {
-            Self::Sgd(c) => c.id(),
-            Self::Elastic(w) => w.id(),
         }
     }
 }

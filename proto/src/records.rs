@@ -88,14 +88,20 @@ pub struct UpdateRecord {
 /// An effect of a shard core (SGD or center), for its driver to carry out.
 #[derive(Clone, Debug)]
 pub enum ShardEvent {
-    /// Send these weights to the learner: an answer to its pull (possibly deferred), or a
-    /// center's answer to its exchange.
+    /// Send these weights to the learner: the answer to its pull (possibly deferred).
     Serve {
         /// Who asked.
         learner: LearnerId,
-        /// The sequence number of the pull answered (0 for an exchange).
+        /// The sequence number of the pull answered.
         seq: u64,
         /// What to send.
+        weights: Weights,
+    },
+    /// Send the center to the learner: a center shard's answer to its exchange.
+    Center {
+        /// Who exchanged.
+        learner: LearnerId,
+        /// The center of the shard's range.
         weights: Weights,
     },
     /// Report a gradient's (or an exchange's) fate to the staleness tracker.

@@ -25,9 +25,10 @@ pub enum Kind {
     Exchange,
     Membership,
     Resumed,
+    Center,
 }
 
-const KINDS: [Kind; 18] = [
+const KINDS: [Kind; 19] = [
     Kind::Join,
     Kind::Welcome,
     Kind::Ready,
@@ -46,6 +47,7 @@ const KINDS: [Kind; 18] = [
     Kind::Exchange,
     Kind::Membership,
     Kind::Resumed,
+    Kind::Center,
 ];
 
 impl Kind {
@@ -71,7 +73,7 @@ impl Kind {
             | Self::Pull
             | Self::Push
             | Self::Exchange => &[Role::Learner],
-            Self::Records | Self::Snapshot | Self::Weights | Self::Resumed => &[Role::Shard],
+            Self::Records | Self::Snapshot | Self::Weights | Self::Center | Self::Resumed => &[Role::Shard],
         }
     }
 }
@@ -96,7 +98,7 @@ impl Kind {
             | Self::Push
             | Self::Exchange
             | Self::Membership => &[Role::Shard],
-            Self::Weights => &[Role::Learner],
+            Self::Weights | Self::Center => &[Role::Learner],
         }
     }
 
@@ -105,6 +107,6 @@ impl Kind {
     /// the staleness records they must follow.)
     #[must_use]
     pub fn is_payload(self) -> bool {
-        matches!(self, Self::Weights | Self::Push | Self::Exchange)
+        matches!(self, Self::Weights | Self::Center | Self::Push | Self::Exchange)
     }
 }

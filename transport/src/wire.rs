@@ -152,11 +152,11 @@ pub enum Msg {
         /// After the learner's last push: answer once, expect no gradient.
         last: bool,
     },
-    /// Shard → learner: weights.
+    /// Shard → learner: weights, the answer to a pull.
     Weights {
         /// From which shard.
         shard: ShardId,
-        /// The pull answered (0 for a center).
+        /// The pull answered.
         seq: u64,
         /// Their clock.
         clock: Clock,
@@ -179,11 +179,20 @@ pub enum Msg {
         last: bool,
     },
     /// Learner → center shard (EASGD family): x^i, DOWNPOUR's accumulated update, or
-    /// MDOWNPOUR's gradient for the shard's range; answered with `Weights` (the center).
+    /// MDOWNPOUR's gradient for the shard's range; answered with `Center`.
     Exchange {
         /// Who.
         learner: LearnerId,
         /// The values, encoded with the job's codec for their kind.
+        values: Payload,
+    },
+    /// Center shard → learner: the center variable of its range, the answer to an exchange.
+    Center {
+        /// From which shard.
+        shard: ShardId,
+        /// Its clock.
+        clock: Clock,
+        /// The values, encoded with the job's weights codec.
         values: Payload,
     },
 }
@@ -211,6 +220,7 @@ impl Msg {
             Self::Weights { .. } => Kind::Weights,
             Self::Push { .. } => Kind::Push,
             Self::Exchange { .. } => Kind::Exchange,
+            Self::Center { .. } => Kind::Center,
         }
     }
 
@@ -227,9 +237,10 @@ impl Msg {
     /// The bytes of its payload's values, where they lie.
     fn payload_spans(&self) -> Vec<Bytes> {
         match self {
-            Self::Weights { values, .. } | Self::Push { values, .. } | Self::Exchange { values, .. } => {
-                vec![values.values_bytes()]
-            }
+            Self::Weights { values, .. }
+            | Self::Center { values, .. }
+            | Self::Push { values, .. }
+            | Self::Exchange { values, .. } => vec![values.values_bytes()],
             Self::Snapshot { values, .. } => vec![values.as_bytes()],
             _ => Vec::new(),
         }
@@ -290,6 +301,7 @@ pub fn samples() -> Vec<Msg> {
         Msg::Hello { learner: LearnerId(2) },
         Msg::Pull { learner: LearnerId(2), seq: 1, last: false },
         Msg::Weights { shard: ShardId(1), seq: 1, clock: Clock(5), values: vec![0.5; 1000].into() },
+        Msg::Center { shard: ShardId(1), clock: Clock(6), values: vec![0.25; 1000].into() },
         Msg::Push {
             learner: LearnerId(2),
             seq: 9,
@@ -326,6 +338,7 @@ pub fn compressed_samples() -> Vec<Msg> {
             last: true,
         },
         Msg::Weights { shard: ShardId(0), seq: 2, clock: Clock(9), values: enc(Codec::Bf16) },
+        Msg::Center { shard: ShardId(0), clock: Clock(9), values: enc(Codec::Bf16) },
         Msg::Weights { shard: ShardId(1), seq: 3, clock: Clock(9), values: enc(Codec::Int8) },
         Msg::Exchange { learner: LearnerId(2), values: enc(Codec::Fp16) },
         Msg::Exchange { learner: LearnerId(2), values: enc(Codec::Bf16) },
@@ -367,6 +380,17 @@ pub enum Inbound {
         /// Whether that pull is the learner's last.
         last: bool,
     },
+    /// A center shard's center for a learner.
+    Center {
+        /// The shard.
+        shard: ShardId,
+        /// Its clock.
+        clock: Clock,
+        /// The values, decoded.
+        values: Floats,
+        /// The codec they travelled with.
+        codec: Codec,
+    },
     /// Values for an elastic exchange from a learner.
     Exchange {
         /// The learner.
@@ -401,6 +425,12 @@ impl Inbound {
             ArchivedMsg::Weights { shard, seq, clock, values } => Self::Weights {
                 shard: ShardId(shard.0.to_native()),
                 seq: seq.to_native(),
+                clock: Clock(clock.0.to_native()),
+                codec: values.codec(),
+                values: values.decode_in(buf)?,
+            },
+            ArchivedMsg::Center { shard, clock, values } => Self::Center {
+                shard: ShardId(shard.0.to_native()),
                 clock: Clock(clock.0.to_native()),
                 codec: values.codec(),
                 values: values.decode_in(buf)?,
@@ -444,6 +474,7 @@ impl Inbound {
         match self {
             Self::Control(m) => m.kind(),
             Self::Weights { .. } => Kind::Weights,
+            Self::Center { .. } => Kind::Center,
             Self::Push { .. } => Kind::Push,
             Self::Exchange { .. } => Kind::Exchange,
             Self::Snapshot { .. } => Kind::Snapshot,
@@ -511,6 +542,13 @@ mod tests {
                     assert_eq!(*codec, v.codec());
                     assert_eq!((learner, seq, computed_on, next_seq, last), (l, q, c, n, t));
                     assert_eq!(&values[..], &v.clone().decode().unwrap()[..]);
+                }
+                (
+                    Inbound::Center { shard, clock, values, codec },
+                    Msg::Center { shard: s, clock: c, values: v },
+                ) => {
+                    assert_eq!(*codec, v.codec());
+                    assert_eq!((shard, clock, &values[..]), (s, c, &v.clone().decode().unwrap()[..]));
                 }
                 (Inbound::Exchange { learner, values, codec }, Msg::Exchange { learner: l, values: v }) => {
                     assert_eq!(*codec, v.codec());

@@ -7,7 +7,7 @@ use rudra_transport::wire::{GradientReport, UpdateReport};
 use rudra_transport::{Clock, Codec, Floats, Inbound, Kind, LearnerId, Msg, ShardId};
 
 use crate::messages::{
-    Exchange, Heartbeat, LearnerDone, Membership, Progress, Pull, Push, Records, Served, StartLearner,
+    Center, Exchange, Heartbeat, LearnerDone, Membership, Progress, Pull, Push, Records, Served, StartLearner,
 };
 use rudra_proto::{GradientRecord, NextPull, UpdateRecord, Weights};
 
@@ -105,6 +105,13 @@ impl ToWire for Served {
     fn to_wire(self) -> Msg {
         let Self { shard, clock, seq, values } = self;
         Msg::Weights { shard, seq, clock, values }
+    }
+}
+
+impl ToWire for Center {
+    fn to_wire(self) -> Msg {
+        let Self { shard, clock, values } = self;
+        Msg::Center { shard, clock, values }
     }
 }
 
@@ -319,14 +326,26 @@ pub fn to_learner(m: Inbound) -> Result<ToLearner, Unexpected> {
     }
 }
 
-/// Decode a shard's answer to a learner: weights, in the job's weights codec (`codec`).
-pub fn served(m: Inbound, codec: Codec) -> Result<Served, Unexpected> {
+/// What a shard's connection brings a learner: the answer to a pull or to an exchange.
+#[derive(Debug)]
+pub enum Answer {
+    /// Weights, answering a pull.
+    Weights(Served),
+    /// The center, answering an exchange.
+    Center(Center),
+}
+
+/// Decode a shard's answer to a learner, in the job's weights codec (`codec`).
+pub fn answer(m: Inbound, codec: Codec) -> Result<Answer, Unexpected> {
     match m {
-        Inbound::Weights { codec: c, .. } if c != codec => {
+        Inbound::Weights { codec: c, .. } | Inbound::Center { codec: c, .. } if c != codec => {
             Err(Unexpected { what: format!("weights in {c}; this job sends weights in {codec}") })
         }
         Inbound::Weights { shard, seq, clock, values, .. } => {
-            Ok(Served { shard, clock, seq, values: values.into() })
+            Ok(Answer::Weights(Served { shard, clock, seq, values: values.into() }))
+        }
+        Inbound::Center { shard, clock, values, .. } => {
+            Ok(Answer::Center(Center { shard, clock, values: values.into() }))
         }
         other => Err(Unexpected::kind(other.kind(), "a shard sends a learner")),
     }
@@ -406,10 +425,15 @@ mod tests {
         };
         assert!(data(bf16_push).unwrap_err().what.contains("in bf16; this job sends gradients in f32"));
         let weights = |values| Msg::Weights { shard: ShardId(0), seq: 1, clock: Clock(3), values };
-        assert!(served(over_the_wire(weights(vec![1.0; 4].into())), Codec::F32).is_ok());
+        assert!(matches!(
+            answer(over_the_wire(weights(vec![1.0; 4].into())), Codec::F32),
+            Ok(Answer::Weights(_))
+        ));
         assert!(
-            served(over_the_wire(weights(bf16(vec![1.0; 4]))), Codec::F32).unwrap_err().what.contains("bf16")
+            answer(over_the_wire(weights(bf16(vec![1.0; 4]))), Codec::F32).unwrap_err().what.contains("bf16")
         );
+        let center = Msg::Center { shard: ShardId(0), clock: Clock(3), values: vec![1.0; 4].into() };
+        assert!(matches!(answer(over_the_wire(center), Codec::F32), Ok(Answer::Center(_))));
         let pull = Msg::Pull { learner: LearnerId(1), seq: 1, last: false };
         assert!(data(pull).is_err());
         assert!(data(Msg::Heartbeat).is_err());

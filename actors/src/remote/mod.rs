@@ -5,7 +5,8 @@
 //! process or not. There is one stand-in per role, holding its node's real id:
 //! - [`RemoteShard`] takes what a shard takes: pulls, pushes and exchanges from a learner;
 //!   snapshot requests, membership and the stop from the scheduler.
-//! - [`RemoteLearner`] takes what a learner takes: a shard's answers; the start and the stop.
+//! - [`RemoteLearner`] takes what a learner takes: a shard's weights and centers; the start and
+//!   the stop.
 //! - [`RemoteScheduler`] takes what the scheduler takes: a shard's records and snapshots, a
 //!   learner's progress, end and heartbeats. It keeps them while the scheduler is away.
 //!
@@ -28,7 +29,7 @@ use rudra_transport::{Clock, LearnerId, Msg, ShardId};
 use tokio::sync::oneshot;
 
 use crate::messages::{
-    Exchange, Heartbeat, LearnerDone, Membership, Progress, Pull, Push, Records, Served, Snapshot,
+    Center, Exchange, Heartbeat, LearnerDone, Membership, Progress, Pull, Push, Records, Served, Snapshot,
     StartLearner, StopLearner, StopShard,
 };
 use rudra_proto::Weights;
@@ -181,7 +182,7 @@ impl StandIn for RemoteLearner {
     }
 }
 
-stand_in!(RemoteLearner, forwards: Served, StartLearner);
+stand_in!(RemoteLearner, forwards: Served, Center, StartLearner);
 
 impl Handler<StopLearner> for RemoteLearner {
     type Result = ();

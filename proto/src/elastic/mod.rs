@@ -291,7 +291,7 @@ impl CenterShard {
     fn reply(&mut self, learner: LearnerId) {
         let weights = self.snapshot();
         self.received.insert(learner, weights.clock);
-        self.events.push(ShardEvent::Serve { learner, seq: 0, weights });
+        self.events.push(ShardEvent::Center { learner, weights });
     }
 
     /// The center moved by an update combining `gradients` contributions.
@@ -312,7 +312,7 @@ impl CenterShard {
             let weights = shard.snapshot();
             for learner in std::mem::take(&mut shard.round) {
                 shard.received.insert(learner, weights.clock);
-                shard.events.push(ShardEvent::Serve { learner, seq: 0, weights: weights.clone() });
+                shard.events.push(ShardEvent::Center { learner, weights: weights.clone() });
             }
         };
         match self.rule {

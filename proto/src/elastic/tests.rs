@@ -14,7 +14,8 @@ fn both() -> BTreeSet<LearnerId> {
 fn replies(events: Vec<ShardEvent>) -> Vec<(LearnerId, Vec<f32>)> {
     (events.into_iter())
         .filter_map(|e| match e {
-            ShardEvent::Serve { learner, weights, .. } => Some((learner, weights.values.to_vec())),
+            ShardEvent::Center { learner, weights } => Some((learner, weights.values.to_vec())),
+            ShardEvent::Serve { .. } => panic!("a center shard answered with weights"),
             ShardEvent::Gradient(_) | ShardEvent::Update(_) => None,
         })
         .collect()

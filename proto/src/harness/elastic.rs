@@ -260,9 +260,12 @@ impl<'a> Run<'a> {
     fn center_events(&mut self, s: usize, events: Vec<ShardEvent>) -> Result<(), Violation> {
         for e in events {
             match e {
-                ShardEvent::Serve { learner, weights, .. } => {
+                ShardEvent::Center { learner, weights } => {
                     let msg = Msg::Center { learner, shard: s, values: weights.values.to_vec() };
                     self.net.send(self.now, learner, msg);
+                }
+                ShardEvent::Serve { learner, .. } => {
+                    return Err(self.violation(format!("a center shard answered {learner} with weights")));
                 }
                 ShardEvent::Gradient(r) => {
                     let count = self.recorded.entry((r.learner, s)).or_default();

@@ -435,6 +435,9 @@ impl<'a, 'g> Run<'a, 'g> {
                     };
                     self.net.send(self.now, learner, msg);
                 }
+                ShardEvent::Center { learner, .. } => {
+                    return Err(self.violation(format!("an SGD shard answered {learner} with a center")));
+                }
                 ShardEvent::Gradient(r) => {
                     let bound = self.setup.max_staleness.unwrap_or(u64::MAX);
                     if matches!(r.outcome, Outcome::Applied { .. }) && r.staleness.0 > bound {

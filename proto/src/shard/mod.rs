@@ -188,6 +188,12 @@ impl SgdShard {
     /// nothing.
     pub fn restore(&mut self, state: ShardState) -> Result<(), CoreError> {
         state.check(self.params.len(), false)?;
+        if state.clock.0 > state.received {
+            return Err(CoreError::Protocol(format!(
+                "the saved state is at clock {} after {} gradients; every update takes at least one",
+                state.clock, state.received
+            )));
+        }
         let ShardState { clock, values, received, last_pushed, .. } = state;
         (self.clock, self.params, self.received, self.last_pushed) =
             (clock, Arc::new(values), received, last_pushed);

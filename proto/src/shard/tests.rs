@@ -78,6 +78,7 @@ fn drain(s: &mut Logged) -> (Vec<(LearnerId, Clock)>, Vec<GradientRecord>, Vec<U
     while let Some(e) = s.poll_event() {
         match e {
             ShardEvent::Serve { learner, weights, .. } => served.push((learner, weights.clock)),
+            ShardEvent::Center { .. } => panic!("an SGD shard answered with a center"),
             ShardEvent::Gradient(g) => grads.push(g),
             ShardEvent::Update(u) => updates.push(u),
         }
@@ -228,6 +229,9 @@ fn a_restored_shard_continues_from_its_checkpoint_exactly() {
     // A state of another size is refused and changes nothing.
     let wrong = ShardState { values: vec![0.0; 4], ..saved.clone() };
     assert!(b.restore(wrong).is_err());
+    // So is one no run could have made: more updates than gradients received.
+    let impossible = ShardState { clock: Clock(u64::MAX), ..saved.clone() };
+    assert!(b.restore(impossible).unwrap_err().to_string().contains("at least one"));
     assert_eq!(b.clock(), Clock(3));
 }
 

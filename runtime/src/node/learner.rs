@@ -6,12 +6,13 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use rudra_actors::faults::Node;
-use rudra_actors::learner::LearnerActor;
 use rudra_actors::links::{self, ShardLink};
-use rudra_actors::messages::{AnswerRoutes, Served, StartLearner, StopLearner};
-use rudra_actors::remote::codec::{self, ToLearner};
+use rudra_actors::messages::{StartLearner, StopLearner};
+use rudra_actors::remote::codec::{self, Answer, ToLearner};
 use rudra_actors::remote::{Rebind, RemoteShard};
-use rudra_actors::roles::{LearnerPeers, LearnerRun, inject_panic, start_learner};
+use rudra_actors::roles::{
+    AnswerRoute, LearnerPeers, LearnerRun, StartedLearner, inject_panic, start_learner,
+};
 use rudra_actors::{InvalidSetting, Models, TrainingData};
 use rudra_compute::Device;
 use rudra_transport::quic::{Ended, Goodbye, Peer, QuicEndpoint};
@@ -111,14 +112,14 @@ async fn learn(
     let arbiter = Arbiter::new();
     let peers = LearnerPeers { shards: links, scheduler: links::SchedulerLink::of(link.reports()) };
     let learner = start_learner((spec, &models, data.train), me, peers, &run, &arbiter.handle())?;
-    let answers = learner.send(AnswerRoutes).await.map_err(super::net)?;
+    let answers = learner.answer_routes().await?;
     let (lost_tx, mut lost_rx) = mpsc::channel(1);
     for (c, answer) in connections.into_iter().zip(answers) {
         let watch = (learner.clone(), lost_tx.clone());
         actix::spawn(keep_shard(c, answer, ep.clone(), me, opts.connect_timeout, watch));
     }
     if let Some(at) = config.faults.panic_of(Node::Learner(me)).filter(|_| incarnation == 0) {
-        inject_panic(at, learner.clone().recipient());
+        inject_panic(at, learner.panic());
     }
     let crash = config.faults.crash_of(Node::Learner(me)).filter(|_| incarnation == 0);
     let crashed = async move {
@@ -132,12 +133,12 @@ async fn learn(
     if incarnation == 0 {
         link.peer().send(&Msg::Ready).await?;
     } else {
-        learner.do_send(StartLearner);
+        learner.handle().start.do_send(StartLearner);
     }
     let result = loop {
         tokio::select! {
             m = link.next(ep, opts) => match m.map(codec::to_learner) {
-                Ok(Ok(ToLearner::Start)) => learner.do_send(StartLearner),
+                Ok(Ok(ToLearner::Start)) => learner.handle().start.do_send(StartLearner),
                 Ok(Ok(ToLearner::Heartbeat)) => {}
                 Ok(Ok(ToLearner::Stop)) => break Ok(Exit::Stopped),
                 Ok(Err(e)) => tracing::warn!("from the scheduler: {e}"),
@@ -153,7 +154,7 @@ async fn learn(
             }
         }
     };
-    learner.do_send(StopLearner::default());
+    learner.handle().stop.do_send(StopLearner::default());
     arbiter.stop();
     result
 }
@@ -193,23 +194,27 @@ struct ShardConnection {
 }
 
 /// Hand the shard's answers to the learner (at `answer`, where the learner takes them from this
-/// shard); when the connection is lost (the shard restarted, or the network failed for longer
+/// shard, as its protocol family takes them); when the connection is lost (the shard restarted, or the network failed for longer
 /// than the idle timeout), connect again and go on. A shard not reachable within `timeout` is
 /// an error on `lost`.
 async fn keep_shard(
     mut c: ShardConnection,
-    answer: Recipient<Served>,
+    answer: AnswerRoute,
     ep: QuicEndpoint,
     me: LearnerId,
     timeout: Duration,
-    (learner, lost): (Addr<LearnerActor>, mpsc::Sender<RuntimeError>),
+    (learner, lost): (StartedLearner, mpsc::Sender<RuntimeError>),
 ) {
     loop {
         let mut inbox = c.peer.incoming(8);
         while let Some(m) = inbox.recv().await {
-            match codec::served(m, c.weights) {
-                Ok(served) => answer.do_send(served),
-                Err(e) => tracing::warn!("from {}: {e}", c.name),
+            match (codec::answer(m, c.weights), &answer) {
+                (Ok(Answer::Weights(w)), AnswerRoute::Weights(to)) => to.do_send(w),
+                (Ok(Answer::Center(x)), AnswerRoute::Centers(to)) => to.do_send(x),
+                (Ok(other), _) => {
+                    tracing::warn!("from {}: {other:?} answers nothing this learner asks", c.name)
+                }
+                (Err(e), _) => tracing::warn!("from {}: {e}", c.name),
             }
         }
         if !learner.connected() {

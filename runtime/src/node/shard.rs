@@ -225,7 +225,8 @@ async fn serve_learner(peer: Peer, shard: Addr<ShardActor>, policy: LearnerPolic
         return;
     };
     let _alive = policy.metrics.as_ref().map(Metrics::learner_connected);
-    let reply = RemoteLearner::new(learner, peer.clone()).start().recipient();
+    let remote = RemoteLearner::new(learner, peer.clone()).start();
+    let (reply, center) = (remote.clone().recipient(), remote.recipient());
     // A push travels on its own stream with the pull it carries, and a lone pull (a learner's
     // first, or a retry) on the control stream, so a pull may overtake the push before it: the
     // shard orders them by their sequence numbers.
@@ -243,7 +244,7 @@ async fn serve_learner(peer: Peer, shard: Addr<ShardActor>, policy: LearnerPolic
                 shard.do_send(Push { learner, seq, computed_on, values: values.into(), then });
             }
             Ok(LearnerData::Exchange(values)) => {
-                shard.do_send(Exchange { learner, values: values.into(), reply_to: reply.clone() });
+                shard.do_send(Exchange { learner, values: values.into(), reply_to: center.clone() });
             }
             Err(why) => {
                 tracing::warn!(peer = peer.name(), "rejected {why}; closing the connection");
@@ -450,14 +451,14 @@ mod tests {
             for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
                 learner.send(&exchange(bad)).await.expect("sent");
                 let served = tokio::time::timeout(WITHIN, centers.recv()).await.expect("a center in time");
-                let Some(Inbound::Weights { clock, values, .. }) = served else {
+                let Some(Inbound::Center { clock, values, .. }) = served else {
                     panic!("expected the center, got {served:?}")
                 };
                 assert_eq!((clock, &values[..]), (Clock(0), &[1.0; 4][..]), "{bad} changed the center");
             }
             learner.send(&exchange(3.0)).await.expect("sent");
             let served = tokio::time::timeout(WITHIN, centers.recv()).await.expect("a center in time");
-            let Some(Inbound::Weights { clock, values, .. }) = served else { panic!("expected the center") };
+            let Some(Inbound::Center { clock, values, .. }) = served else { panic!("expected the center") };
             // The learner gets the center it exchanged with; the center then moves by
             // α (x − x̃) = 0.5 · 2.
             assert_eq!((clock, &values[..]), (Clock(0), &[1.0; 4][..]));

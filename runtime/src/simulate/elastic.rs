@@ -127,8 +127,13 @@ impl World for ElasticWorld {
                 drop(values);
                 for event in events {
                     match event {
-                        ShardEvent::Serve { learner, weights, .. } => {
+                        ShardEvent::Center { learner, weights } => {
                             eng.send(ElasticMsg::Center { learner, center: weights });
+                        }
+                        ShardEvent::Serve { .. } => {
+                            return Err(RuntimeError::Simulation(
+                                "internal error: a center shard answered with weights".into(),
+                            ));
                         }
                         ShardEvent::Gradient(g) => eng.record_gradient(&g),
                         ShardEvent::Update(u) => eng.record_update(&u),

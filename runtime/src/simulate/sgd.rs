@@ -132,16 +132,18 @@ impl SgdWorld {
     }
 
     /// Carry out a shard core's effects, as the shard and tracker actors do.
-    fn carry_out_shard(eng: &mut Engine<SgdMsg>, events: Vec<ShardEvent>) {
+    fn carry_out_shard(eng: &mut Engine<SgdMsg>, events: Vec<ShardEvent>) -> Result<(), RuntimeError> {
         for event in events {
             match event {
                 ShardEvent::Serve { learner, seq, weights } => {
                     eng.send(SgdMsg::Weights { learner, weights, seq })
                 }
+                ShardEvent::Center { .. } => return Err(internal("an SGD shard answered with a center")),
                 ShardEvent::Gradient(g) => eng.record_gradient(&g),
                 ShardEvent::Update(u) => eng.record_update(&u),
             }
         }
+        Ok(())
     }
 }
 
@@ -166,7 +168,7 @@ impl World for SgdWorld {
                 let core = &mut self.shards[shard.index()];
                 let events =
                     (if last { core.on_last_pull(learner, seq) } else { core.on_pull(learner, seq) })?;
-                Self::carry_out_shard(eng, events);
+                Self::carry_out_shard(eng, events)?;
             }
             SgdMsg::Push { learner, shard, computed_on, seq, grad, pull } => {
                 let range = self.ranges[shard.index()].clone();
@@ -178,7 +180,7 @@ impl World for SgdWorld {
                 } else {
                     core.on_pull(learner, pull.seq)
                 }?);
-                Self::carry_out_shard(eng, events);
+                Self::carry_out_shard(eng, events)?;
             }
             SgdMsg::Weights { learner, weights, seq } => {
                 let me = &mut self.learners[learner.index()];
