@@ -3,15 +3,12 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use std::collections::VecDeque;
-
 use rudra::actors::{
     Cluster, ClusterSpec, ElasticMethod, ElasticSpec, Models, ProtocolSpec, RunReport, SgdSpec, TrainingData,
 };
 use rudra::compute::{BatchStream, CpuBackend, Dataset, Device, Model, ModelSpec, Partition};
-use rudra::proto::{
-    LearnerLoop, LrModulation, LrSchedule, OptimizerSpec, ShardCore, ShardEvent, SyncRule, WorkerEvent,
-};
+use rudra::proto::harness::{ElasticSetup, FaultSchedule, run_elastic};
+use rudra::proto::{LrModulation, LrSchedule, OptimizerSpec, SyncRule};
 use rudra::transport::{Codecs, LearnerId, ShardId};
 
 fn mnist() -> (Dataset, Dataset) {
@@ -129,9 +126,9 @@ fn elastic(method: ElasticMethod, tau: u64, lr: f32, momentum: f32) -> ClusterSp
 }
 
 /// Sync EASGD has a barrier at every exchange, so its result cannot depend on thread timing:
-/// the actors must give what a sequential driver of the same cores gives.
+/// the actors must give what the deterministic harness gives with the same cores.
 #[test]
-fn sync_easgd_over_actors_equals_a_sequential_driver_of_the_cores() -> anyhow::Result<()> {
+fn sync_easgd_over_actors_equals_the_harness_on_the_same_cores() -> anyhow::Result<()> {
     let spec = elastic(ElasticMethod::Easgd { sync: true }, 4, 0.1, 0.0);
     let (train, test) = mnist();
     let train = Arc::new(train.head(3 * 16 * 30));
@@ -139,56 +136,36 @@ fn sync_easgd_over_actors_equals_a_sequential_driver_of_the_cores() -> anyhow::R
     let report = run(&spec, data)?;
     assert_eq!(report.updates, 30 / 4 + 1, "one round at t = 0, 4, …, 28");
 
+    // The same cores under the deterministic harness, without faults, each learner computing
+    // the real model's gradients on its own minibatches.
     let init = model().init(spec.seed);
-    let mut learners: Vec<_> = (0..3)
-        .map(|l| match spec.learner_loop(l, Arc::clone(&train), &init) {
-            (LearnerLoop::Elastic(w), batches) => (*w, batches),
-            (other, _) => panic!("expected an elastic loop, got {other:?}"),
-        })
-        .collect();
-    let mut centers: Vec<_> = (0..2)
-        .map(|s| match spec.shard_core(s, train.len(), &init) {
-            ShardCore::Center(c) => c,
-            other => panic!("expected a center shard, got {other:?}"),
-        })
-        .collect();
-    let ranges = spec.shard_ranges(init.len());
+    let e = spec.protocol.elastic().expect("an elastic protocol");
+    let setup = ElasticSetup {
+        center: e.center_rule(spec.schedule.base),
+        local: e.local_rule(spec.schedule.base, init.len()),
+        learners: spec.learners,
+        shards: spec.shards,
+        init: init.clone(),
+        steps: spec.steps_per_learner(train.len()),
+        max_staleness: None,
+        horizon: 1_000_000,
+    };
+    let mut batches: Vec<_> = (0..3).map(|l| spec.learner_loop(l, Arc::clone(&train), &init).1).collect();
     let mut model = Model::new(CpuBackend, model())?;
-    let mut queue: VecDeque<(usize, WorkerEvent)> = VecDeque::new();
-    for (l, (w, _)) in learners.iter_mut().enumerate() {
-        queue.extend(w.on_start().into_iter().map(|e| (l, e)));
-    }
-    let mut finished = 0;
-    while let Some((l, event)) = queue.pop_front() {
-        match event {
-            WorkerEvent::Compute(point) => {
-                let (w, batches) = &mut learners[l];
-                let (x, y) = batches.next_batch();
-                model.loss_and_gradient_at(&point, x, y)?;
-                let mut g = vec![0.0; point.len()];
-                model.take_gradient(&mut g)?;
-                drop(point);
-                queue.extend(w.on_gradient(&g)?.into_iter().map(|e| (l, e)));
-            }
-            WorkerEvent::Exchange { values, .. } => {
-                for (s, (center, range)) in centers.iter_mut().zip(&ranges).enumerate() {
-                    for event in center.on_exchange(LearnerId(l as u32), &values[range.clone()])? {
-                        let ShardEvent::Center { learner, weights } = event else { continue };
-                        let (w, _) = &mut learners[learner.index()];
-                        let events = w.on_center(ShardId(s as u32), &weights.values)?;
-                        queue.extend(events.into_iter().map(|e| (learner.index(), e)));
-                    }
-                }
-            }
-            WorkerEvent::Finished => finished += 1,
-        }
-    }
-    assert_eq!(finished, 3);
-    let want: Vec<f32> = centers.iter().flat_map(|c| c.snapshot().values.to_vec()).collect();
+    let mut grad = |learner: LearnerId, _step: u64, point: &[f32]| {
+        let (x, y) = batches[learner.index()].next_batch();
+        model.loss_and_gradient_at(&Arc::new(point.to_vec()), x, y).expect("a gradient");
+        let mut g = vec![0.0; point.len()];
+        model.take_gradient(&mut g).expect("the gradient");
+        g
+    };
+    let run =
+        run_elastic(&setup, FaultSchedule::default(), 0, &mut grad).map_err(|v| anyhow::anyhow!("{v}"))?;
+    let want = run.center;
     let worst = want.iter().zip(&report.params).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
     let moved = init.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
     assert!(moved > 1e-2, "training moved the center (by {moved})");
-    assert!(worst < 1e-5, "sync EASGD over actors differs from the sequential driver by {worst}");
+    assert!(worst < 1e-5, "sync EASGD over actors differs from the harness by {worst}");
     Ok(())
 }
 

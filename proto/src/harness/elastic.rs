@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::ops::Range;
 
 use super::network::{FaultSchedule, Network};
-use super::{Dice, Violation, quadratic_gradient};
+use super::{Dice, GradientFn, Violation};
 use crate::{
     CenterRule, CenterShard, Clock, ElasticWorker, LearnerId, LocalRule, Outcome, ShardEvent, ShardId,
     WorkerEvent, shard_ranges,
@@ -28,8 +28,8 @@ pub struct ElasticSetup {
     pub learners: u32,
     /// Shards.
     pub shards: u32,
-    /// Parameters.
-    pub dim: usize,
+    /// The weights every run starts from: the centers' and every learner's.
+    pub init: Vec<f32>,
     /// Local steps per learner.
     pub steps: u64,
     /// The staleness bound the shards enforce, if any (async DiLoCo).
@@ -57,8 +57,9 @@ enum Msg {
     Center { learner: LearnerId, shard: usize, values: Vec<f32> },
 }
 
-struct Run<'a> {
+struct Run<'a, 'g> {
     setup: &'a ElasticSetup,
+    grad: &'g mut GradientFn<'g>,
     ranges: Vec<Range<usize>>,
     centers: Vec<CenterShard>,
     clocks: Vec<Clock>,
@@ -86,10 +87,11 @@ enum Timer {
 
 /// Run `setup` under `faults` (delays and permanent learner deaths) with `seed`, checking
 /// the harness's invariants throughout.
-pub fn run_elastic(
+pub fn run_elastic<'g>(
     setup: &ElasticSetup,
     faults: FaultSchedule,
     seed: u64,
+    grad: &'g mut GradientFn<'g>,
 ) -> Result<ElasticOutcome, Violation> {
     let unreliable = faults.loss > 0.0
         || faults.duplicate > 0.0
@@ -102,13 +104,13 @@ pub fn run_elastic(
             what: "exchanges ride reliable streams: give the elastic family delays and deaths only".into(),
         });
     }
-    Run::new(setup, faults, seed).run()
+    Run::new(setup, faults, seed, grad).run()
 }
 
-impl<'a> Run<'a> {
-    fn new(setup: &'a ElasticSetup, faults: FaultSchedule, seed: u64) -> Self {
-        let init: Vec<f32> = (0..setup.dim).map(|i| (i % 5) as f32 * 0.2 - 0.4).collect();
-        let ranges = shard_ranges(setup.dim, setup.shards as usize);
+impl<'a, 'g> Run<'a, 'g> {
+    fn new(setup: &'a ElasticSetup, faults: FaultSchedule, seed: u64, grad: &'g mut GradientFn<'g>) -> Self {
+        let init = &setup.init;
+        let ranges = shard_ranges(init.len(), setup.shards as usize);
         let active: BTreeSet<LearnerId> = (0..setup.learners).map(LearnerId).collect();
         let centers = (ranges.iter().enumerate())
             .map(|(s, r)| {
@@ -124,6 +126,7 @@ impl<'a> Run<'a> {
         let mut dice = Dice::new(seed ^ 0xe1a5);
         let mut run = Self {
             setup,
+            grad,
             clocks: vec![Clock(0); ranges.len()],
             ranges,
             centers,
@@ -194,7 +197,7 @@ impl<'a> Run<'a> {
         match timer {
             Timer::Computed { learner, point } => {
                 let Some(worker) = self.workers[learner].as_mut() else { return Ok(()) };
-                let g = quadratic_gradient(LearnerId(learner as u32), worker.steps_done(), &point);
+                let g = (self.grad)(LearnerId(learner as u32), worker.steps_done(), &point);
                 let events =
                     worker.on_gradient(&g).map_err(|e| Violation { tick: self.now, what: e.to_string() })?;
                 self.worker_events(learner, events)

@@ -117,7 +117,8 @@ fn an_unfinished_run_is_a_violation() {
 }
 
 fn elastic(center: CenterRule, local: LocalRule, max_staleness: Option<u64>) -> ElasticSetup {
-    ElasticSetup { center, local, learners: 4, shards: 2, dim: 6, steps: 12, max_staleness, horizon: 20_000 }
+    let init = (0..6).map(|i| (i % 5) as f32 * 0.2 - 0.4).collect();
+    ElasticSetup { center, local, learners: 4, shards: 2, init, steps: 12, max_staleness, horizon: 20_000 }
 }
 
 /// Delays up to `max_delay` ticks and, for some seeds, learners that die for good.
@@ -159,7 +160,7 @@ fn every_elastic_rule_keeps_its_invariants_through_delays_and_deaths() {
     for setup in &setups {
         for seed in 0..SCHEDULES {
             let faults = reliable(seed, setup.learners);
-            let out = run_elastic(setup, faults.clone(), seed)
+            let out = run_elastic(setup, faults.clone(), seed, &mut quadratic_gradient)
                 .unwrap_or_else(|v| panic!("{:?}, seed {seed} ({faults:?}): {v}", setup.center));
             assert!(out.center.iter().all(|v| v.is_finite()), "{:?}: {:?}", setup.center, out.center);
         }
@@ -181,7 +182,13 @@ fn sync_easgd_without_faults_moves_the_center_once_per_round() {
         LocalRule::Elastic(ElasticLearner::new(settings, 6)),
         None,
     );
-    let out = run_elastic(&setup, FaultSchedule { max_delay: 4, ..FaultSchedule::default() }, 3).unwrap();
+    let out = run_elastic(
+        &setup,
+        FaultSchedule { max_delay: 4, ..FaultSchedule::default() },
+        3,
+        &mut quadratic_gradient,
+    )
+    .unwrap();
     // τ = 2 over 12 steps: exchanges at steps 0, 2, …, 10, one round each.
     assert_eq!(out.clocks, vec![crate::Clock(6); 2]);
     assert_eq!(out.exchanges, 6 * 4 * 2, "every learner's exchange with every shard, once");
@@ -190,6 +197,12 @@ fn sync_easgd_without_faults_moves_the_center_once_per_round() {
 #[test]
 fn the_elastic_harness_refuses_lossy_links() {
     let setup = elastic(CenterRule::Downpour, LocalRule::Downpour(DownpourLearner::new(3, 0.1, 6)), None);
-    let v = run_elastic(&setup, FaultSchedule { loss: 0.1, ..FaultSchedule::default() }, 1).unwrap_err();
+    let v = run_elastic(
+        &setup,
+        FaultSchedule { loss: 0.1, ..FaultSchedule::default() },
+        1,
+        &mut quadratic_gradient,
+    )
+    .unwrap_err();
     assert!(v.what.contains("reliable"), "{v}");
 }
