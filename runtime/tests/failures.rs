@@ -240,8 +240,10 @@ fn resume_at_the_start_of_a_new_job_is_refused_and_nothing_hangs() {
     std::fs::remove_dir_all(c.path("run")).unwrap();
     // Whenever the scheduler hears of the refusal, it stops within its connect timeout.
     let mut scheduler = c.start_scheduler(&["--connect-timeout", "8s"], &settings);
-    assert!(!exit_within("shard-0", &mut shard, Duration::from_secs(60)).success());
+    // A checkpoint of another job is a permanent error: exit 2, which engines do not restart.
+    let status = exit_within("shard-0", &mut shard, Duration::from_secs(60));
     let log = c.log("shard-0");
+    assert_eq!(status.code(), Some(2), "{log}");
     assert!(log.contains("shard-0.safetensors") && log.contains("another run"), "{log}");
     assert!(!exit_within("the scheduler", &mut scheduler, Duration::from_secs(20)).success());
     assert!(c.log("scheduler").contains("shard-0"), "{}", c.log("scheduler"));
@@ -397,6 +399,22 @@ fn a_second_scheduler_on_a_live_run_directory_exits_2_and_changes_nothing() {
     assert_eq!(snapshot(&c.path("run")), before, "the live run directory changed");
     first.kill().unwrap();
     let _ = first.wait();
+}
+
+/// SIGTERM stops a node at once, as a crash, with exit code 143 (128 + 15).
+#[test]
+fn sigterm_stops_a_node_at_once_with_exit_code_143() {
+    let _one = one_at_a_time();
+    let c = Cluster::new(&[]);
+    let mut scheduler = c.start_scheduler(&[], &[]);
+    c.wait_for("scheduler", "waiting for", Duration::from_secs(30));
+    let sent = Command::new("kill").args(["-TERM", &scheduler.id().to_string()]).status().unwrap();
+    assert!(sent.success());
+    let stopped = Instant::now();
+    let status = exit_within("the scheduler", &mut scheduler, Duration::from_secs(2));
+    assert_eq!(status.code(), Some(143), "{}", c.log("scheduler"));
+    assert!(c.log("scheduler").contains("stopped by SIGTERM"), "{}", c.log("scheduler"));
+    assert!(stopped.elapsed() < Duration::from_secs(2));
 }
 
 /// A shard whose actor panics (`[[faults.panic]]`) ends its process at once, exit code 70
