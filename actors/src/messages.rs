@@ -158,6 +158,11 @@ pub enum Joined {
     Learner(LearnerId),
 }
 
+/// A shard restarted and resumed from its checkpoint at this clock (to the scheduler).
+#[derive(Message, Clone, Copy, Debug)]
+#[rtype(result = "()")]
+pub struct Resumed(pub Clock);
+
 /// Panic inside the actor, as a bug would (`[[faults.panic]]`): the process ends.
 #[derive(Message, Clone, Copy, Debug)]
 #[rtype(result = "()")]

@@ -7,7 +7,8 @@ use rudra_transport::wire::{GradientReport, UpdateReport};
 use rudra_transport::{Clock, Codec, Floats, Inbound, Kind, LearnerId, Msg, ShardId};
 
 use crate::messages::{
-    Center, Exchange, Heartbeat, LearnerDone, Membership, Progress, Pull, Push, Records, Served, StartLearner,
+    Center, Exchange, Heartbeat, LearnerDone, Membership, Progress, Pull, Push, Records, Resumed, Served,
+    StartLearner,
 };
 use rudra_proto::{GradientRecord, NextPull, UpdateRecord, Weights};
 
@@ -48,6 +49,12 @@ impl ToWire for Records {
                 .map(|u| UpdateReport { clock: u.clock, gradients: u.gradients as u32 })
                 .collect(),
         }
+    }
+}
+
+impl ToWire for Resumed {
+    fn to_wire(self) -> Msg {
+        Msg::Resumed { clock: self.0 }
     }
 }
 

@@ -7,8 +7,9 @@
 //!   snapshot requests, membership and the stop from the scheduler.
 //! - [`RemoteLearner`] takes what a learner takes: a shard's weights and centers; the start and
 //!   the stop.
-//! - [`RemoteScheduler`] takes what the scheduler takes: a shard's records and snapshots, a
-//!   learner's progress, end and heartbeats. It keeps them while the scheduler is away.
+//! - [`RemoteScheduler`] takes what the scheduler takes: a shard's records, snapshots and
+//!   resumption, a learner's progress, end and heartbeats. It keeps them while the scheduler is
+//!   away.
 //!
 //! A gradient over QUIC reads: learner actor → [`Push`] → [`RemoteShard`] →
 //! [`codec::ToWire`] → frame → the shard node's link → [`codec::from_learner_data`] → [`Push`]
@@ -29,8 +30,8 @@ use rudra_transport::{Clock, LearnerId, Msg, ShardId};
 use tokio::sync::oneshot;
 
 use crate::messages::{
-    Center, Exchange, Heartbeat, LearnerDone, Membership, Progress, Pull, Push, Records, Served, Snapshot,
-    StartLearner, StopLearner, StopShard,
+    Center, Exchange, Heartbeat, LearnerDone, Membership, Progress, Pull, Push, Records, Resumed, Served,
+    Snapshot, StartLearner, StopLearner, StopShard,
 };
 use rudra_proto::Weights;
 
@@ -211,7 +212,7 @@ impl StandIn for RemoteScheduler {
     }
 }
 
-stand_in!(RemoteScheduler, forwards: Records, Progress, LearnerDone, Heartbeat);
+stand_in!(RemoteScheduler, forwards: Records, Resumed, Progress, LearnerDone, Heartbeat);
 
 impl Handler<AnswerSnapshot> for RemoteScheduler {
     type Result = ();

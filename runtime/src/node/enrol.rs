@@ -169,40 +169,45 @@ pub(super) struct Registrar {
     exchanges: Mutex<Exchanges>,
 }
 
-/// The enrolment exchanges going on, oldest first: each one's address, and its socket to cut
-/// it off with.
+/// The enrolment exchanges going on, oldest first: each one's address, its socket to cut it
+/// off with, and whether its request was read whole and decided (a token use may be recorded:
+/// a newcomer does not cut it off).
 #[derive(Default)]
 struct Exchanges {
     next: u64,
-    live: BTreeMap<u64, (IpAddr, TcpStream)>,
+    live: BTreeMap<u64, (IpAddr, TcpStream, bool)>,
 }
 
 impl Exchanges {
     /// Make room for an exchange from `ip` over `socket` (a handle on it), cutting off the
-    /// oldest of its address past [`PER_ADDRESS`], else the oldest of all past [`CONCURRENT`];
-    /// returns the new exchange's number.
+    /// oldest undecided exchange of its address past [`PER_ADDRESS`], else the oldest
+    /// undecided of all past [`CONCURRENT`]; returns the new exchange's number.
     fn admit(&mut self, ip: IpAddr, socket: TcpStream) -> u64 {
-        let mine: Vec<u64> = (self.live.iter()).filter(|(_, (a, _))| *a == ip).map(|(&n, _)| n).collect();
-        let oldest = if mine.len() >= PER_ADDRESS {
-            mine.first().copied()
-        } else if self.live.len() >= CONCURRENT {
-            self.live.keys().next().copied()
-        } else {
-            None
-        };
-        if let Some(n) = oldest {
-            self.cut(n, "cut off for a newer enrolment");
+        let mine = self.live.values().filter(|(a, ..)| *a == ip).count();
+        if mine >= PER_ADDRESS || self.live.len() >= CONCURRENT {
+            let ours = |a: &IpAddr| mine < PER_ADDRESS || *a == ip;
+            let oldest = (self.live.iter()).find(|(_, (a, _, decided))| !decided && ours(a)).map(|(&n, _)| n);
+            if let Some(n) = oldest {
+                self.cut(n, "cut off for a newer enrolment");
+            }
         }
         let n = self.next;
         self.next += 1;
-        self.live.insert(n, (ip, socket));
+        self.live.insert(n, (ip, socket, false));
         n
+    }
+
+    /// Exchange `n` read its request whole and is being answered: no newcomer cuts it off.
+    fn decided(&mut self, n: u64) {
+        if let Some((.., decided)) = self.live.get_mut(&n) {
+            *decided = true;
+        }
     }
 
     /// End exchange `n` if it is still going: its socket is shut down, so the next read or
     /// write of the thread serving it fails at once.
     fn cut(&mut self, n: u64, why: &str) {
-        if let Some((ip, socket)) = self.live.remove(&n) {
+        if let Some((ip, socket, _)) = self.live.remove(&n) {
             tracing::debug!(%ip, "enrolment {why}");
             let _ = socket.shutdown(Shutdown::Both);
         }
@@ -292,7 +297,7 @@ impl Registrar {
         let n = self.exchanges().admit(peer.ip(), handle);
         let registrar = Arc::clone(&self);
         let thread = std::thread::Builder::new().name("enrolment".into()).spawn(move || {
-            registrar.answer(stream, peer);
+            registrar.answer(stream, peer, n);
             registrar.exchanges().live.remove(&n);
         });
         if let Err(e) = thread {
@@ -309,8 +314,13 @@ impl Registrar {
         self.exchanges.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn answer(&self, stream: TcpStream, peer: SocketAddr) {
-        let served = enrol::serve(stream, Arc::clone(&self.tls), EXCHANGE, |r| self.decide(r));
+    /// Answer exchange `n` on `stream`.
+    fn answer(&self, stream: TcpStream, peer: SocketAddr, n: u64) {
+        let decide = |r: &EnrolRequest| {
+            self.exchanges().decided(n);
+            self.decide(r)
+        };
+        let served = enrol::serve(stream, Arc::clone(&self.tls), EXCHANGE, decide);
         match served {
             Ok((request, Ok(name))) => {
                 tracing::info!(%peer, role = request.role.as_str(), name, "enrolled a node");
@@ -323,5 +333,44 @@ impl Registrar {
             ),
             Err(e) => tracing::warn!(%peer, "refused enrolment: {e}"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connected socket over loopback (its peer is kept open beside it).
+    fn socket(listener: &std::net::TcpListener) -> (TcpStream, TcpStream) {
+        let s = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        (s, listener.accept().unwrap().0)
+    }
+
+    #[test]
+    fn a_newcomer_cuts_off_the_oldest_undecided_exchange_of_its_address() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let (here, elsewhere) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([10, 0, 0, 1]));
+        let mut ex = Exchanges::default();
+        let mut peers = Vec::new();
+        let mut admit = |ex: &mut Exchanges, ip| {
+            let (s, peer) = socket(&listener);
+            peers.push(peer);
+            ex.admit(ip, s)
+        };
+        let first: Vec<u64> = (0..PER_ADDRESS).map(|_| admit(&mut ex, here)).collect();
+        let other = admit(&mut ex, elsewhere);
+        // The oldest has read its request and is being answered: a token use may be recorded,
+        // so the next newcomer of its address cuts off the one after it.
+        ex.decided(first[0]);
+        let newcomer = admit(&mut ex, here);
+        let live: Vec<u64> = ex.live.keys().copied().collect();
+        assert_eq!(live, [first[0], first[2], first[3], other, newcomer]);
+        // Past the total, the oldest undecided of any address goes.
+        let more: Vec<u64> =
+            (0..CONCURRENT).map(|i| admit(&mut ex, IpAddr::from([10, 1, 0, i as u8]))).collect();
+        assert_eq!(ex.live.len(), CONCURRENT);
+        assert!(ex.live.contains_key(&first[0]), "a decided exchange is never cut off");
+        assert!(ex.live.contains_key(more.last().unwrap()));
+        assert!(!ex.live.contains_key(&other));
     }
 }

@@ -41,6 +41,10 @@ impl UpLink {
         liveness: Liveness,
     ) -> Self {
         let reports = actix::Actor::start(RemoteScheduler::new(peer.clone()));
+        // A node slow to get going (loading its data) sends one heartbeat when it looks, not a
+        // burst of those it missed.
+        let mut tick = tokio::time::interval(liveness.heartbeat);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         Self {
             peer,
             rx,
@@ -49,7 +53,7 @@ impl UpLink {
             reports,
             heard: None,
             timeout: liveness.failure_timeout,
-            tick: tokio::time::interval(liveness.heartbeat),
+            tick,
         }
     }
 
@@ -66,7 +70,7 @@ impl UpLink {
     /// The scheduler's next message. A lost connection, or a scheduler silent for longer than
     /// the failure timeout, is joined again here; an error ends the node's run: the run failed
     /// or this node was refused, or the scheduler was not back within `--connect-timeout`. A
-    /// shard (`beat`) sends its heartbeat on every tick.
+    /// shard sends its heartbeat on every tick (a learner's come from its actor).
     pub(super) async fn next(
         &mut self,
         ep: &QuicEndpoint,

@@ -178,10 +178,11 @@ async fn drive(
         learners: learner_peers.into_iter().map(|r| Seat::new(r, first)).collect(),
         tracker: tracker.clone(),
         scheduler: scheduler.clone(),
+        failure_timeout: config.liveness.failure_timeout,
     });
     for (s, j) in shards.into_iter().enumerate() {
         let s = ShardId(s as u32);
-        roster.seat(s, j);
+        roster.seat(s, j, false);
         // A node that comes back to a resumed run is heard from; a new one joins.
         if resumed {
             scheduler.do_send(ShardAlive(s));
@@ -193,11 +194,11 @@ async fn drive(
         let l = LearnerId(l as u32);
         match j {
             Some(j) if resumed => {
-                roster.seat(l, j);
+                roster.seat(l, j, false);
                 scheduler.do_send(Heartbeat(l));
             }
             Some(j) => {
-                roster.seat(l, j);
+                roster.seat(l, j, false);
                 scheduler.do_send(Joined::Learner(l));
             }
             None => {}
@@ -356,6 +357,8 @@ struct Roster {
     learners: Vec<Seat<RemoteLearner>>,
     tracker: Addr<StalenessTracker>,
     scheduler: Addr<SchedulerActor>,
+    /// How long a rejoin waits for the scheduler's word on the node it would replace.
+    failure_timeout: Duration,
 }
 
 /// Every heartbeat period, tell every node of the job that the scheduler is alive.
@@ -379,6 +382,8 @@ trait SeatId: Copy + std::fmt::Display + Send + 'static {
     fn dispatch(self, roster: Arc<Roster>, j: Joiner, incarnation: u32);
     /// Whether the failure detector holds the node alive.
     fn is_alive(self) -> IsAlive;
+    /// Tell the failure detector the node was heard from.
+    fn heard(self, scheduler: &Addr<SchedulerActor>);
 }
 
 impl SeatId for ShardId {
@@ -391,6 +396,9 @@ impl SeatId for ShardId {
     }
     fn is_alive(self) -> IsAlive {
         IsAlive::Shard(self)
+    }
+    fn heard(self, scheduler: &Addr<SchedulerActor>) {
+        scheduler.do_send(ShardAlive(self));
     }
 }
 
@@ -405,13 +413,20 @@ impl SeatId for LearnerId {
     fn is_alive(self) -> IsAlive {
         IsAlive::Learner(self)
     }
+    fn heard(self, scheduler: &Addr<SchedulerActor>) {
+        scheduler.do_send(Heartbeat(self));
+    }
 }
 
 impl Roster {
-    /// Seat `j` as node `id` and serve it; returns its incarnation.
-    fn seat<I: SeatId>(self: &Arc<Self>, id: I, j: Joiner) -> u32 {
+    /// Seat `j` as node `id` and serve it; returns its incarnation. A node that `rejoined` the
+    /// running job is heard from as it takes its seat.
+    fn seat<I: SeatId>(self: &Arc<Self>, id: I, j: Joiner, rejoined: bool) -> u32 {
         let seat = id.seat(self);
         let incarnation = seat.take(&j.peer);
+        if rejoined {
+            id.heard(&self.scheduler);
+        }
         if incarnation > 0 {
             seat.remote.do_send(Rebind(j.peer.clone()));
         }
@@ -420,9 +435,20 @@ impl Roster {
     }
 
     /// Whether node `id` holds its seat: its connection is open and the failure detector
-    /// holds it alive.
+    /// holds it alive. A scheduler too busy to answer within the failure timeout (an
+    /// evaluation waiting on a shard that is restarting) lets the newcomer in: the node it
+    /// would replace is most likely that restarted one.
     async fn held<I: SeatId>(&self, id: I) -> bool {
-        id.seat(self).connected() && self.scheduler.send(id.is_alive()).await.unwrap_or(false)
+        if !id.seat(self).connected() {
+            return false;
+        }
+        match tokio::time::timeout(self.failure_timeout, self.scheduler.send(id.is_alive())).await {
+            Ok(answer) => answer.unwrap_or(false),
+            Err(_) => {
+                tracing::warn!("the scheduler is busy; {id} joins again in place of its silent connection");
+                false
+            }
+        }
     }
 
     fn peers(&self) -> Vec<Peer> {
@@ -468,9 +494,11 @@ async fn accept_rejoins(ep: QuicEndpoint, roster: Arc<Roster>) {
                 );
                 return peer.say_goodbye(Goodbye::Duplicate, &why);
             }
+            // The node is heard from as it takes its seat, so that a second process of its name
+            // arriving before its first heartbeat is refused.
             let incarnation = match role {
-                Role::Shard => roster.seat(ShardId(id), j),
-                _ => roster.seat(LearnerId(id), j),
+                Role::Shard => roster.seat(ShardId(id), j, true),
+                _ => roster.seat(LearnerId(id), j, true),
             };
             tracing::info!(peer = peer.name(), incarnation, "rejoined the running job");
             if let Err(e) = peer.send(&inv.welcome(id as usize, incarnation)).await {

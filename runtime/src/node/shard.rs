@@ -10,7 +10,7 @@ use actix::prelude::*;
 use rudra_actors::Models;
 use rudra_actors::checkpoint::Checkpoints;
 use rudra_actors::faults::{Crash, Node};
-use rudra_actors::messages::{Exchange, Pull, Push, Snapshot, StopShard};
+use rudra_actors::messages::{Exchange, Pull, Push, Resumed, Snapshot, StopShard};
 use rudra_actors::metrics::Metrics;
 use rudra_actors::remote::codec::{self, DataPolicy, LearnerData, ToShard};
 use rudra_actors::remote::{AnswerSnapshot, RemoteLearner, RemoteScheduler};
@@ -72,7 +72,7 @@ async fn serve(
         &Arbiter::current(),
     )?;
     if let Some(clock) = resumed {
-        link.peer().send(&Msg::Resumed { clock }).await?;
+        tracker.do_send(Resumed(clock));
     }
     let policy = LearnerPolicy {
         names: Arc::new(welcome.learners.clone()),
@@ -91,7 +91,7 @@ async fn serve(
     let crash = config.faults.crash_of(Node::Shard(id)).filter(|_| !resume);
     let (failed_tx, mut failed) = mpsc::channel(1);
     if let Some(c) = crash {
-        actix::spawn(injected_crash(c, shard.clone(), link.peer().clone(), failed_tx));
+        actix::spawn(injected_crash(c, shard.clone(), tracker.clone(), failed_tx));
     }
     // The learners are served meanwhile, also while the scheduler is away.
     let result = loop {
@@ -138,17 +138,20 @@ async fn answer(
 
 /// An injected crash of this shard at `c.at` after it joined: it loses what it holds in
 /// memory, and `c.restart_after` later comes back from its checkpoint and tells the scheduler.
-async fn injected_crash(c: Crash, shard: Addr<ShardActor>, sched: Peer, failed: mpsc::Sender<RuntimeError>) {
+async fn injected_crash(
+    c: Crash,
+    shard: Addr<ShardActor>,
+    sched: Addr<RemoteScheduler>,
+    failed: mpsc::Sender<RuntimeError>,
+) {
     tokio::time::sleep(c.at).await;
     let down = c.restart_after.unwrap_or_default();
     let crashed = |clock| tracing::error!("crashed at clock {clock} (fault injection)");
-    let Some(resumed) = crash_and_restart(&shard, down, crashed).await else { return };
-    let sent = match resumed {
-        Ok(clock) => sched.send(&Msg::Resumed { clock }).await.map_err(RuntimeError::from),
-        Err(e) => Err(e.into()),
-    };
-    if let Err(e) = sent {
-        let _ = failed.send(e).await;
+    match crash_and_restart(&shard, down, crashed).await {
+        // Through the scheduler's stand-in: on its current connection, or kept until it is back.
+        Some(Ok(clock)) => sched.do_send(Resumed(clock)),
+        Some(Err(e)) => drop(failed.send(e.into()).await),
+        None => {}
     }
 }
 
