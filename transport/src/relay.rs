@@ -41,6 +41,12 @@ use crate::faults::{Fate, FaultDice, FaultWindow, LinkFaults};
 /// The largest datagram the relay forwards whole.
 pub const MAX_DATAGRAM: usize = 65_535;
 
+/// The kernel buffers asked for each relay socket, each way. A QUIC sender bursts up to its
+/// congestion window at once (64 KiB per segmentation-offloaded send); with the kernel's
+/// default 208 KiB a relay overflows and drops, and the endpoints' congestion control then
+/// runs the link at a twentieth of its speed.
+pub const SOCKET_BUFFER: usize = 4 << 20;
+
 /// The fault rules of both directions and when they apply.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -125,6 +131,7 @@ impl Relay {
         let io = |e: std::io::Error| TransportError::Io(format!("cannot bind the relay to {listen}: {e}"));
         let socket = std::net::UdpSocket::bind(listen).map_err(io)?;
         socket.set_nonblocking(true).map_err(io)?;
+        widen(&socket);
         Ok(Self {
             listen: socket,
             upstream,
@@ -481,7 +488,27 @@ fn upstream_socket(upstream: SocketAddr) -> std::io::Result<UdpSocket> {
     let socket = std::net::UdpSocket::bind(SocketAddr::new(any, 0))?;
     socket.connect(upstream)?;
     socket.set_nonblocking(true)?;
+    widen(&socket);
     UdpSocket::from_std(socket)
+}
+
+/// Ask for [`SOCKET_BUFFER`] bytes of kernel buffer on `socket` each way; the kernel caps the
+/// request at `net.core.rmem_max` / `wmem_max`, and a cap below it is logged once, with the
+/// setting that raises it.
+fn widen(socket: &std::net::UdpSocket) {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    let s = socket2::SockRef::from(socket);
+    let _ = (s.set_recv_buffer_size(SOCKET_BUFFER), s.set_send_buffer_size(SOCKET_BUFFER));
+    // Linux reports twice what it grants (the rest is its bookkeeping).
+    let got = s.recv_buffer_size().unwrap_or(0).min(s.send_buffer_size().unwrap_or(0)) / 2;
+    if got < SOCKET_BUFFER {
+        SAID.call_once(|| {
+            tracing::warn!(
+                "the relay's sockets got {got} bytes of buffer of the {SOCKET_BUFFER} asked: fast links will \
+                 drop datagrams; raise net.core.rmem_max and net.core.wmem_max"
+            );
+        });
+    }
 }
 
 /// Forward what upstream sends on a session's socket back to its client.
@@ -513,4 +540,35 @@ async fn relay_replies(
 fn transient(e: &std::io::Error) -> bool {
     use std::io::ErrorKind::{ConnectionRefused, ConnectionReset, Interrupted};
     matches!(e.kind(), ConnectionRefused | ConnectionReset | Interrupted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kernel's cap on a socket's buffer, from `/proc` (Linux).
+    fn cap(name: &str) -> usize {
+        let path = format!("/proc/sys/net/core/{name}");
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}")).trim().parse().unwrap()
+    }
+
+    #[test]
+    fn relay_sockets_ask_for_buffers_a_quic_burst_fits_in() {
+        let (rmem, wmem) = (cap("rmem_max"), cap("wmem_max"));
+        let relay = Relay::bind(
+            "127.0.0.1:0".parse().unwrap(),
+            "127.0.0.1:9".parse().unwrap(),
+            RelayRules::default(),
+            1,
+        )
+        .unwrap();
+        let upstream = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        widen(&upstream);
+        for socket in [&relay.listen, &upstream] {
+            let s = socket2::SockRef::from(socket);
+            // Linux reports twice what it grants.
+            assert!(s.recv_buffer_size().unwrap() / 2 >= SOCKET_BUFFER.min(rmem));
+            assert!(s.send_buffer_size().unwrap() / 2 >= SOCKET_BUFFER.min(wmem));
+        }
+    }
 }
