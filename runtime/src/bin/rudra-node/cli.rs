@@ -273,12 +273,12 @@ pub(crate) struct RelayArgs {
     /// Probability that a datagram is held back behind later ones.
     #[arg(long, default_value_t = 0.0)]
     pub(crate) reorder: f64,
-    /// Delay of every datagram, milliseconds.
-    #[arg(long, default_value_t = 0)]
-    pub(crate) delay_ms: u64,
+    /// Delay of every datagram, milliseconds (fractions allowed, e.g. 2.5).
+    #[arg(long, default_value_t = 0.0)]
+    pub(crate) delay_ms: f64,
     /// Uniform jitter on the delay, ± milliseconds.
-    #[arg(long, default_value_t = 0)]
-    pub(crate) jitter_ms: u64,
+    #[arg(long, default_value_t = 0.0)]
+    pub(crate) jitter_ms: f64,
     /// Seed of the fault dice.
     #[arg(long, default_value_t = 1)]
     pub(crate) seed: u64,

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use rudra_actors::InvalidSetting;
 use rudra_runtime::RuntimeError;
 use rudra_transport::{LinkFaults, Relay, RelayRules};
 
@@ -10,12 +11,17 @@ use crate::cli::RelayArgs;
 /// Relay until stopped, cutting and healing the link at the times given.
 pub(crate) fn run(args: RelayArgs) -> Result<(), RuntimeError> {
     let ms = Duration::from_millis;
+    let millis = |flag: &'static str, v: f64| {
+        Duration::try_from_secs_f64(v / 1000.0).map_err(|_| {
+            RuntimeError::Invalid(InvalidSetting::new(flag, format!("is {v}; give milliseconds, 0 or more")))
+        })
+    };
     let faults = LinkFaults {
         drop: args.drop,
         duplicate: args.duplicate,
         reorder: args.reorder,
-        delay: ms(args.delay_ms),
-        jitter: ms(args.jitter_ms),
+        delay: millis("--delay-ms", args.delay_ms)?,
+        jitter: millis("--jitter-ms", args.jitter_ms)?,
     };
     let rules = RelayRules { to_upstream: faults.clone(), to_client: faults, ..RelayRules::default() };
     let to = args.to;
