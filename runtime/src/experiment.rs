@@ -180,6 +180,7 @@ fn as_processes(
         nodes: (c.shards, c.learners),
         connect_timeout: bounds.connect_timeout,
         log_filter: "info",
+        shard_front: None,
     };
     tracing::info!(dir = %run_dir.display(), logs = %logs.display(), "the {name} run, as processes");
     let ended = Processes::start(&launch)?.run(kills, bounds.limit)?;

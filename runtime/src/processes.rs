@@ -5,6 +5,7 @@
 
 use std::ffi::OsString;
 use std::fs::OpenOptions;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -32,7 +33,13 @@ pub struct Launch<'a> {
     pub connect_timeout: Duration,
     /// `RUST_LOG` of every process.
     pub log_filter: &'static str,
+    /// Where learners reach a shard that listens at the given address (a relay in front of it,
+    /// which this returns the address of); none: at that address.
+    pub shard_front: Option<&'a ShardFront<'a>>,
 }
+
+/// Puts something in front of a shard listening at an address, and says where to reach it.
+pub type ShardFront<'a> = dyn Fn(SocketAddr) -> Result<SocketAddr, RuntimeError> + 'a;
 
 /// The names of a run's processes: shards, then learners, then the scheduler.
 #[must_use]
@@ -142,7 +149,11 @@ impl Processes {
                 let role = if name.starts_with("shard") { "shard" } else { "learner" };
                 args.extend(["--role", role, "--scheduler", &scheduler].map(OsString::from));
                 if role == "shard" {
-                    args.extend(["--listen".into(), format!("127.0.0.1:{}", free_port()?).into()]);
+                    let listen = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+                    args.extend(["--listen".into(), listen.to_string().into()]);
+                    if let Some(front) = launch.shard_front {
+                        args.extend(["--advertise".into(), front(listen)?.to_string().into()]);
+                    }
                 }
             }
             procs.push(Process { name, args, child: None, status: None });

@@ -11,7 +11,7 @@ use rudra_actors::TrainingData;
 
 use super::{BenchRow, median};
 use crate::local::{ProgressMode, run_local};
-use crate::processes::{Launch, Processes, issue_certs, names};
+use crate::processes::{Launch, Processes, ShardFront, issue_certs, names};
 use crate::summary::RecordedRun;
 use crate::{Config, RuntimeError};
 
@@ -45,7 +45,7 @@ fn bench_error(what: impl std::fmt::Display) -> RuntimeError {
 }
 
 /// The workload's settings, then the caller's `base` (`--set` flags), then `codec`'s.
-fn workload(base: &[String], codec: (&str, &str)) -> Vec<String> {
+pub(super) fn workload(base: &[String], codec: (&str, &str)) -> Vec<String> {
     let mut sets: Vec<String> = WORKLOAD.iter().map(|s| (*s).to_owned()).collect();
     sets.extend(base.iter().cloned());
     sets.push(format!("transport.gradient_codec={}", codec.0));
@@ -63,14 +63,14 @@ fn in_memory(config: &Config, data: &TrainingData, dir: &Path) -> Result<Measure
     Ok(measured(&RecordedRun::of(dir, config, &report)))
 }
 
-/// The workload as four processes over loopback QUIC: the scheduler's run directory is
-/// `dir/run`.
-fn processes(
-    file: Option<&Path>,
-    sets: &[String],
+/// The workload as four processes over loopback QUIC (the shard behind `front`, if given):
+/// the run as recorded in `dir/run`.
+pub(super) fn processes(
+    (file, sets): (Option<&Path>, &[String]),
     certs: &Path,
     dir: &Path,
-) -> Result<Measured, RuntimeError> {
+    front: Option<&ShardFront<'_>>,
+) -> Result<RecordedRun, RuntimeError> {
     let run = dir.join("run");
     let launch = Launch {
         certs,
@@ -80,9 +80,10 @@ fn processes(
         nodes: (1, 2),
         connect_timeout: Duration::from_secs(60),
         log_filter: "warn",
+        shard_front: front,
     };
     Processes::start(&launch)?.run(&[], Duration::from_secs(600))?.require_success("cluster benchmark")?;
-    Ok(measured(&RecordedRun::read(&run)?))
+    RecordedRun::read(&run)
 }
 
 /// Measure the in-memory run and the process runs `repeats` times, interleaved.
@@ -106,7 +107,7 @@ pub fn run(file: Option<&Path>, base: &[String], repeats: usize) -> Result<Vec<B
             std::fs::create_dir_all(&dir).map_err(bench_error)?;
             let (sps, to_target) = match codec {
                 None => in_memory(&memory_config, &data, &dir)?,
-                Some(c) => processes(file, &workload(base, *c), &cert_dir, &dir)?,
+                Some(c) => measured(&processes((file, &workload(base, *c)), &cert_dir, &dir, None)?),
             };
             tracing::info!(round, "{name}: {sps:.0} samples/s, {to_target:.2} s to 96%");
             results[i].0.push(sps);

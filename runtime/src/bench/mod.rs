@@ -8,6 +8,8 @@
 //! - [`agreement`]: ⟨σ⟩ of the simulator against the local runtime on the same settings.
 //! - [`cluster`]: the peers' workload as processes over loopback QUIC, per payload codec,
 //!   against the same run in memory.
+//! - [`latency`]: the same workload as processes with the learners' links through a delaying
+//!   relay at several round trips, against the direct link.
 //! - [`simulator`]: events per second of the simulator with 10,000 virtual learners.
 //! - [`transport`]: QUIC push and pull of 4 MiB payloads against TCP loopback and memcpy,
 //!   and validate-and-view of a received frame against copying it.
@@ -15,6 +17,7 @@
 pub mod agreement;
 pub mod cluster;
 pub mod compute;
+pub mod latency;
 pub mod protocols;
 pub mod simulator;
 pub mod training;

@@ -105,6 +105,7 @@ pub(crate) enum Suite {
     Agreement,
     Compute,
     Cluster,
+    Latency,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -204,7 +205,9 @@ pub(crate) enum Command {
     /// the CPU GEMM against numpy and MLP and CNN steps on every backend present
     /// (`--suite compute`), or every protocol with its defaults: test accuracy and throughput
     /// (`--suite protocols`), or the peers' workload as processes over loopback QUIC per
-    /// payload codec against the same run in memory (`--suite cluster`).
+    /// payload codec against the same run in memory (`--suite cluster`), or with the
+    /// learners' links through a relay at round trips of 0, 1, 5 and 20 ms against the direct
+    /// link (`--suite latency`).
     Bench {
         #[command(flatten)]
         config: ConfigArgs,

@@ -27,6 +27,7 @@ pub(crate) fn run(
         Suite::Simulator => bench::simulator::run(file, set, repeats)?,
         Suite::Agreement => bench::agreement::run(file, set, repeats)?,
         Suite::Cluster => bench::cluster::run(file, set, repeats)?,
+        Suite::Latency => bench::latency::run(file, set, repeats)?,
         Suite::Compute => bench::compute::run(&load()?.data.load()?, repeats.max(1))?,
     };
     bench::print(&rows);

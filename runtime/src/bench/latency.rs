@@ -1,0 +1,95 @@
+//! The peers' workload as processes with the learners' links to the shard through a relay
+//! that delays every datagram, at round trips of 0, 1, 5 and 20 ms, against the same processes
+//! linked directly: samples/s and ⟨σ⟩ at each latency.
+
+use std::cell::RefCell;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use rudra_transport::{LinkFaults, Relay, RelayHandle, RelayRules};
+
+use super::cluster::{processes, workload};
+use super::{BenchRow, median};
+use crate::RuntimeError;
+use crate::processes::{issue_certs, names};
+
+/// Round trips measured through the relay, milliseconds (each way half of it).
+const ROUND_TRIPS: [f64; 4] = [0.0, 1.0, 5.0, 20.0];
+
+fn bench_error(what: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::Config(format!("latency benchmark: {what}"))
+}
+
+/// Relays delaying each datagram by `one_way`, started on `runtime` in front of shards.
+struct Fronts<'r> {
+    runtime: &'r tokio::runtime::Runtime,
+    one_way: Duration,
+    running: RefCell<Vec<RelayHandle>>,
+}
+
+impl Fronts<'_> {
+    /// A relay in front of the shard listening at `shard`: where learners reach it.
+    fn front(&self, shard: SocketAddr) -> Result<SocketAddr, RuntimeError> {
+        let delay = LinkFaults { delay: self.one_way, ..LinkFaults::default() };
+        let rules = RelayRules { to_upstream: delay.clone(), to_client: delay, ..RelayRules::default() };
+        let relay = Relay::bind(SocketAddr::from(([127, 0, 0, 1], 0)), shard, rules, 1)?;
+        let addr = relay.local_addr()?;
+        let _entered = self.runtime.enter();
+        self.running.borrow_mut().push(relay.spawn());
+        Ok(addr)
+    }
+}
+
+/// Measure every round trip (and the direct link) `repeats` times, interleaved.
+pub fn run(file: Option<&Path>, base: &[String], repeats: usize) -> Result<Vec<BenchRow>, RuntimeError> {
+    let sets = workload(base, ("f32", "f32"));
+    let tmp = tempfile::tempdir().map_err(bench_error)?;
+    let certs = tmp.path().join("certs");
+    issue_certs(&certs, &names(1, 2))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .map_err(bench_error)?;
+    let settings: Vec<(String, Option<f64>)> = std::iter::once(("direct".to_owned(), None))
+        .chain(ROUND_TRIPS.iter().map(|&rtt| (format!("through a relay, RTT {rtt} ms"), Some(rtt))))
+        .collect();
+    let mut measured: Vec<(Vec<f64>, Vec<f64>)> = vec![(Vec::new(), Vec::new()); settings.len()];
+    for round in 0..repeats.max(1) {
+        for (i, (name, rtt)) in settings.iter().enumerate() {
+            let dir = tmp.path().join(format!("r{round}-{i}"));
+            std::fs::create_dir_all(&dir).map_err(bench_error)?;
+            let fronts = rtt.map(|rtt| Fronts {
+                runtime: &runtime,
+                one_way: Duration::from_secs_f64(rtt / 2000.0),
+                running: RefCell::new(Vec::new()),
+            });
+            let front = |shard| fronts.as_ref().map_or(Ok(shard), |f| f.front(shard));
+            let run = processes((file, &sets), &certs, &dir, rtt.map(|_| &front as _))?;
+            drop(fronts);
+            let (sps, sigma) = (run.summary.samples_per_second, run.summary.staleness.mean);
+            tracing::info!(round, "{name}: {sps:.0} samples/s, mean staleness {sigma:.2}");
+            measured[i].0.push(sps);
+            measured[i].1.push(sigma);
+        }
+    }
+    let direct = median(measured[0].0.clone());
+    let mut rows = Vec::new();
+    for ((name, _), (sps, sigma)) in settings.into_iter().zip(measured) {
+        let sps = median(sps);
+        rows.push(BenchRow {
+            name: format!("{name}: samples/s"),
+            value: sps,
+            unit: "samples/s",
+            ratio: Some((sps / direct, "direct".into())),
+        });
+        rows.push(BenchRow {
+            name: format!("{name}: mean staleness"),
+            value: median(sigma),
+            unit: "σ",
+            ratio: None,
+        });
+    }
+    Ok(rows)
+}
