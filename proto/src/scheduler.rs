@@ -145,6 +145,39 @@ impl SchedulerCore {
         self
     }
 
+    /// λ and the shards of the run, as configured.
+    #[must_use]
+    pub fn size(&self) -> (u32, u32) {
+        (self.learners, self.shards)
+    }
+
+    /// Refuse a state no run could have produced (one read back from a file): ids beyond the
+    /// run's learners and shards, lost or finished learners that never joined, a run of no
+    /// epochs, backups not below λ.
+    pub fn check(&self) -> Result<(), String> {
+        let learners = (self.joined_learners.iter())
+            .chain(&self.finished)
+            .chain(&self.lost)
+            .chain(self.last_heard.keys());
+        if let Some(l) = learners.clone().find(|l| l.0 >= self.learners) {
+            return Err(format!("names {l}, but the run has {} learners", self.learners));
+        }
+        let shards = self.joined_shards.iter().chain(&self.shards_silent).chain(self.shard_heard.keys());
+        if let Some(s) = shards.clone().find(|s| s.0 >= self.shards) {
+            return Err(format!("names {s}, but the run has {} shards", self.shards));
+        }
+        if let Some(l) = self.lost.iter().chain(&self.finished).find(|l| !self.joined_learners.contains(l)) {
+            return Err(format!("has {l} lost or finished without having joined"));
+        }
+        if self.epochs_total == 0 || self.evals_per_epoch == 0 || self.learners == 0 || self.shards == 0 {
+            return Err("is of a run with no epochs, evaluations, learners or shards".into());
+        }
+        if self.backups >= self.learners {
+            return Err(format!("has {} backups for λ = {}", self.backups, self.learners));
+        }
+        Ok(())
+    }
+
     /// How long a node may be silent before it is lost, if the detector runs.
     #[must_use]
     pub fn failure_timeout(&self) -> Option<Duration> {

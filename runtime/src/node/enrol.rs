@@ -132,17 +132,36 @@ struct Ledger {
 }
 
 impl Ledger {
-    /// The ledger kept in `file`, with what it already records.
-    fn open(file: Option<PathBuf>) -> Self {
+    /// The ledger kept in `file`, with what it already records. A line no scheduler writes
+    /// (a token id that is not 16 hex digits, a name that is not a node's) is refused, naming
+    /// the file and the line: the uses it counts would be wrong.
+    fn open(file: Option<PathBuf>) -> Result<Self, RuntimeError> {
         let mut ledger = Self { file, ..Self::default() };
-        let text = ledger.file.as_ref().and_then(|f| std::fs::read_to_string(f).ok()).unwrap_or_default();
-        for line in text.lines() {
-            if let [id, name, ..] = line.split_whitespace().collect::<Vec<_>>()[..] {
-                *ledger.uses.entry(id.to_owned()).or_default() += 1;
-                ledger.names.insert(name.to_owned());
-            }
+        let Some(path) = ledger.file.clone() else { return Ok(ledger) };
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(ledger),
+            Err(e) => return Err(RuntimeError::Input { path, message: format!("cannot read: {e}") }),
+        };
+        for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+            let record = match line.split_whitespace().collect::<Vec<_>>()[..] {
+                [id, name]
+                    if id.len() == 16
+                        && id.bytes().all(|b| b.is_ascii_hexdigit())
+                        && check_name(name).is_ok() =>
+                {
+                    Some((id, name))
+                }
+                _ => None,
+            };
+            let Some((id, name)) = record else {
+                let message = format!("line {}, {line:?}, is not an enrolment (TOKEN-ID NAME)", n + 1);
+                return Err(RuntimeError::Input { path, message });
+            };
+            *ledger.uses.entry(id.to_owned()).or_default() += 1;
+            ledger.names.insert(name.to_owned());
         }
-        ledger
+        Ok(ledger)
     }
 
     /// Count a use of token `id` by `name`.
@@ -225,7 +244,7 @@ impl Registrar {
         }
         let authority = certs.authority()?;
         let tls = Arc::new(identity.enrol_server_config(enrol::ALPN)?);
-        let ledger = Ledger::open(opts.run_dir.as_ref().map(|d| d.join(LEDGER)));
+        let ledger = Ledger::open(opts.run_dir.as_ref().map(|d| d.join(LEDGER)))?;
         let (ledger, exchanges) = (Mutex::new(ledger), Mutex::default());
         Ok(Some(Arc::new(Self { authority, tls, ledger, exchanges })))
     }
@@ -372,5 +391,27 @@ mod tests {
         assert!(ex.live.contains_key(&first[0]), "a decided exchange is never cut off");
         assert!(ex.live.contains_key(more.last().unwrap()));
         assert!(!ex.live.contains_key(&other));
+    }
+
+    #[test]
+    fn a_ledger_line_no_scheduler_writes_is_refused_naming_the_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join(LEDGER);
+        std::fs::write(
+            &file,
+            "0123456789abcdef learner-0
+0123456789abcdef shard-1
+",
+        )
+        .unwrap();
+        let ledger = Ledger::open(Some(file.clone())).unwrap();
+        assert_eq!(ledger.uses["0123456789abcdef"], 2);
+        assert!(ledger.names.contains("shard-1"));
+        for bad in ["0123456789abcdef ../../etc\n", "xyz learner-0\n", "0123456789abcdef learner-0 extra\n"] {
+            std::fs::write(&file, format!("0123456789abcdef learner-0\n{bad}")).unwrap();
+            let e = Ledger::open(Some(file.clone())).expect_err("refused").to_string();
+            assert!(e.contains(LEDGER) && e.contains("line 2"), "{e}");
+        }
+        assert!(Ledger::open(Some(dir.path().join("absent"))).is_ok(), "no ledger yet: nothing enrolled");
     }
 }

@@ -53,7 +53,42 @@ impl JobState {
             ),
             _ => input(format!("cannot read: {e}")),
         })?;
-        serde_json::from_str(&text).map_err(|e| input(format!("not a scheduler's state: {e}")))
+        let state: Self =
+            serde_json::from_str(&text).map_err(|e| input(format!("not a scheduler's state: {e}")))?;
+        state.check().map_err(|why| input(format!("is not a state any run writes: it {why}")))?;
+        Ok(state)
+    }
+
+    /// Refuse what no run could have written: node counts that disagree, ids out of range,
+    /// negative or unordered times.
+    fn check(&self) -> Result<(), String> {
+        let s = &self.scheduler;
+        s.core.check()?;
+        let (learners, shards) = s.core.size();
+        let inv = &self.invitation;
+        if inv.learner_names.len() != learners as usize
+            || inv.shard_names.len() != shards as usize
+            || inv.shard_addrs.len() != shards as usize
+        {
+            return Err(format!(
+                "invites {} learners and {} shards ({} addresses) to a run of {learners} and {shards}",
+                inv.learner_names.len(),
+                inv.shard_names.len(),
+                inv.shard_addrs.len()
+            ));
+        }
+        if s.learner_samples.len() > learners as usize || s.reported.len() > learners as usize {
+            return Err(format!("counts the samples of more than the run's {learners} learners"));
+        }
+        let time = |t: f64| t.is_finite() && t >= 0.0;
+        if !(time(s.born_seconds) && time(s.wall_seconds) && time(s.taken_at)) {
+            return Err("has a negative or non-finite time".into());
+        }
+        let walls: Vec<f64> = s.rows.iter().map(|r| r.wall_seconds).collect();
+        if !walls.iter().all(|&t| time(t)) || walls.windows(2).any(|w| w[1] < w[0]) {
+            return Err("has evaluations out of time order".into());
+        }
+        Ok(())
     }
 
     /// Write the state into `dir`.
@@ -193,5 +228,71 @@ impl Invitation {
             return Err((Goodbye::Refused, format!("restart {name} at the address it had, {known}")));
         }
         Ok((j.peer.role(), id as u32))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rudra_actors::messages::TrackerReport;
+    use rudra_actors::{BytesMoved, SchedulerState};
+    use rudra_proto::{SchedulerCore, StalenessSummary};
+
+    use super::*;
+
+    /// The state of a run of 2 learners and 1 shard just started.
+    fn state() -> JobState {
+        let invitation = Invitation {
+            config_toml: String::new(),
+            train_examples: 100,
+            shard_addrs: vec!["127.0.0.1:7071".into()],
+            shard_names: vec!["shard-0".into()],
+            learner_names: vec!["learner-0".into(), "learner-1".into()],
+            job: "0123456789abcdef".into(),
+        };
+        let scheduler = SchedulerState {
+            core: SchedulerCore::new(2, 1, 100, 1),
+            born_seconds: 1.0,
+            wall_seconds: 0.5,
+            taken_at: 1.7e9,
+            learner_samples: vec![32, 32],
+            reported: Vec::new(),
+            rows: Vec::new(),
+            timeline: Vec::new(),
+            updates_lost: 0,
+            bytes: BytesMoved::default(),
+        };
+        JobState {
+            invitation,
+            scheduler,
+            tracker: TrackerReport { staleness: StalenessSummary::default(), updates: 0 },
+        }
+    }
+
+    #[test]
+    fn a_state_no_run_writes_is_refused_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let write =
+            |s: &JobState| std::fs::write(dir.path().join(STATE_FILE), serde_json::to_string(s).unwrap());
+        write(&state()).unwrap();
+        assert!(JobState::read(dir.path()).is_ok());
+        let mut three = state();
+        three.scheduler.learner_samples = vec![1, 2, 3];
+        let mut unnamed = state();
+        unnamed.invitation.learner_names.pop();
+        let mut negative = state();
+        negative.scheduler.wall_seconds = -1.0;
+        let mut core = state();
+        core.scheduler.core = SchedulerCore::new(2, 1, 100, 0);
+        for (bad, why) in [
+            (three, "more than the run's 2 learners"),
+            (unnamed, "invites 1 learners"),
+            (negative, "negative"),
+            (core, "no epochs"),
+        ] {
+            write(&bad).unwrap();
+            let Err(e) = JobState::read(dir.path()) else { panic!("{why}: accepted") };
+            let e = e.to_string();
+            assert!(e.contains(STATE_FILE) && e.contains(why), "{e}");
+        }
     }
 }
