@@ -20,6 +20,7 @@ use crate::learner::{Behaviour, LearnerActor, LearnerParts};
 use crate::links::{LearnerHandle, Members, SchedulerLink, ShardLink};
 use crate::messages::{AnswerRoutes, Center, Crash, InjectedPanic, Records, Restart, Served, TrackerReport};
 use crate::metrics::Metrics;
+use crate::remote::codec::{Answer, Unexpected};
 use crate::report::{RunEvent, RunReport, SchedulerState};
 use crate::scheduler::{SchedulerActor, SchedulerParts};
 use crate::shard::ShardActor;
@@ -154,6 +155,20 @@ pub enum AnswerRoute {
     Weights(Recipient<Served>),
     /// Centers, answering exchanges.
     Centers(Recipient<Center>),
+}
+
+impl AnswerRoute {
+    /// Hand `answer` to the learner, if it is what its protocol family takes.
+    pub fn deliver(&self, answer: Answer) -> Result<(), Unexpected> {
+        match (answer, self) {
+            (Answer::Weights(w), Self::Weights(to)) => to.do_send(w),
+            (Answer::Center(c), Self::Centers(to)) => to.do_send(c),
+            (other, _) => {
+                return Err(Unexpected { what: format!("{other:?} answers nothing this learner asks") });
+            }
+        }
+        Ok(())
+    }
 }
 
 impl StartedLearner {

@@ -11,18 +11,23 @@
 //!   resumption, a learner's progress, end and heartbeats. It keeps them while the scheduler is
 //!   away.
 //!
+//! Each connection's incoming messages are driven by [`drive_link`], with the handler of its peer's
+//! role.
+//!
 //! A gradient over QUIC reads: learner actor → [`Push`] → [`RemoteShard`] →
 //! [`codec::ToWire`] → frame → the shard node's link → [`codec::from_learner_data`] → [`Push`]
 //! → shard actor → core; the answer goes back through the shard node's [`RemoteLearner`], and
 //! the learner node's link hands it to the learner.
 
 pub mod codec;
+mod link;
 mod outbox;
 
 use std::collections::HashMap;
 
 use actix::prelude::*;
 use codec::ToWire;
+pub use link::{OnRefused, drive_link};
 pub use outbox::{HELD_LIMIT, Outbox, StandIn};
 use outbox::{rebind, send, stop};
 use rudra_transport::quic::Peer;

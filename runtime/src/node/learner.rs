@@ -8,8 +8,8 @@ use actix::prelude::*;
 use rudra_actors::faults::Node;
 use rudra_actors::links::{self, ShardLink};
 use rudra_actors::messages::{StartLearner, StopLearner};
-use rudra_actors::remote::codec::{self, Answer, ToLearner};
-use rudra_actors::remote::{Rebind, RemoteShard};
+use rudra_actors::remote::codec::{self, ToLearner};
+use rudra_actors::remote::{OnRefused, Rebind, RemoteShard, drive_link};
 use rudra_actors::roles::{
     AnswerRoute, LearnerPeers, LearnerRun, StartedLearner, inject_panic, start_learner,
 };
@@ -207,20 +207,12 @@ async fn keep_shard(
 ) {
     loop {
         let mut inbox = c.peer.incoming(8);
-        while let Some(m) = inbox.recv().await {
-            match (codec::answer(m, c.weights), &answer) {
-                (Ok(Answer::Weights(w)), AnswerRoute::Weights(to)) => to.do_send(w),
-                (Ok(Answer::Center(x)), AnswerRoute::Centers(to)) => to.do_send(x),
-                (Ok(other), _) => {
-                    tracing::warn!("from {}: {other:?} answers nothing this learner asks", c.name)
-                }
-                (Err(e), _) => tracing::warn!("from {}: {e}", c.name),
-            }
-        }
+        let handle = |m| answer.deliver(codec::answer(m, c.weights)?);
+        let ended = drive_link(&c.peer, Vec::new(), &mut inbox, handle, OnRefused::Log).await;
         if !learner.connected() {
             return; // The learner stopped: the run is over.
         }
-        match c.peer.ended().await {
+        match ended {
             // A shard that failed may be started again in its place.
             Ended::Closed { goodbye: Some(Goodbye::Failed), reason } => {
                 tracing::warn!("{} failed ({reason}); connecting again", c.name);

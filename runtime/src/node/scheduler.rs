@@ -14,7 +14,7 @@ use rudra_actors::messages::{
     TrackerReport,
 };
 use rudra_actors::remote::codec::{self, FromLearner, FromShard};
-use rudra_actors::remote::{Rebind, RemoteLearner, RemoteShard, SnapshotReply};
+use rudra_actors::remote::{OnRefused, Rebind, RemoteLearner, RemoteShard, SnapshotReply, drive_link};
 use rudra_actors::roles::{SchedulerRun, SchedulerSlot, resume_tracker, start_scheduler, start_tracker};
 use rudra_actors::scheduler::SchedulerActor;
 use rudra_actors::tracker::StalenessTracker;
@@ -511,27 +511,28 @@ async fn accept_rejoins(ep: QuicEndpoint, roster: Arc<Roster>) {
 /// Serve shard `id`'s messages to the scheduler until its connection `incarnation` ends.
 async fn dispatch_shard(id: ShardId, mut j: Joiner, roster: Arc<Roster>, incarnation: u32) {
     let seat = id.seat(&roster);
-    while let Some(m) = j.rx.recv().await {
-        match codec::from_shard(id, m) {
-            Ok(FromShard::Heartbeat) => roster.scheduler.do_send(ShardAlive(id)),
-            Ok(FromShard::Records(records)) => {
+    let handle = |m| {
+        match codec::from_shard(id, m)? {
+            FromShard::Heartbeat => roster.scheduler.do_send(ShardAlive(id)),
+            FromShard::Records(records) => {
                 if let Some(last) = records.updates.iter().map(|u| u.clock).max() {
                     seat.clock.store(last.0, Ordering::Relaxed);
                 }
                 roster.tracker.do_send(records);
             }
-            Ok(FromShard::Snapshot { request, weights }) => {
+            FromShard::Snapshot { request, weights } => {
                 seat.remote.do_send(SnapshotReply { request, weights });
             }
-            Ok(FromShard::Resumed(clock)) => {
+            FromShard::Resumed(clock) => {
                 let crashed_at = Clock(seat.clock.swap(clock.0, Ordering::Relaxed));
                 roster.scheduler.do_send(ShardRestarted { shard: id, crashed_at, resumed: Ok(clock) });
             }
-            Err(e) => tracing::warn!(peer = j.peer.name(), "{e}"),
         }
-    }
+        Ok(())
+    };
+    let ended = drive_link(&j.peer, Vec::new(), &mut j.rx, handle, OnRefused::Log).await;
     if seat.is_current(incarnation) {
-        match j.peer.ended().await {
+        match ended {
             Ended::Closed { goodbye: Some(Goodbye::Failed), reason } => {
                 roster.scheduler.do_send(ShardFailed { shard: id, reason });
             }
@@ -544,18 +545,19 @@ async fn dispatch_shard(id: ShardId, mut j: Joiner, roster: Arc<Roster>, incarna
 async fn dispatch_learner(id: LearnerId, mut j: Joiner, roster: Arc<Roster>, incarnation: u32) {
     let scheduler = &roster.scheduler;
     let seat = id.seat(&roster);
-    while let Some(m) = j.rx.recv().await {
-        match codec::from_learner(id, m) {
-            Ok(FromLearner::Progress(p)) => scheduler.do_send(p),
-            Ok(FromLearner::Done(d)) => scheduler.do_send(d),
-            Ok(FromLearner::Heartbeat(h)) => scheduler.do_send(h),
-            Err(e) => tracing::warn!(peer = j.peer.name(), "{e}"),
+    let handle = |m| {
+        match codec::from_learner(id, m)? {
+            FromLearner::Progress(p) => scheduler.do_send(p),
+            FromLearner::Done(d) => scheduler.do_send(d),
+            FromLearner::Heartbeat(h) => scheduler.do_send(h),
         }
-    }
+        Ok(())
+    };
+    let ended = drive_link(&j.peer, Vec::new(), &mut j.rx, handle, OnRefused::Log).await;
     // The connection is gone: the learner crashed, or was stopped at the end of the run. A
     // connection already replaced by a newer one says nothing.
     if seat.is_current(incarnation) {
-        if let Ended::Closed { goodbye: Some(Goodbye::Failed), reason } = j.peer.ended().await {
+        if let Ended::Closed { goodbye: Some(Goodbye::Failed), reason } = ended {
             tracing::error!(learner = %id, "learner failed: {reason}; the run goes on without it");
         }
         scheduler.do_send(Disconnected(id));

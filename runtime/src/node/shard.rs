@@ -13,7 +13,7 @@ use rudra_actors::faults::{Crash, Node};
 use rudra_actors::messages::{Exchange, Pull, Push, Resumed, Snapshot, StopShard};
 use rudra_actors::metrics::Metrics;
 use rudra_actors::remote::codec::{self, DataPolicy, LearnerData, ToShard};
-use rudra_actors::remote::{AnswerSnapshot, RemoteLearner, RemoteScheduler};
+use rudra_actors::remote::{AnswerSnapshot, OnRefused, RemoteLearner, RemoteScheduler, drive_link};
 use rudra_actors::roles::{ShardStart, crash_and_restart, inject_panic, start_shard};
 use rudra_actors::shard::ShardActor;
 use rudra_compute::{CpuBackend, Device};
@@ -233,29 +233,22 @@ async fn serve_learner(peer: Peer, shard: Addr<ShardActor>, policy: LearnerPolic
     // A push travels on its own stream with the pull it carries, and a lone pull (a learner's
     // first, or a retry) on the control stream, so a pull may overtake the push before it: the
     // shard orders them by their sequence numbers.
-    let mut early = early.into_iter();
-    while let Some(m) = match early.next() {
-        Some(m) => Some(m),
-        None => rx.recv().await,
-    } {
-        match codec::from_learner_data(learner, &policy.data, m) {
-            Ok(LearnerData::Pull { seq, last }) => {
+    let handle = |m| {
+        match codec::from_learner_data(learner, &policy.data, m)? {
+            LearnerData::Pull { seq, last } => {
                 shard.do_send(Pull { learner, seq, last, reply_to: reply.clone() });
             }
-            Ok(LearnerData::Push { seq, computed_on, values, next }) => {
+            LearnerData::Push { seq, computed_on, values, next } => {
                 let then = Pull { learner, seq: next.seq, last: next.last, reply_to: reply.clone() };
                 shard.do_send(Push { learner, seq, computed_on, values: values.into(), then });
             }
-            Ok(LearnerData::Exchange(values)) => {
+            LearnerData::Exchange(values) => {
                 shard.do_send(Exchange { learner, values: values.into(), reply_to: center.clone() });
             }
-            Err(why) => {
-                tracing::warn!(peer = peer.name(), "rejected {why}; closing the connection");
-                peer.close("protocol violation");
-                break;
-            }
         }
-    }
+        Ok(())
+    };
+    drive_link(&peer, early, &mut rx, handle, OnRefused::Close).await;
 }
 
 #[cfg(test)]
