@@ -4,12 +4,12 @@
 //! (scheduler, shard, two learners) over loopback QUIC with mutual TLS, once per payload codec;
 //! each reports samples/s, its ratio to the in-memory run, and the time to 96% test accuracy.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use rudra_actors::TrainingData;
 
-use super::{BenchRow, median};
+use super::{BenchRow, interleaved, throughput_rows};
 use crate::local::{ProgressMode, run_local};
 use crate::processes::{Launch, Processes, ShardFront, issue_certs, names};
 use crate::summary::RecordedRun;
@@ -100,36 +100,15 @@ pub fn run(file: Option<&Path>, base: &[String], repeats: usize) -> Result<Vec<B
                 .map(|&(g, w)| (format!("4 processes over QUIC, gradients {g}, weights {w}"), Some((g, w)))),
         )
         .collect();
-    let mut results: Vec<(Vec<f64>, Vec<f64>)> = vec![(Vec::new(), Vec::new()); settings.len()];
-    for round in 0..repeats.max(1) {
-        for (i, (name, codec)) in settings.iter().enumerate() {
-            let dir: PathBuf = tmp.path().join(format!("r{round}-{i}"));
-            std::fs::create_dir_all(&dir).map_err(bench_error)?;
-            let (sps, to_target) = match codec {
-                None => in_memory(&memory_config, &data, &dir)?,
-                Some(c) => measured(&processes((file, &workload(base, *c)), &cert_dir, &dir, None)?),
-            };
-            tracing::info!(round, "{name}: {sps:.0} samples/s, {to_target:.2} s to 96%");
-            results[i].0.push(sps);
-            results[i].1.push(to_target);
-        }
-    }
-    let memory = median(results[0].0.clone());
-    let mut rows = Vec::new();
-    for ((name, _), (sps, to_target)) in settings.into_iter().zip(results) {
-        let sps = median(sps);
-        rows.push(BenchRow {
-            name: format!("{name}: samples/s"),
-            value: sps,
-            unit: "samples/s",
-            ratio: Some((sps / memory, "in memory".into())),
-        });
-        rows.push(BenchRow {
-            name: format!("{name}: time to 96%"),
-            value: median(to_target),
-            unit: "s",
-            ratio: None,
-        });
-    }
-    Ok(rows)
+    let measured = interleaved(settings.len(), repeats, tmp.path(), |i, dir| {
+        let (name, codec) = &settings[i];
+        let (sps, to_target) = match codec {
+            None => in_memory(&memory_config, &data, dir)?,
+            Some(c) => measured(&processes((file, &workload(base, *c)), &cert_dir, dir, None)?),
+        };
+        tracing::info!("{name}: {sps:.0} samples/s, {to_target:.2} s to 96%");
+        Ok((sps, to_target))
+    })?;
+    let names = settings.into_iter().map(|(name, _)| name).collect();
+    Ok(throughput_rows(names, measured, "in memory", ("time to 96%", "s")))
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use rudra_transport::{LinkFaults, Relay, RelayHandle, RelayRules};
 
 use super::cluster::{processes, workload};
-use super::{BenchRow, median};
+use super::{BenchRow, interleaved, throughput_rows};
 use crate::RuntimeError;
 use crate::processes::{issue_certs, names};
 
@@ -55,41 +55,20 @@ pub fn run(file: Option<&Path>, base: &[String], repeats: usize) -> Result<Vec<B
     let settings: Vec<(String, Option<f64>)> = std::iter::once(("direct".to_owned(), None))
         .chain(ROUND_TRIPS.iter().map(|&rtt| (format!("through a relay, RTT {rtt} ms"), Some(rtt))))
         .collect();
-    let mut measured: Vec<(Vec<f64>, Vec<f64>)> = vec![(Vec::new(), Vec::new()); settings.len()];
-    for round in 0..repeats.max(1) {
-        for (i, (name, rtt)) in settings.iter().enumerate() {
-            let dir = tmp.path().join(format!("r{round}-{i}"));
-            std::fs::create_dir_all(&dir).map_err(bench_error)?;
-            let fronts = rtt.map(|rtt| Fronts {
-                runtime: &runtime,
-                one_way: Duration::from_secs_f64(rtt / 2000.0),
-                running: RefCell::new(Vec::new()),
-            });
-            let front = |shard| fronts.as_ref().map_or(Ok(shard), |f| f.front(shard));
-            let run = processes((file, &sets), &certs, &dir, rtt.map(|_| &front as _))?;
-            drop(fronts);
-            let (sps, sigma) = (run.summary.samples_per_second, run.summary.staleness.mean);
-            tracing::info!(round, "{name}: {sps:.0} samples/s, mean staleness {sigma:.2}");
-            measured[i].0.push(sps);
-            measured[i].1.push(sigma);
-        }
-    }
-    let direct = median(measured[0].0.clone());
-    let mut rows = Vec::new();
-    for ((name, _), (sps, sigma)) in settings.into_iter().zip(measured) {
-        let sps = median(sps);
-        rows.push(BenchRow {
-            name: format!("{name}: samples/s"),
-            value: sps,
-            unit: "samples/s",
-            ratio: Some((sps / direct, "direct".into())),
+    let measured = interleaved(settings.len(), repeats, tmp.path(), |i, dir| {
+        let (name, rtt) = &settings[i];
+        let fronts = rtt.map(|rtt| Fronts {
+            runtime: &runtime,
+            one_way: Duration::from_secs_f64(rtt / 2000.0),
+            running: RefCell::new(Vec::new()),
         });
-        rows.push(BenchRow {
-            name: format!("{name}: mean staleness"),
-            value: median(sigma),
-            unit: "σ",
-            ratio: None,
-        });
-    }
-    Ok(rows)
+        let front = |shard| fronts.as_ref().map_or(Ok(shard), |f| f.front(shard));
+        let run = processes((file, &sets), &certs, dir, rtt.map(|_| &front as _))?;
+        drop(fronts);
+        let (sps, sigma) = (run.summary.samples_per_second, run.summary.staleness.mean);
+        tracing::info!("{name}: {sps:.0} samples/s, mean staleness {sigma:.2}");
+        Ok((sps, sigma))
+    })?;
+    let names = settings.into_iter().map(|(name, _)| name).collect();
+    Ok(throughput_rows(names, measured, "direct", ("mean staleness", "σ")))
 }

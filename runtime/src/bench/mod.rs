@@ -36,6 +36,55 @@ pub struct BenchRow {
     pub ratio: Option<(f64, String)>,
 }
 
+/// Two measures of every run of each setting, by setting.
+pub type Measures = Vec<(Vec<f64>, Vec<f64>)>;
+
+/// Run `measure(i, dir)` for every one of `settings` settings, `repeats` times interleaved,
+/// each run in a directory of its own under `tmp`.
+pub fn interleaved(
+    settings: usize,
+    repeats: usize,
+    tmp: &std::path::Path,
+    mut measure: impl FnMut(usize, &std::path::Path) -> Result<(f64, f64), crate::RuntimeError>,
+) -> Result<Measures, crate::RuntimeError> {
+    let mut measured: Measures = vec![(Vec::new(), Vec::new()); settings];
+    for round in 0..repeats.max(1) {
+        for (i, m) in measured.iter_mut().enumerate() {
+            let dir = tmp.join(format!("r{round}-{i}"));
+            std::fs::create_dir_all(&dir)
+                .map_err(|source| crate::RuntimeError::Io { path: dir.clone(), source })?;
+            let (a, b) = measure(i, &dir)?;
+            m.0.push(a);
+            m.1.push(b);
+        }
+    }
+    Ok(measured)
+}
+
+/// For each of `names`: its median samples/s (the first measure) as a ratio to the first
+/// setting's, named `baseline`, and the median of its second measure, `(what, unit)`.
+#[must_use]
+pub fn throughput_rows(
+    names: Vec<String>,
+    measured: Measures,
+    baseline: &str,
+    (what, unit): (&str, &'static str),
+) -> Vec<BenchRow> {
+    let base = median(measured[0].0.clone());
+    let mut rows = Vec::new();
+    for (name, (sps, second)) in names.into_iter().zip(measured) {
+        let sps = median(sps);
+        rows.push(BenchRow {
+            name: format!("{name}: samples/s"),
+            value: sps,
+            unit: "samples/s",
+            ratio: Some((sps / base, baseline.to_owned())),
+        });
+        rows.push(BenchRow { name: format!("{name}: {what}"), value: median(second), unit, ratio: None });
+    }
+    rows
+}
+
 /// The median of `v` (which must not be empty).
 #[must_use]
 pub fn median(mut v: Vec<f64>) -> f64 {
