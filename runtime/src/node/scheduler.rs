@@ -180,28 +180,22 @@ async fn drive(
         scheduler: scheduler.clone(),
         failure_timeout: config.liveness.failure_timeout,
     });
+    // A node that comes back to a resumed run is heard from as it takes its seat; a new one
+    // joins.
     for (s, j) in shards.into_iter().enumerate() {
         let s = ShardId(s as u32);
-        roster.seat(s, j, false);
-        // A node that comes back to a resumed run is heard from; a new one joins.
-        if resumed {
-            scheduler.do_send(ShardAlive(s));
-        } else {
+        roster.seat(s, j);
+        if !resumed {
             scheduler.do_send(Joined::Shard(s));
         }
     }
     for (l, j) in learners.into_iter().enumerate() {
         let l = LearnerId(l as u32);
-        match j {
-            Some(j) if resumed => {
-                roster.seat(l, j, false);
-                scheduler.do_send(Heartbeat(l));
-            }
-            Some(j) => {
-                roster.seat(l, j, false);
+        if let Some(j) = j {
+            roster.seat(l, j);
+            if !resumed {
                 scheduler.do_send(Joined::Learner(l));
             }
-            None => {}
         }
     }
     // A learner that failed before the start (or is not back after a restart) is lost at
@@ -419,15 +413,15 @@ impl SeatId for LearnerId {
 }
 
 impl Roster {
-    /// Seat `j` as node `id` and serve it; returns its incarnation. A node that `rejoined` the
-    /// running job is heard from as it takes its seat.
-    fn seat<I: SeatId>(self: &Arc<Self>, id: I, j: Joiner, rejoined: bool) -> u32 {
+    /// Seat `j` as node `id` and serve it; returns its incarnation. A node back in the running
+    /// job (a later incarnation) is heard from as it takes its seat, so that a second process
+    /// of its name arriving before its first heartbeat is refused, and its stand-in sends on
+    /// the new connection.
+    fn seat<I: SeatId>(self: &Arc<Self>, id: I, j: Joiner) -> u32 {
         let seat = id.seat(self);
         let incarnation = seat.take(&j.peer);
-        if rejoined {
-            id.heard(&self.scheduler);
-        }
         if incarnation > 0 {
+            id.heard(&self.scheduler);
             seat.remote.do_send(Rebind(j.peer.clone()));
         }
         id.dispatch(Arc::clone(self), j, incarnation);
@@ -494,11 +488,9 @@ async fn accept_rejoins(ep: QuicEndpoint, roster: Arc<Roster>) {
                 );
                 return peer.say_goodbye(Goodbye::Duplicate, &why);
             }
-            // The node is heard from as it takes its seat, so that a second process of its name
-            // arriving before its first heartbeat is refused.
             let incarnation = match role {
-                Role::Shard => roster.seat(ShardId(id), j, true),
-                _ => roster.seat(LearnerId(id), j, true),
+                Role::Shard => roster.seat(ShardId(id), j),
+                _ => roster.seat(LearnerId(id), j),
             };
             tracing::info!(peer = peer.name(), incarnation, "rejoined the running job");
             if let Err(e) = peer.send(&inv.welcome(id as usize, incarnation)).await {
