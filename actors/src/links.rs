@@ -1,5 +1,6 @@
 //! How each actor reaches its peers: bundles of `Recipient`s, the same whether the peer is an
-//! actor in this process or a stand-in for one on another node ([`crate::remote::RemotePeer`]).
+//! actor in this process or a stand-in for one on another node ([`crate::remote::RemoteShard`],
+//! [`crate::remote::RemoteLearner`], [`crate::remote::RemoteScheduler`]).
 
 use std::ops::Range;
 
