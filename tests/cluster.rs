@@ -153,8 +153,8 @@ fn sync_easgd_over_actors_equals_the_harness_on_the_same_cores() -> anyhow::Resu
     let mut batches: Vec<_> = (0..3).map(|l| spec.learner_loop(l, Arc::clone(&train), &init).1).collect();
     let mut model = Model::new(CpuBackend, model())?;
     let mut grad = |learner: LearnerId, _step: u64, point: &[f32]| {
-        let (x, y) = batches[learner.index()].next_batch();
-        model.loss_and_gradient_at(&Arc::new(point.to_vec()), x, y).expect("a gradient");
+        let b = batches[learner.index()].next_batch();
+        model.loss_and_gradient_at(&Arc::new(point.to_vec()), b.x, b.labels).expect("a gradient");
         let mut g = vec![0.0; point.len()];
         model.take_gradient(&mut g).expect("the gradient");
         g

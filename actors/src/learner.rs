@@ -15,8 +15,8 @@ use crate::ActorError;
 use crate::faults::Liveness;
 use crate::links::{SchedulerLink, ShardLink};
 use crate::messages::{
-    AnswerRoutes, Center, Exchange, Heartbeat, InjectedPanic, LearnerDone, Progress, Pull, Push, Served,
-    StartLearner, StopLearner,
+    AnswerRoutes, Center, Evaluate, Exchange, Heartbeat, InjectedPanic, LearnerDone, Measured, Progress,
+    Pull, Push, Served, StartLearner, StopLearner,
 };
 use rudra_proto::{ElasticWorker, LearnerCore, LearnerEvent, NextPull, WorkerEvent};
 
@@ -212,12 +212,9 @@ impl<B: Behaviour> LearnerActor<B> {
     /// `self.grad`; progress is reported every few steps.
     fn gradient(&mut self, at: Option<&Arc<Vec<f32>>>) -> Result<(), ActorError> {
         let started = std::time::Instant::now();
-        let (x, y) = self.batches.next_batch();
-        let samples = y.len() as u64;
-        let loss = match at {
-            Some(params) => self.model.loss_and_gradient_at(params, x, y)?,
-            None => self.model.loss_and_gradient(x, y)?,
-        };
+        let batch = self.batches.next_batch();
+        let samples = batch.len() as u64;
+        let loss = self.model.gradient_on(at, batch)?;
         // The shards dropped last step's gradient before answering this step's pulls, so the
         // buffer is normally unshared: it is swapped with the model's, not copied.
         self.model.take_gradient(Arc::make_mut(&mut self.grad))?;
@@ -522,6 +519,19 @@ impl<B: Behaviour> Handler<AnswerRoutes<B::Answer>> for LearnerActor<B> {
     type Result = MessageResult<AnswerRoutes<B::Answer>>;
     fn handle(&mut self, _: AnswerRoutes<B::Answer>, _: &mut Context<Self>) -> Self::Result {
         MessageResult(self.answers.clone())
+    }
+}
+
+impl<B: Behaviour> Handler<Evaluate> for LearnerActor<B> {
+    type Result = MessageResult<Evaluate>;
+    fn handle(&mut self, m: Evaluate, _: &mut Context<Self>) -> Self::Result {
+        match self.model.evaluate_weights(&m.params, m.last) {
+            Ok(measured) => MessageResult(measured.map(|(loss, accuracy)| Measured { loss, accuracy })),
+            Err(e) => {
+                tracing::error!(learner = %self.id(), "the evaluation failed: {e}");
+                MessageResult(None)
+            }
+        }
     }
 }
 

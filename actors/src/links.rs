@@ -8,8 +8,8 @@ use actix::dev::ToEnvelope;
 use actix::prelude::*;
 
 use crate::messages::{
-    Exchange, GetStats, Heartbeat, LearnerDone, Membership, Progress, Pull, Push, Snapshot, StartLearner,
-    StopLearner, StopShard,
+    Evaluate, Exchange, GetStats, Heartbeat, LearnerDone, Membership, Progress, Pull, Push, Snapshot,
+    StartLearner, StopLearner, StopShard,
 };
 
 /// How a learner reaches one shard.
@@ -103,6 +103,8 @@ pub struct LearnerHandle {
     pub start: Recipient<StartLearner>,
     /// The end of the run.
     pub stop: Recipient<StopLearner>,
+    /// Weights to evaluate with the learner's own model (an external model's).
+    pub evaluate: Recipient<Evaluate>,
 }
 
 impl LearnerHandle {
@@ -110,10 +112,14 @@ impl LearnerHandle {
     #[must_use]
     pub fn of<A>(addr: &Addr<A>) -> Self
     where
-        A: Actor + Handler<StartLearner> + Handler<StopLearner>,
-        A::Context: ToEnvelope<A, StartLearner> + ToEnvelope<A, StopLearner>,
+        A: Actor + Handler<StartLearner> + Handler<StopLearner> + Handler<Evaluate>,
+        A::Context: ToEnvelope<A, StartLearner> + ToEnvelope<A, StopLearner> + ToEnvelope<A, Evaluate>,
     {
-        Self { start: addr.clone().recipient(), stop: addr.clone().recipient() }
+        Self {
+            start: addr.clone().recipient(),
+            stop: addr.clone().recipient(),
+            evaluate: addr.clone().recipient(),
+        }
     }
 }
 

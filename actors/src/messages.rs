@@ -3,6 +3,7 @@
 //! behind it, so the same shard or learner runs next to local peers or remote stand-ins.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use actix::prelude::*;
 use rudra_transport::{Clock, LearnerId, Payload, ShardId};
@@ -62,6 +63,28 @@ pub struct Exchange {
 #[derive(Message)]
 #[rtype(result = "Weights")]
 pub struct Snapshot;
+
+/// Scheduler → learner: measure these weights with the model's own evaluation (a run whose
+/// scheduler cannot evaluate its model: an external model's); `last` marks the run's final
+/// weights, which the learner keeps as its result. Answers `(loss, accuracy)`, or `None` from a
+/// learner whose model has no evaluation.
+#[derive(Message, Clone, Debug)]
+#[rtype(result = "Option<Measured>")]
+pub struct Evaluate {
+    /// The whole parameter vector.
+    pub params: Arc<Vec<f32>>,
+    /// These are the run's final weights.
+    pub last: bool,
+}
+
+/// A learner's evaluation of some weights.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Measured {
+    /// Mean test loss.
+    pub loss: f64,
+    /// Test accuracy in `[0, 1]`.
+    pub accuracy: f64,
+}
 
 /// The active learners changed; a hardsync round or an EASGD sync round waits only for them.
 #[derive(Message, Clone, Debug, PartialEq, Eq)]

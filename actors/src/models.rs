@@ -18,7 +18,8 @@ type Make = Arc<dyn Fn() -> Result<Box<dyn GradientModel>, ComputeError> + Send 
 pub struct Models {
     init: Arc<Vec<f32>>,
     learner: Make,
-    evaluator: Make,
+    /// None: the run's model is not here to evaluate (an external model's learners evaluate).
+    evaluator: Option<Make>,
     /// The built-in network, when it is one: its inputs and classes are checked against the data.
     spec: Option<ModelSpec>,
 }
@@ -38,7 +39,7 @@ impl Models {
         Self {
             init: Arc::new(spec.init(seed)),
             learner: Arc::new(move || Ok(Box::new(Model::new(device.clone(), on_device.clone())?))),
-            evaluator: Arc::new(move || Ok(Box::new(Model::new(CpuBackend, on_cpu.clone())?))),
+            evaluator: Some(Arc::new(move || Ok(Box::new(Model::new(CpuBackend, on_cpu.clone())?)))),
             spec: Some(spec.clone()),
         }
     }
@@ -46,13 +47,40 @@ impl Models {
     /// A model of your own: `make` builds one (called once for every learner and once for the
     /// scheduler's evaluations), and every shard and learner starts from `init`, whose length
     /// must be the models' [`GradientModel::param_count`].
-    pub fn custom<M, F>(init: Vec<f32>, make: F) -> Self
+    pub fn custom<M, F>(init: impl Into<Arc<Vec<f32>>>, make: F) -> Self
     where
         M: GradientModel,
         F: Fn() -> Result<M, ComputeError> + Send + Sync + 'static,
     {
         let make: Make = Arc::new(move || Ok(Box::new(make()?)));
-        Self { init: Arc::new(init), learner: Arc::clone(&make), evaluator: make, spec: None }
+        Self { init: init.into(), learner: Arc::clone(&make), evaluator: Some(make), spec: None }
+    }
+
+    /// The model of a run whose learners bring their own (`training.model = "external"`, Python
+    /// learners): only the parameters the run starts from. The shards and the scheduler need no
+    /// more; a learner of this process cannot be built, and the learners evaluate.
+    #[must_use]
+    pub fn external(init: Arc<Vec<f32>>) -> Self {
+        let learner: Make = Arc::new(|| {
+            Err(ComputeError::External(
+                "the run's model is external: its learners compute their gradients in Python; start them \
+                 with rudra.run_learner"
+                    .into(),
+            ))
+        });
+        Self { init, learner, evaluator: None, spec: None }
+    }
+
+    /// These models with each learner's made by `make` (a Python learner's, computing on the
+    /// run's parameters): the shards' initial parameters and the scheduler's evaluation stay.
+    #[must_use]
+    pub fn with_learners<M, F>(mut self, make: F) -> Self
+    where
+        M: GradientModel,
+        F: Fn() -> Result<M, ComputeError> + Send + Sync + 'static,
+    {
+        self.learner = Arc::new(move || Ok(Box::new(make()?)));
+        self
     }
 
     /// Length of the flat parameter vector.
@@ -72,9 +100,11 @@ impl Models {
         self.checked((self.learner)()?)
     }
 
-    /// A new model for the scheduler's evaluations.
-    pub fn evaluator(&self) -> Result<Box<dyn GradientModel>, ComputeError> {
-        self.checked((self.evaluator)()?)
+    /// A new model for the scheduler's evaluations; `None` when the learners evaluate
+    /// ([`Models::external`]).
+    #[must_use]
+    pub fn evaluator(&self) -> Option<Result<Box<dyn GradientModel>, ComputeError>> {
+        self.evaluator.as_ref().map(|make| self.checked(make()?))
     }
 
     fn checked(&self, model: Box<dyn GradientModel>) -> Result<Box<dyn GradientModel>, ComputeError> {

@@ -12,9 +12,9 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::links::Members;
 use crate::messages::{
-    Disconnected, GetState, GetStats, Heartbeat, IsAlive, Joined, LearnerDone, Membership, Note, Progress,
-    ShardAlive, ShardFailed, ShardLost, ShardRestarted, Snapshot, StartLearner, StopLearner, StopShard,
-    TrackerReport,
+    Disconnected, Evaluate, GetState, GetStats, Heartbeat, IsAlive, Joined, LearnerDone, Measured,
+    Membership, Note, Progress, ShardAlive, ShardFailed, ShardLost, ShardRestarted, Snapshot, StartLearner,
+    StopLearner, StopShard, TrackerReport,
 };
 use crate::metrics::Metrics;
 use crate::report::{
@@ -256,6 +256,14 @@ impl SchedulerActor {
         let shards = self.members.shards.clone();
         let stats = self.members.stats.clone();
         let (models, test) = (self.models.clone(), Arc::clone(&self.test));
+        // A model the scheduler cannot evaluate is evaluated by the active learners' own.
+        let learners: Vec<_> = self
+            .core
+            .active()
+            .iter()
+            .filter_map(|l| self.members.learners.get(l.index()))
+            .map(|l| l.evaluate.clone())
+            .collect();
         let window = std::mem::take(&mut self.loss_window);
         let at = (
             self.elapsed(),
@@ -265,6 +273,7 @@ impl SchedulerActor {
             self.bytes,
         );
         let timeout = self.shard_timeout;
+        let ask_timeout = self.core.failure_timeout().unwrap_or(timeout);
         let fut = async move {
             let mut params = Vec::new();
             for (id, s) in shards.iter().enumerate() {
@@ -277,11 +286,31 @@ impl SchedulerActor {
                 params.extend_from_slice(&weights.values);
             }
             let tracker = stats.send(GetStats).await?;
-            let (params, test_loss, test_accuracy) =
-                tokio::task::spawn_blocking(move || evaluate_on(&models, &test, params))
-                    .await
-                    .map_err(|e| ActorError::Evaluation(e.to_string()))??;
-            Ok::<_, ActorError>(Evaluation { params, tracker, test_loss, test_accuracy })
+            let params = Arc::new(params);
+            let here = match models.evaluator() {
+                Some(model) => {
+                    let (test, at) = (Arc::clone(&test), Arc::clone(&params));
+                    let measured = tokio::task::spawn_blocking(move || evaluate_on(model?, &test, &at))
+                        .await
+                        .map_err(|e| ActorError::Evaluation(e.to_string()))??;
+                    Some(measured)
+                }
+                None => None,
+            };
+            // The final weights go to every learner (a Python learner returns them).
+            let asked = if final_ || here.is_none() {
+                ask_learners(&learners, &params, final_, ask_timeout).await
+            } else {
+                None
+            };
+            let measured = here.or(asked).unwrap_or(Measured { loss: f64::NAN, accuracy: f64::NAN });
+            let params = Arc::try_unwrap(params).unwrap_or_else(|shared| (*shared).clone());
+            Ok::<_, ActorError>(Evaluation {
+                params,
+                tracker,
+                test_loss: measured.loss,
+                test_accuracy: measured.accuracy,
+            })
         };
         // `wait` keeps evaluations in order: the next message is handled after this one ends.
         ctx.wait(fut.into_actor(self).map(move |result, act, ctx| match result {
@@ -363,16 +392,46 @@ impl SchedulerActor {
     }
 }
 
-/// Test loss and accuracy of `params`; gives the parameters back for the report.
+/// Test loss and accuracy of `params` on `model`.
 fn evaluate_on(
-    models: &Models,
+    mut model: Box<dyn rudra_compute::GradientModel>,
     test: &Dataset,
-    params: Vec<f32>,
-) -> Result<(Vec<f32>, f64, f64), ActorError> {
-    let mut model = models.evaluator()?;
-    model.write_params(0, &params)?;
+    params: &[f32],
+) -> Result<Measured, ActorError> {
+    model.write_params(0, params)?;
     let (loss, accuracy) = model.evaluate_set(test, EVAL_CHUNK)?;
-    Ok((params, loss, accuracy))
+    Ok(Measured { loss, accuracy })
+}
+
+/// The learners' own evaluation of `params` (an external model's): asked in turn until one
+/// measures them; the final weights (`last`) go to every learner at once, which keep them as
+/// their result. `None`: no learner evaluates.
+async fn ask_learners(
+    learners: &[Recipient<Evaluate>],
+    params: &Arc<Vec<f32>>,
+    last: bool,
+    timeout: Duration,
+) -> Option<Measured> {
+    let ask = |l: &Recipient<Evaluate>| {
+        let asked = l.send(Evaluate { params: Arc::clone(params), last });
+        async move { tokio::time::timeout(timeout, asked).await.ok().and_then(Result::ok).flatten() }
+    };
+    let mut measured = None;
+    if last {
+        // Sent to all at once, so the learners measure side by side.
+        let asked: Vec<_> = learners.iter().map(ask).collect();
+        for answer in asked {
+            measured = measured.or(answer.await);
+        }
+    } else {
+        for l in learners {
+            measured = ask(l).await;
+            if measured.is_some() {
+                break;
+            }
+        }
+    }
+    measured
 }
 
 impl Actor for SchedulerActor {
@@ -576,12 +635,25 @@ impl Handler<Progress> for SchedulerActor {
 impl Handler<LearnerDone> for SchedulerActor {
     type Result = ();
     fn handle(&mut self, msg: LearnerDone, ctx: &mut Context<Self>) {
-        if let Some(error) = msg.error {
-            tracing::error!(learner = %msg.learner, "learner failed: {error}");
-            self.finish(Err(ActorError::LearnerFailed(msg.learner, error)), ctx);
-            return;
-        }
-        let events = self.core.on_learner_finished(msg.learner);
+        let events = match msg.error {
+            // The last learner's failure ends the run with its error; one of several is a lost
+            // learner, and the others carry on.
+            Some(error) if !self.core.active().iter().any(|&l| l != msg.learner) => {
+                tracing::error!(learner = %msg.learner, "learner failed: {error}");
+                self.finish(Err(ActorError::LearnerFailed(msg.learner, error)), ctx);
+                return;
+            }
+            Some(error) => {
+                tracing::error!(learner = %msg.learner, "learner failed: {error}; the others carry on");
+                self.note("detected", format!("{} failed: {error}", msg.learner));
+                // Its process ends rather than wait for the end of the run.
+                if let Some(l) = self.members.learners.get(msg.learner.index()) {
+                    l.stop.do_send(StopLearner { failure: Some(error) });
+                }
+                self.core.on_disconnected(msg.learner)
+            }
+            None => self.core.on_learner_finished(msg.learner),
+        };
         self.count_alive();
         self.carry_out(events, ctx);
     }

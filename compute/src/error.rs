@@ -33,6 +33,10 @@ pub enum ComputeError {
         /// Why: no driver, no device, not built in.
         reason: String,
     },
+    /// A model of the user's own (a Python learner's gradient function) failed or gave back
+    /// something unusable.
+    #[error("{0}")]
+    External(String),
     /// A device operation failed after the device was opened.
     #[error("{backend} device error: {message}")]
     Device {

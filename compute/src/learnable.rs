@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::{Backend, ComputeError, Dataset, Model};
+use crate::{Backend, Batch, ComputeError, Dataset, Model};
 
 /// A model a learner can train: parameters in one flat vector, written by the shards, and the
 /// loss and gradient of a minibatch of labelled examples.
@@ -62,6 +62,28 @@ pub trait GradientModel: Send + 'static {
         }
         self.write_params(0, params)?;
         self.loss_and_gradient(x, labels)
+    }
+
+    /// The model's own evaluation of `params`, for a run whose scheduler cannot evaluate the
+    /// model itself (an external model's): `(mean loss, accuracy)`, or `None`, the default, for
+    /// a model without one. `last`: these are the run's final weights.
+    fn evaluate_weights(
+        &mut self,
+        params: &Arc<Vec<f32>>,
+        last: bool,
+    ) -> Result<Option<(f64, f64)>, ComputeError> {
+        let _ = (params, last);
+        Ok(None)
+    }
+
+    /// The loss and gradient a learner computes for one step: on `batch`, at `params` (a whole
+    /// vector shared with a shard) or at the model's own parameters. The default computes on
+    /// the batch's examples; a model whose examples are held elsewhere reads its indices.
+    fn gradient_on(&mut self, params: Option<&Arc<Vec<f32>>>, batch: Batch<'_>) -> Result<f32, ComputeError> {
+        match params {
+            Some(params) => self.loss_and_gradient_at(params, batch.x, batch.labels),
+            None => self.loss_and_gradient(batch.x, batch.labels),
+        }
     }
 }
 

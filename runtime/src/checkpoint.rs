@@ -15,6 +15,7 @@ use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 
 use crate::RuntimeError;
+use crate::config::ModelSource;
 use rudra_actors::InvalidSetting;
 
 /// Test examples per forward pass, as the scheduler evaluates.
@@ -129,15 +130,33 @@ fn spec_from(metadata: &BTreeMap<String, String>) -> Result<ModelSpec, String> {
     }
 }
 
+/// The metadata that describes the built-in network `spec`.
+fn describe_metadata(spec: &ModelSpec) -> Result<Vec<(&'static str, String)>, RuntimeError> {
+    let hidden = serde_json::to_string(&spec.hidden).map_err(|e| RuntimeError::Config(e.to_string()))?;
+    let mut described = vec![
+        ("model", model_name(spec).to_owned()),
+        ("inputs", spec.inputs.to_string()),
+        ("hidden", hidden),
+        ("classes", spec.classes.to_string()),
+    ];
+    if let Some(conv) = &spec.conv {
+        described
+            .push(("conv", serde_json::to_string(conv).map_err(|e| RuntimeError::Config(e.to_string()))?));
+    }
+    Ok(described)
+}
+
 impl Checkpoint {
-    /// Write `params`, laid out as `spec`, to `path` with `run` as further metadata.
+    /// Write `params`, laid out as `model`, to `path` with `run` as further metadata. A built-in
+    /// network's tensors are named and described as above; an external model's keep the names
+    /// and shapes of its init file.
     pub fn write(
         path: &Path,
-        spec: &ModelSpec,
+        model: &ModelSource,
         params: &[f32],
         run: &[(&str, String)],
     ) -> Result<(), RuntimeError> {
-        let layout = spec.layout();
+        let layout = model.layout();
         if params.len() != layout.len {
             return Err(RuntimeError::Config(format!(
                 "checkpoint: {} parameters for a model of {}",
@@ -157,21 +176,13 @@ impl Checkpoint {
             .map(|(t, b)| TensorView::new(Dtype::F32, t.shape.clone(), b).map(|v| (t.name.clone(), v)))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| RuntimeError::Config(format!("checkpoint: {e}")))?;
-        let hidden = serde_json::to_string(&spec.hidden).map_err(|e| RuntimeError::Config(e.to_string()))?;
-        let conv = spec
-            .conv
-            .as_ref()
-            .map(|c| serde_json::to_string(c).map(|json| ("conv", json)))
-            .transpose()
-            .map_err(|e| RuntimeError::Config(e.to_string()))?;
-        let model = [
-            ("model", model_name(spec).to_owned()),
-            ("inputs", spec.inputs.to_string()),
-            ("hidden", hidden),
-            ("classes", spec.classes.to_string()),
-        ];
-        let metadata =
-            model.iter().chain(&conv).chain(run).map(|(k, v)| ((*k).to_owned(), v.clone())).collect();
+        let described = match model {
+            ModelSource::Builtin(spec) => describe_metadata(spec)?,
+            ModelSource::External(init) => {
+                vec![("model", "external".to_owned()), ("init", init.path.display().to_string())]
+            }
+        };
+        let metadata = described.iter().chain(run).map(|(k, v)| ((*k).to_owned(), v.clone())).collect();
         let file = safetensors::tensor::serialize(views, Some(metadata))
             .map_err(|e| RuntimeError::Config(format!("checkpoint: {e}")))?;
         std::fs::write(path, file).map_err(|source| RuntimeError::Io { path: path.to_owned(), source })
@@ -275,7 +286,8 @@ mod tests {
     fn written(dir: &Path) -> (std::path::PathBuf, Vec<f32>) {
         let path = dir.join("checkpoint.safetensors");
         let params: Vec<f32> = (0..spec().layout().len).map(|i| i as f32 * 0.25 - 1.0).collect();
-        Checkpoint::write(&path, &spec(), &params, &[("protocol", "async".into())]).unwrap();
+        Checkpoint::write(&path, &ModelSource::Builtin(spec()), &params, &[("protocol", "async".into())])
+            .unwrap();
         (path, params)
     }
 
@@ -298,7 +310,7 @@ mod tests {
         let path = dir.path().join("cnn.safetensors");
         let spec = ModelSpec::cnn();
         let params = spec.init(4);
-        Checkpoint::write(&path, &spec, &params, &[]).unwrap();
+        Checkpoint::write(&path, &ModelSource::Builtin(spec.clone()), &params, &[]).unwrap();
         let c = Checkpoint::read(&path).unwrap();
         assert_eq!((&c.spec, &c.params), (&spec, &params));
         assert_eq!(c.metadata["model"], "convnet");

@@ -60,6 +60,9 @@ pub enum RuntimeError {
     /// The scheduler stopped the run because of a failure elsewhere.
     #[error("the scheduler stopped the run: {0}")]
     RunFailed(String),
+    /// The node was interrupted (a Python learner's Ctrl-C); it said goodbye.
+    #[error("interrupted")]
+    Interrupted,
     /// A plot could not be drawn.
     #[error(
         "cannot draw {path}: {message}; check that the directory is writable and that a sans-serif font is installed (Debian: fonts-dejavu-core)"
@@ -131,6 +134,8 @@ impl RuntimeError {
             | Self::RunFailed(_)
             | Self::Io { .. }
             | Self::Plot { .. } => 1,
+            // A shell's convention for SIGINT.
+            Self::Interrupted => 130,
         }
     }
 }

@@ -14,6 +14,7 @@
 //! - `summary`: `summary.json` and `metrics.csv`, both ways, and a recorded run.
 //! - [`secret`]: the CA and join tokens as Kubernetes Secret manifests.
 //! - [`checkpoint`]: `checkpoint.safetensors`, written and read, and its test accuracy.
+//! - [`init`]: `training.init`, the initial weights of a model of the user's own.
 //! - [`plot`]: the PNG plots of a run and of a comparison.
 //! - [`report`]: the comparison table of several runs.
 //! - [`simulate`]: the deterministic simulator, virtual learners on the real protocol cores.
@@ -26,6 +27,7 @@ pub mod config;
 pub mod error;
 pub mod experiment;
 mod exporter;
+pub mod init;
 pub mod local;
 pub mod node;
 pub mod plot;

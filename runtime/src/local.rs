@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use rudra_actors::{Cluster, RunEvent, RunReport, TrainingData};
+use rudra_actors::{Cluster, Models, RunEvent, RunReport, TrainingData};
 use rudra_compute::Device;
 use tokio::sync::mpsc;
 
@@ -42,9 +42,21 @@ pub fn run_local(
     progress: ProgressMode,
     metrics_addr: Option<SocketAddr>,
 ) -> Result<RunReport, RuntimeError> {
+    let models = config.models(Device::open(config.device)?);
+    run_local_with(config, models, data, run_dir, progress, metrics_addr)
+}
+
+/// [`run_local`] with `models` in place of the configured ones (a Python learner's, say).
+pub fn run_local_with(
+    config: &Config,
+    models: Models,
+    data: TrainingData,
+    run_dir: Option<&Path>,
+    progress: ProgressMode,
+    metrics_addr: Option<SocketAddr>,
+) -> Result<RunReport, RuntimeError> {
     config.refuse_kills()?;
     config.refuse_panics()?;
-    let models = config.models(Device::open(config.device)?);
     let mut cluster = Cluster::new(config.cluster.clone(), models, data)?
         .with_liveness(config.liveness)
         .with_faults(config.faults.clone())

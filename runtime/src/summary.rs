@@ -363,7 +363,7 @@ mod tests {
             updates_lost: 0,
             diverged: None,
             metrics: rows.clone(),
-            params: config.model.init(1),
+            params: vec![0.0; config.model.param_count()],
             staleness: StalenessSummary::default(),
             updates: 10,
             samples: 256,

@@ -277,7 +277,7 @@ fn sync_easgd_in_the_simulator_equals_the_local_runtime() {
     assert_eq!((sim.updates, local.updates), (8, 8));
     let worst = sim.params.iter().zip(&local.params).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
     assert_eq!(sim.params.len(), local.params.len());
-    let init = cfg.model.init(cfg.cluster.seed);
+    let init = cfg.models(rudra_compute::Device::Cpu(rudra_compute::CpuBackend)).init().to_vec();
     let moved = init.iter().zip(&sim.params).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
     assert!(moved > 1e-2, "training moved the center (by {moved})");
     assert!(worst < 1e-5, "the simulated center differs from the local runtime's by {worst}");

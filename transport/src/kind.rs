@@ -26,9 +26,11 @@ pub enum Kind {
     Membership,
     Resumed,
     Center,
+    Evaluate,
+    Evaluated,
 }
 
-const KINDS: [Kind; 19] = [
+const KINDS: [Kind; 21] = [
     Kind::Join,
     Kind::Welcome,
     Kind::Ready,
@@ -48,6 +50,8 @@ const KINDS: [Kind; 19] = [
     Kind::Membership,
     Kind::Resumed,
     Kind::Center,
+    Kind::Evaluate,
+    Kind::Evaluated,
 ];
 
 impl Kind {
@@ -63,10 +67,14 @@ impl Kind {
         match self {
             Self::Join => &[Role::Shard, Role::Learner],
             Self::Heartbeat => &[Role::Shard, Role::Learner, Role::Scheduler],
-            Self::Welcome | Self::Start | Self::Stop | Self::SnapshotRequest | Self::Membership => {
-                &[Role::Scheduler]
-            }
+            Self::Welcome
+            | Self::Start
+            | Self::Stop
+            | Self::SnapshotRequest
+            | Self::Membership
+            | Self::Evaluate => &[Role::Scheduler],
             Self::Ready
+            | Self::Evaluated
             | Self::Progress
             | Self::LearnerDone
             | Self::Hello
@@ -89,7 +97,8 @@ impl Kind {
             | Self::LearnerDone
             | Self::Records
             | Self::Snapshot
-            | Self::Resumed => &[Role::Scheduler],
+            | Self::Resumed
+            | Self::Evaluated => &[Role::Scheduler],
             Self::Heartbeat | Self::Stop => &[Role::Shard, Role::Learner, Role::Scheduler],
             Self::Welcome | Self::Start => &[Role::Shard, Role::Learner],
             Self::SnapshotRequest
@@ -98,7 +107,7 @@ impl Kind {
             | Self::Push
             | Self::Exchange
             | Self::Membership => &[Role::Shard],
-            Self::Weights | Self::Center => &[Role::Learner],
+            Self::Weights | Self::Center | Self::Evaluate => &[Role::Learner],
         }
     }
 

@@ -195,6 +195,25 @@ pub enum Msg {
         /// The values, encoded with the job's weights codec.
         values: Payload,
     },
+    /// Scheduler → learner: evaluate these weights with your model's own evaluation (an
+    /// external model's); `last`: they are the run's final weights, keep them.
+    Evaluate {
+        /// Echoed in the answer.
+        request: u64,
+        /// The run's final weights.
+        last: bool,
+        /// The whole parameter vector.
+        #[rkyv(with = AsFloatVec)]
+        values: Floats,
+    },
+    /// Learner → scheduler: the evaluation asked for, `(loss, accuracy)`, or nothing from a
+    /// learner whose model has none.
+    Evaluated {
+        /// The request answered.
+        request: u64,
+        /// Mean test loss and accuracy.
+        measured: Option<(f64, f64)>,
+    },
 }
 
 impl Msg {
@@ -221,6 +240,8 @@ impl Msg {
             Self::Push { .. } => Kind::Push,
             Self::Exchange { .. } => Kind::Exchange,
             Self::Center { .. } => Kind::Center,
+            Self::Evaluate { .. } => Kind::Evaluate,
+            Self::Evaluated { .. } => Kind::Evaluated,
         }
     }
 
@@ -241,7 +262,7 @@ impl Msg {
             | Self::Center { values, .. }
             | Self::Push { values, .. }
             | Self::Exchange { values, .. } => vec![values.values_bytes()],
-            Self::Snapshot { values, .. } => vec![values.as_bytes()],
+            Self::Snapshot { values, .. } | Self::Evaluate { values, .. } => vec![values.as_bytes()],
             _ => Vec::new(),
         }
     }
@@ -302,6 +323,8 @@ pub fn samples() -> Vec<Msg> {
         Msg::Pull { learner: LearnerId(2), seq: 1, last: false },
         Msg::Weights { shard: ShardId(1), seq: 1, clock: Clock(5), values: vec![0.5; 1000].into() },
         Msg::Center { shard: ShardId(1), clock: Clock(6), values: vec![0.25; 1000].into() },
+        Msg::Evaluate { request: 2, last: true, values: vec![0.75; 300].into() },
+        Msg::Evaluated { request: 2, measured: Some((0.125, 0.97)) },
         Msg::Push {
             learner: LearnerId(2),
             seq: 9,

@@ -6,9 +6,11 @@
 use rudra_transport::wire::{GradientReport, UpdateReport};
 use rudra_transport::{Clock, Codec, Floats, Inbound, Kind, LearnerId, Msg, ShardId};
 
+use std::sync::Arc;
+
 use crate::messages::{
-    Center, Exchange, Heartbeat, LearnerDone, Membership, Progress, Pull, Push, Records, Resumed, Served,
-    StartLearner,
+    Center, Evaluate, Exchange, Heartbeat, LearnerDone, Measured, Membership, Progress, Pull, Push, Records,
+    Resumed, Served, StartLearner,
 };
 use rudra_proto::{GradientRecord, NextPull, UpdateRecord, Weights};
 
@@ -177,6 +179,13 @@ pub enum FromLearner {
     Done(LearnerDone),
     /// Alive.
     Heartbeat(Heartbeat),
+    /// The answer to an evaluation request.
+    Evaluated {
+        /// The request answered.
+        request: u64,
+        /// What the learner measured, if it evaluates.
+        measured: Option<Measured>,
+    },
 }
 
 /// Decode a message from learner `learner` to the scheduler; progress must be its own.
@@ -204,6 +213,10 @@ pub fn from_learner(learner: LearnerId, m: Inbound) -> Result<FromLearner, Unexp
         }
         Inbound::Control(Msg::LearnerDone { error }) => Ok(FromLearner::Done(LearnerDone { learner, error })),
         Inbound::Control(Msg::Heartbeat) => Ok(FromLearner::Heartbeat(Heartbeat(learner))),
+        Inbound::Control(Msg::Evaluated { request, measured }) => Ok(FromLearner::Evaluated {
+            request,
+            measured: measured.map(|(loss, accuracy)| Measured { loss, accuracy }),
+        }),
         other => Err(Unexpected::kind(other.kind(), "a learner")),
     }
 }
@@ -313,10 +326,17 @@ pub fn from_learner_data(
 // ---- wire → actor: at a learner ------------------------------------------------------------
 
 /// What the scheduler's connection brings a learner.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum ToLearner {
     /// Begin training.
     Start,
+    /// Evaluate these weights (echoing `request`).
+    Evaluate {
+        /// Echoed in the answer.
+        request: u64,
+        /// The weights, and whether they are the run's final ones.
+        evaluate: Evaluate,
+    },
     /// The run is over.
     Stop,
     /// The scheduler is alive.
@@ -329,6 +349,10 @@ pub fn to_learner(m: Inbound) -> Result<ToLearner, Unexpected> {
         Inbound::Control(Msg::Start) => Ok(ToLearner::Start),
         Inbound::Control(Msg::Stop) => Ok(ToLearner::Stop),
         Inbound::Control(Msg::Heartbeat) => Ok(ToLearner::Heartbeat),
+        Inbound::Control(Msg::Evaluate { request, last, values }) => Ok(ToLearner::Evaluate {
+            request,
+            evaluate: Evaluate { params: Arc::new(values.to_vec()), last },
+        }),
         other => Err(Unexpected::kind(other.kind(), "the scheduler sends a learner")),
     }
 }
@@ -454,7 +478,7 @@ mod tests {
             wire_bytes: 0,
         };
         assert!(from_learner(me, over_the_wire(progress)).is_err(), "someone else's progress");
-        assert_eq!(to_learner(over_the_wire(Msg::Start)), Ok(ToLearner::Start));
+        assert!(matches!(to_learner(over_the_wire(Msg::Start)), Ok(ToLearner::Start)));
         assert!(to_shard(over_the_wire(Msg::Start)).is_err());
     }
 }

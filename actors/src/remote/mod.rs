@@ -31,12 +31,12 @@ pub use link::{OnRefused, drive_link};
 pub use outbox::{HELD_LIMIT, Outbox, StandIn};
 use outbox::{rebind, send, stop};
 use rudra_transport::quic::Peer;
-use rudra_transport::{Clock, LearnerId, Msg, ShardId};
+use rudra_transport::{Clock, Floats, LearnerId, Msg, ShardId};
 use tokio::sync::oneshot;
 
 use crate::messages::{
-    Center, Exchange, Heartbeat, LearnerDone, Membership, Progress, Pull, Push, Records, Resumed, Served,
-    Snapshot, StartLearner, StopLearner, StopShard,
+    Center, Evaluate, Exchange, Heartbeat, LearnerDone, Measured, Membership, Progress, Pull, Push, Records,
+    Resumed, Served, Snapshot, StartLearner, StopLearner, StopShard,
 };
 use rudra_proto::Weights;
 
@@ -65,6 +65,26 @@ pub struct AnswerSnapshot {
     pub request: u64,
     /// The weights.
     pub weights: Weights,
+}
+
+/// A learner's answer to an evaluation request, handed by the learner's link to its stand-in.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct EvaluatedReply {
+    /// The request answered.
+    pub request: u64,
+    /// What the learner measured, if it evaluates.
+    pub measured: Option<Measured>,
+}
+
+/// Send a learner's answer to an evaluation request to the remote scheduler.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct AnswerEvaluate {
+    /// The request answered.
+    pub request: u64,
+    /// What the learner measured, if it evaluates.
+    pub measured: Option<Measured>,
 }
 
 /// A stand-in's actor, its [`Rebind`], and the messages it sends as their wire form.
@@ -160,19 +180,23 @@ impl Handler<SnapshotReply> for RemoteShard {
 pub struct RemoteLearner {
     id: LearnerId,
     out: Outbox,
+    next_request: u64,
+    /// Evaluation requests not answered yet (a request lost with its connection is not asked
+    /// again: the scheduler's wait for it times out).
+    pending: HashMap<u64, oneshot::Sender<Option<Measured>>>,
 }
 
 impl RemoteLearner {
     /// Learner `id`, behind `peer`.
     #[must_use]
     pub fn new(id: LearnerId, peer: Peer) -> Self {
-        Self { id, out: Outbox::to(peer) }
+        Self { id, out: Outbox::to(peer), next_request: 0, pending: HashMap::new() }
     }
 
     /// Learner `id`, not connected yet (a restarted scheduler waits for it to come back).
     #[must_use]
     pub fn unbound(id: LearnerId) -> Self {
-        Self { id, out: Outbox::unbound() }
+        Self { id, out: Outbox::unbound(), next_request: 0, pending: HashMap::new() }
     }
 
     /// The learner's id.
@@ -197,6 +221,30 @@ impl Handler<StopLearner> for RemoteLearner {
     }
 }
 
+impl Handler<Evaluate> for RemoteLearner {
+    type Result = ResponseFuture<Option<Measured>>;
+    fn handle(&mut self, m: Evaluate, ctx: &mut Context<Self>) -> Self::Result {
+        let request = self.next_request;
+        self.next_request += 1;
+        let (tx, rx) = oneshot::channel();
+        self.pending.insert(request, tx);
+        send(self, Msg::Evaluate { request, last: m.last, values: Floats::from(m.params) }, ctx);
+        Box::pin(async move { rx.await.ok().flatten() })
+    }
+}
+
+impl Handler<EvaluatedReply> for RemoteLearner {
+    type Result = ();
+    fn handle(&mut self, msg: EvaluatedReply, _: &mut Context<Self>) {
+        match self.pending.remove(&msg.request) {
+            Some(tx) => drop(tx.send(msg.measured)),
+            None => {
+                tracing::debug!(learner = %self.id, "an evaluation nobody waits for: request {}", msg.request)
+            }
+        }
+    }
+}
+
 /// The scheduler on another node, as a shard or a learner reports to it. What cannot be sent
 /// while it is away is kept and follows once it is back.
 pub struct RemoteScheduler {
@@ -218,6 +266,14 @@ impl StandIn for RemoteScheduler {
 }
 
 stand_in!(RemoteScheduler, forwards: Records, Resumed, Progress, LearnerDone, Heartbeat);
+
+impl Handler<AnswerEvaluate> for RemoteScheduler {
+    type Result = ();
+    fn handle(&mut self, m: AnswerEvaluate, ctx: &mut Context<Self>) {
+        let measured = m.measured.map(|Measured { loss, accuracy }| (loss, accuracy));
+        send(self, Msg::Evaluated { request: m.request, measured }, ctx);
+    }
+}
 
 impl Handler<AnswerSnapshot> for RemoteScheduler {
     type Result = ();

@@ -9,17 +9,19 @@ use std::path::{Path, PathBuf};
 
 pub use cifar::load_cifar10;
 pub use idx::{IdxArray, read_idx};
-pub use partition::{BatchStream, Minibatches, Partition};
+pub use partition::{Batch, BatchStream, Minibatches, Partition};
 
 use crate::ComputeError;
 
-/// A labelled classification dataset held in memory, features scaled to `[0, 1]`.
+/// A labelled classification dataset held in memory, features scaled to `[0, 1]`; or only the
+/// number of examples of a dataset the user's own code holds ([`Dataset::external`]).
 #[derive(Clone, Debug)]
 pub struct Dataset {
     features: usize,
     classes: usize,
     x: Vec<f32>,
     y: Vec<u8>,
+    len: usize,
 }
 
 impl Dataset {
@@ -35,7 +37,22 @@ impl Dataset {
         if let Some(bad) = y.iter().find(|&&l| usize::from(l) >= classes) {
             return Err(ComputeError::Shape(format!("label {bad} is not below the {classes} classes")));
         }
-        Ok(Self { features, classes, x, y })
+        let len = y.len();
+        Ok(Self { features, classes, x, y, len })
+    }
+
+    /// A dataset of `examples` examples held outside Rudra (by a Python learner's loader, say):
+    /// learners are given their minibatches as indices into it ([`Batch::indices`]), with no
+    /// features or labels.
+    #[must_use]
+    pub fn external(examples: usize) -> Self {
+        Self { features: 0, classes: 0, x: Vec::new(), y: Vec::new(), len: examples }
+    }
+
+    /// Whether the examples are held outside Rudra ([`Dataset::external`]).
+    #[must_use]
+    pub fn is_external(&self) -> bool {
+        self.features == 0
     }
 
     /// Images and labels from a pair of IDX files (`N×rows×cols` bytes, `N` labels).
@@ -74,13 +91,13 @@ impl Dataset {
     /// Number of examples.
     #[must_use]
     pub fn len(&self) -> usize {
-        self.y.len()
+        self.len
     }
 
     /// Whether the dataset has no examples.
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.y.is_empty()
+        self.len == 0
     }
 
     /// Features per example.
@@ -99,16 +116,23 @@ impl Dataset {
     #[must_use]
     pub fn head(&self, n: usize) -> Self {
         let n = n.min(self.len());
-        Self { x: self.x[..n * self.features].to_vec(), y: self.y[..n].to_vec(), ..*self }
+        if self.is_external() {
+            return Self::external(n);
+        }
+        Self { x: self.x[..n * self.features].to_vec(), y: self.y[..n].to_vec(), len: n, ..*self }
     }
 
-    /// Copy the examples at `indices` into `x` (row-major) and `y`, replacing their contents.
+    /// Copy the examples at `indices` into `x` (row-major) and `y`, replacing their contents
+    /// (nothing for an external dataset: its examples are not here).
     ///
     /// # Panics
     /// If an index is out of range: indices come from a [`Partition`] of this dataset.
     pub fn gather(&self, indices: &[u32], x: &mut Vec<f32>, y: &mut Vec<u8>) {
         x.clear();
         y.clear();
+        if self.is_external() {
+            return;
+        }
         for &i in indices {
             let i = i as usize;
             x.extend_from_slice(&self.x[i * self.features..(i + 1) * self.features]);

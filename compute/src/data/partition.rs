@@ -99,14 +99,41 @@ impl BatchStream {
     }
 }
 
+/// One minibatch: the indices of its examples in the training set and, for a dataset held in
+/// memory, their features (row-major) and labels (both empty for [`Dataset::external`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Batch<'a> {
+    /// The examples' indices in the training set.
+    pub indices: &'a [u32],
+    /// Their features, row-major.
+    pub x: &'a [f32],
+    /// Their labels.
+    pub labels: &'a [u8],
+}
+
+impl Batch<'_> {
+    /// Number of examples.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.indices.len()
+    }
+
+    /// Whether the batch holds no examples.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.indices.is_empty()
+    }
+}
+
 /// A learner's minibatches, gathered from the dataset into reusable buffers.
 #[derive(Clone, Debug)]
 pub struct Minibatches {
     data: Arc<Dataset>,
     stream: BatchStream,
+    indices: Vec<u32>,
     x: Vec<f32>,
     y: Vec<u8>,
-    /// `x` and `y` already hold the next minibatch.
+    /// `indices`, `x` and `y` already hold the next minibatch.
     prepared: bool,
 }
 
@@ -114,23 +141,25 @@ impl Minibatches {
     /// The minibatches of `stream` over `data`.
     #[must_use]
     pub fn new(data: Arc<Dataset>, stream: BatchStream) -> Self {
-        Self { data, stream, x: Vec::new(), y: Vec::new(), prepared: false }
+        Self { data, stream, indices: Vec::new(), x: Vec::new(), y: Vec::new(), prepared: false }
     }
 
     /// Gather the next minibatch now (while a learner waits for its weights, say), so that
     /// [`Self::next_batch`] hands it over at once. Preparing twice prepares one minibatch.
     pub fn prepare(&mut self) {
         if !self.prepared {
-            self.data.gather(self.stream.next_batch(), &mut self.x, &mut self.y);
+            self.indices.clear();
+            self.indices.extend_from_slice(self.stream.next_batch());
+            self.data.gather(&self.indices, &mut self.x, &mut self.y);
             self.prepared = true;
         }
     }
 
-    /// The next minibatch: features (row-major) and labels.
-    pub fn next_batch(&mut self) -> (&[f32], &[u8]) {
+    /// The next minibatch.
+    pub fn next_batch(&mut self) -> Batch<'_> {
         self.prepare();
         self.prepared = false;
-        (&self.x, &self.y)
+        Batch { indices: &self.indices, x: &self.x, labels: &self.y }
     }
 }
 
@@ -152,7 +181,7 @@ mod tests {
                 early.prepare();
                 early.prepare();
             }
-            let (a, b) = (plain.next_batch().0.to_vec(), early.next_batch().0.to_vec());
+            let (a, b) = (plain.next_batch().x.to_vec(), early.next_batch().x.to_vec());
             assert_eq!(a, b, "step {step}");
         }
     }

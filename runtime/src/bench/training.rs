@@ -34,8 +34,8 @@ pub(crate) fn sgd_loop(
     let part = Partition::split(train.len(), 1, seed).remove(0);
     let mut batches = Minibatches::new(Arc::clone(train), BatchStream::new(part, batch, seed, 0));
     let mut step = |m: &mut Model<Device>| -> Result<(), RuntimeError> {
-        let (x, y) = batches.next_batch();
-        m.loss_and_gradient(x, y)?;
+        let b = batches.next_batch();
+        m.loss_and_gradient(b.x, b.labels)?;
         m.apply_gradient(-lr)?;
         Ok(())
     };
@@ -59,7 +59,7 @@ fn bare_sgd(config: &Config, data: &TrainingData, steps: usize) -> Result<f64, R
     let settings = (spec.batch_size, spec.schedule.base, spec.seed);
     sgd_loop(
         &Device::Cpu(CpuBackend),
-        &config.model,
+        config.model.builtin("bench --suite training")?,
         &data.train,
         settings,
         Span { steps, time: Duration::ZERO },

@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rudra_actors::TrainingData;
+use rudra_compute::Dataset;
 
 use super::invalid;
 use crate::RuntimeError;
@@ -17,6 +18,9 @@ pub enum DatasetKind {
     FashionMnist,
     /// CIFAR-10's binary files.
     Cifar10,
+    /// Examples the user's own loader holds (a Python learner's): only their number,
+    /// `training.train_examples`, is known here.
+    External,
 }
 
 impl DatasetKind {
@@ -27,6 +31,7 @@ impl DatasetKind {
             Self::Mnist => "mnist",
             Self::FashionMnist => "fashion-mnist",
             Self::Cifar10 => "cifar10",
+            Self::External => "external",
         }
     }
 
@@ -35,18 +40,21 @@ impl DatasetKind {
             "mnist" => Ok(Self::Mnist),
             "fashion-mnist" => Ok(Self::FashionMnist),
             "cifar10" => Ok(Self::Cifar10),
+            "external" => Ok(Self::External),
             other => Err(invalid(
                 "training.dataset",
-                format!("{other:?} is not a known dataset (mnist, fashion-mnist, cifar10)"),
+                format!("{other:?} is not a known dataset (mnist, fashion-mnist, cifar10, external)"),
             )),
         }
     }
 
-    /// Features per example: 28×28 grey or 32×32 colour pixels.
+    /// Features per example: 28×28 grey or 32×32 colour pixels (none known of an external
+    /// dataset).
     pub(super) fn features(self) -> usize {
         match self {
             Self::Mnist | Self::FashionMnist => 28 * 28,
             Self::Cifar10 => 32 * 32 * 3,
+            Self::External => 0,
         }
     }
 
@@ -55,6 +63,8 @@ impl DatasetKind {
         match self {
             Self::Mnist => Ok(PathBuf::from("data/mnist")),
             Self::FashionMnist => Ok(PathBuf::from("/usr/share/datasets/fashion-mnist")),
+            // Never read: the examples are the user's.
+            Self::External => Ok(PathBuf::new()),
             Self::Cifar10 => Err(invalid(
                 "training.data_dir",
                 "cifar10 has no default; give the directory of the binary version's data_batch_1.bin … \
@@ -68,6 +78,7 @@ impl DatasetKind {
         match self {
             Self::Mnist | Self::FashionMnist => "{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]",
             Self::Cifar10 => "data_batch_{1..5}.bin and test_batch.bin",
+            Self::External => "nothing: an external dataset is read by the learners' own code",
         }
     }
 }
@@ -96,22 +107,31 @@ impl DataSource {
         if shipped.exists() { shipped } else { self.dir.clone() }
     }
 
+    /// The directory, which must exist.
+    fn existing_dir(&self) -> Result<PathBuf, RuntimeError> {
+        let dir = self.resolve_dir();
+        if dir.is_dir() {
+            return Ok(dir);
+        }
+        Err(invalid(
+            "training.data_dir",
+            format!("{} is not a directory with {}", self.dir.display(), self.kind.files()),
+        ))
+    }
+
     /// Read the training and test sets.
     pub fn load(&self) -> Result<TrainingData, RuntimeError> {
-        let dir = self.resolve_dir();
-        if !dir.is_dir() {
-            return Err(invalid(
-                "training.data_dir",
-                format!("{} is not a directory with {}", self.dir.display(), self.kind.files()),
-            ));
-        }
         let (train, test) = match self.kind {
-            DatasetKind::Mnist | DatasetKind::FashionMnist => rudra_compute::data::load_mnist(&dir)?,
-            DatasetKind::Cifar10 => rudra_compute::data::load_cifar10(&dir)?,
+            DatasetKind::External => {
+                let train = Dataset::external(self.train_examples.unwrap_or(0));
+                return Ok(TrainingData { train: Arc::new(train), test: Arc::new(Dataset::external(0)) });
+            }
+            DatasetKind::Mnist | DatasetKind::FashionMnist => {
+                rudra_compute::data::load_mnist(&self.existing_dir()?)?
+            }
+            DatasetKind::Cifar10 => rudra_compute::data::load_cifar10(&self.existing_dir()?)?,
         };
-        let cut = |set: rudra_compute::Dataset, n: Option<usize>| {
-            Arc::new(n.map_or_else(|| set.clone(), |n| set.head(n)))
-        };
+        let cut = |set: Dataset, n: Option<usize>| Arc::new(n.map_or_else(|| set.clone(), |n| set.head(n)));
         Ok(TrainingData { train: cut(train, self.train_examples), test: cut(test, self.test_examples) })
     }
 }

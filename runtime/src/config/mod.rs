@@ -10,6 +10,7 @@ mod raw;
 mod tests;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use data::{DataSource, DatasetKind};
@@ -22,10 +23,11 @@ use rudra_actors::checkpoint::Checkpoints;
 use rudra_actors::faults::{FaultPlan, Liveness};
 use rudra_actors::spec::backups_belong_to_hardsync;
 use rudra_actors::{ClusterSpec, ElasticMethod, ElasticSpec, InvalidSetting, Models, ProtocolSpec, SgdSpec};
-use rudra_compute::{Device, DeviceKind, ModelSpec};
+use rudra_compute::{Device, DeviceKind, ModelSpec, ParamLayout};
 use rudra_proto::{LrModulation, LrSchedule, OptimizerSpec, SyncRule};
 
 use crate::RuntimeError;
+use crate::init::InitFile;
 use crate::simulate::Simulation;
 use crate::study::settings::Study;
 
@@ -138,10 +140,12 @@ pub enum ModelKind {
     Cnn,
     /// The 32×32×3 convolutional network.
     Cifar10Net,
+    /// A model of the user's own, whose learners compute gradients in Python.
+    External,
 }
 
 impl ModelKind {
-    const ALL: [Self; 4] = [Self::Softmax, Self::Mlp, Self::Cnn, Self::Cifar10Net];
+    const ALL: [Self; 5] = [Self::Softmax, Self::Mlp, Self::Cnn, Self::Cifar10Net, Self::External];
 
     /// The name in the configuration.
     #[must_use]
@@ -151,6 +155,7 @@ impl ModelKind {
             Self::Mlp => "mlp",
             Self::Cnn => "cnn",
             Self::Cifar10Net => "cifar10-net",
+            Self::External => "external",
         }
     }
 
@@ -168,13 +173,56 @@ pub struct CheckpointSettings {
     pub dir: Option<PathBuf>,
 }
 
+/// What the learners train.
+#[derive(Clone, Debug)]
+pub enum ModelSource {
+    /// A built-in network.
+    Builtin(ModelSpec),
+    /// A model of the user's own (`training.model = "external"`): its initial weights, from
+    /// `training.init`. Its learners compute their gradients in Python (`rudra.run_learner`).
+    External(Arc<InitFile>),
+}
+
+impl ModelSource {
+    /// The parameters' names, shapes and ranges in the flat vector.
+    #[must_use]
+    pub fn layout(&self) -> ParamLayout {
+        match self {
+            Self::Builtin(spec) => spec.layout(),
+            Self::External(init) => init.layout.clone(),
+        }
+    }
+
+    /// Length of the flat parameter vector.
+    #[must_use]
+    pub fn param_count(&self) -> usize {
+        match self {
+            Self::Builtin(spec) => spec.layout().len,
+            Self::External(init) => init.layout.len,
+        }
+    }
+
+    /// The built-in network, or an error saying that `what` needs one.
+    pub fn builtin(&self, what: &str) -> Result<&ModelSpec, RuntimeError> {
+        match self {
+            Self::Builtin(spec) => Ok(spec),
+            Self::External(_) => Err(invalid(
+                "training.model",
+                format!(
+                    "is external; {what} needs a built-in network (its learners compute gradients in Rust)"
+                ),
+            )),
+        }
+    }
+}
+
 /// A validated configuration.
 #[derive(Clone, Debug)]
 pub struct Config {
     /// The cluster and training settings.
     pub cluster: ClusterSpec,
     /// The network trained.
-    pub model: ModelSpec,
+    pub model: ModelSource,
     /// `training.model`.
     pub model_kind: ModelKind,
     /// The dataset.
@@ -201,6 +249,38 @@ pub struct Config {
 
 fn invalid(key: &'static str, message: impl Into<String>) -> RuntimeError {
     RuntimeError::Invalid(InvalidSetting::new(key, message))
+}
+
+/// `training.model = "external"` and `training.dataset = "external"` go together, with
+/// `training.init` and `training.train_examples`; `training.init` belongs to them alone.
+fn external_pairing(model: ModelKind, dataset: DatasetKind, t: &RawTraining) -> Result<(), RuntimeError> {
+    let external = model == ModelKind::External;
+    if external != (dataset == DatasetKind::External) {
+        return Err(invalid(
+            "training.model",
+            format!(
+                "is {:?} with training.dataset {:?}: a model of your own reads its own examples, so \
+                 training.model and training.dataset are both \"external\" or neither is",
+                t.model, t.dataset
+            ),
+        ));
+    }
+    match (external, &t.init) {
+        (true, None) => Err(invalid(
+            "training.init",
+            "an external model needs its initial weights: a safetensors file (from \
+             safetensors.torch.save_file(model.state_dict(), ...), say)",
+        )),
+        (true, Some(_)) if t.train_examples == 0 => Err(invalid(
+            "training.train_examples",
+            "an external dataset needs its size: the number of examples your loader indexes",
+        )),
+        (false, Some(_)) => Err(invalid(
+            "training.init",
+            format!("is for training.model = \"external\"; {} starts from training.seed", t.model),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// The largest minibatch a learner takes.
@@ -336,6 +416,8 @@ impl TryFrom<RawConfig> for Config {
             ));
         }
         let dataset = DatasetKind::parse(&t.dataset)?;
+        let model_kind = ModelKind::parse(&t.model)?;
+        external_pairing(model_kind, dataset, t)?;
         let fits = |spec: ModelSpec, reads: &str| {
             if spec.inputs == dataset.features() {
                 Ok(spec)
@@ -346,7 +428,6 @@ impl TryFrom<RawConfig> for Config {
                 ))
             }
         };
-        let model_kind = ModelKind::parse(&t.model)?;
         if model_kind == ModelKind::Mlp {
             check_model_size(dataset.features(), &t.hidden)?;
         }
@@ -354,10 +435,20 @@ impl TryFrom<RawConfig> for Config {
             ModelKind::Mlp if t.hidden.is_empty() || t.hidden.contains(&0) => {
                 return Err(invalid("training.hidden", "an mlp needs one or more non-zero layer widths"));
             }
-            ModelKind::Mlp => ModelSpec::dense(dataset.features(), t.hidden.clone(), 10),
-            ModelKind::Softmax => ModelSpec::dense(dataset.features(), Vec::new(), 10),
-            ModelKind::Cnn => fits(ModelSpec::cnn(), "28×28 grey images (mnist, fashion-mnist)")?,
-            ModelKind::Cifar10Net => fits(ModelSpec::cifar10_net(), "32×32 colour images (cifar10)")?,
+            ModelKind::Mlp => {
+                ModelSource::Builtin(ModelSpec::dense(dataset.features(), t.hidden.clone(), 10))
+            }
+            ModelKind::Softmax => ModelSource::Builtin(ModelSpec::dense(dataset.features(), Vec::new(), 10)),
+            ModelKind::Cnn => {
+                ModelSource::Builtin(fits(ModelSpec::cnn(), "28×28 grey images (mnist, fashion-mnist)")?)
+            }
+            ModelKind::Cifar10Net => {
+                ModelSource::Builtin(fits(ModelSpec::cifar10_net(), "32×32 colour images (cifar10)")?)
+            }
+            ModelKind::External => {
+                let path = t.init.as_deref().unwrap_or(Path::new(""));
+                ModelSource::External(Arc::new(InitFile::read(path)?))
+            }
         };
         let device = raw.compute.device.parse().map_err(|e| invalid("compute.device", e))?;
         let batch_size = match t.global_batch_size {
@@ -390,7 +481,7 @@ impl TryFrom<RawConfig> for Config {
         };
         // Settings checks that need no data, once for every command; the data-dependent ones
         // run where the data is loaded.
-        cluster.validate_settings(model.layout().len)?;
+        cluster.validate_settings(model.param_count())?;
         let simulation = Simulation::from_raw(&raw.simulation)?;
         let c = &raw.cluster;
         if !(c.heartbeat_ms > 0 && c.heartbeat_ms < c.failure_timeout_ms) {
@@ -492,10 +583,14 @@ impl Config {
     }
 
     /// The configured network, initialised from `training.seed`, its learners computing on
-    /// `device`.
+    /// `device`; for an external model, its initial weights (its learners bring their own
+    /// model: see [`Models::external`]).
     #[must_use]
     pub fn models(&self, device: Device) -> Models {
-        Models::builtin(&self.model, self.cluster.seed, device)
+        match &self.model {
+            ModelSource::Builtin(spec) => Models::builtin(spec, self.cluster.seed, device),
+            ModelSource::External(init) => Models::external(Arc::clone(&init.params)),
+        }
     }
 
     /// Where the shards of the run `job` write their checkpoints and how often:

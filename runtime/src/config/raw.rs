@@ -128,7 +128,7 @@ pub struct RawProtocol {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawTraining {
-    /// `mnist | fashion-mnist | cifar10`.
+    /// `mnist | fashion-mnist | cifar10 | external`.
     pub dataset: String,
     /// Directory of the dataset files; MNIST and Fashion-MNIST have defaults, CIFAR-10 has
     /// none.
@@ -137,8 +137,11 @@ pub struct RawTraining {
     pub train_examples: usize,
     /// Use only the first N test examples (0 = all).
     pub test_examples: usize,
-    /// `softmax | mlp | cnn | cifar10-net`.
+    /// `softmax | mlp | cnn | cifar10-net | external`.
     pub model: String,
+    /// `model = "external"`: its initial weights, a safetensors file whose tensors, in file
+    /// order, make the flat parameter vector.
+    pub init: Option<PathBuf>,
     /// Hidden layer widths of the MLP.
     pub hidden: Vec<usize>,
     /// μ.

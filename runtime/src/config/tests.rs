@@ -6,6 +6,11 @@ fn load(set: &[&str]) -> Result<Config, RuntimeError> {
     Config::load(None, &set.iter().map(|s| s.to_string()).collect::<Vec<_>>())
 }
 
+/// `c`'s built-in network.
+fn builtin(c: &Config) -> &ModelSpec {
+    c.model.builtin("a test").unwrap()
+}
+
 /// The rule of `c`'s SGD protocol.
 fn sgd_rule(c: &Config) -> SyncRule {
     match &c.cluster.protocol {
@@ -21,7 +26,7 @@ fn defaults_are_the_shipped_default_config() {
     assert_eq!(c.cluster.shards, 2);
     assert_eq!(sgd_rule(&c), SyncRule::Softsync { n: 4 });
     assert_eq!(c.cluster.protocol.modulation(), LrModulation::PerGradient);
-    assert_eq!(c.model.hidden, vec![256]);
+    assert_eq!(builtin(&c).hidden, vec![256]);
     assert_eq!(c.cluster.batch_size, 32);
     assert_eq!(c.cluster.protocol.max_staleness(), None);
 }
@@ -46,7 +51,7 @@ fn set_overrides_with_typed_values() {
     ])
     .unwrap();
     assert_eq!(sgd_rule(&c), SyncRule::Hardsync);
-    assert_eq!(c.model.hidden, vec![64, 32]);
+    assert_eq!(builtin(&c).hidden, vec![64, 32]);
     assert_eq!(c.cluster.schedule.base, 0.05);
     assert_eq!(c.cluster.protocol.max_staleness(), Some(3));
     assert_eq!(c.cluster.protocol.modulation(), LrModulation::Mean);
@@ -121,7 +126,7 @@ fn key_of(set: &[&str]) -> String {
 #[test]
 fn models_datasets_and_devices() {
     let c = load(&["training.model=cnn", "compute.device=wgpu"]).unwrap();
-    assert_eq!(c.model, ModelSpec::cnn());
+    assert_eq!(*builtin(&c), ModelSpec::cnn());
     assert_eq!(c.device, DeviceKind::Wgpu);
     assert_eq!(c.data.dir, PathBuf::from("data/mnist"));
     let f = load(&["training.dataset=fashion-mnist", "training.model=cnn"]).unwrap();
@@ -130,9 +135,9 @@ fn models_datasets_and_devices() {
         (DatasetKind::FashionMnist, "/usr/share/datasets/fashion-mnist".into())
     );
     let cifar = ["training.dataset=cifar10", "training.data_dir=/data/cifar"];
-    assert_eq!(load(&cifar).unwrap().model.inputs, 3072, "an mlp on colour images");
+    assert_eq!(builtin(&load(&cifar).unwrap()).inputs, 3072, "an mlp on colour images");
     let net = load(&[cifar[0], cifar[1], "training.model=cifar10-net"]).unwrap();
-    assert_eq!(net.model.layout().len, 89_578);
+    assert_eq!(net.model.param_count(), 89_578);
     assert_eq!(key_of(&["training.dataset=cifar10"]), "training.data_dir", "cifar10 has no default");
     assert_eq!(key_of(&[cifar[0], cifar[1], "training.model=cnn"]), "training.model");
     assert_eq!(key_of(&["training.model=cifar10-net"]), "training.model");
@@ -207,7 +212,7 @@ fn bad_values_name_their_key() {
 fn streaming_fragments_are_diloco_runs_of_whole_shards_dividing_tau() {
     let refusal = |sets: &[&str]| {
         let c = load(&[&["protocol.kind=diloco", "cluster.shards=4", "protocol.tau=12"], sets].concat())?;
-        c.cluster.validate_settings(c.model.layout().len).map_err(RuntimeError::Invalid)
+        c.cluster.validate_settings(c.model.param_count()).map_err(RuntimeError::Invalid)
     };
     assert!(refusal(&["protocol.fragments=4"]).is_ok());
     assert_eq!(
@@ -239,4 +244,34 @@ fn missing_file_and_missing_dataset_are_clear() {
         c.data.load(),
         Err(RuntimeError::Invalid(InvalidSetting { key: "training.data_dir", .. }))
     ));
+}
+
+#[test]
+fn an_external_model_reads_its_init_file_and_pairs_with_an_external_dataset() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("init.safetensors");
+    let bytes: Vec<u8> = [0.5f32; 6].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2, 3], &bytes).unwrap();
+    std::fs::write(&path, safetensors::tensor::serialize([("w", view)], None).unwrap()).unwrap();
+    let init = format!("training.init={}", path.display());
+    let external =
+        ["training.model=external", "training.dataset=external", "training.train_examples=100", &init];
+    let c = load(&external).unwrap();
+    assert_eq!(c.model.param_count(), 6);
+    assert_eq!(c.models(Device::Cpu(rudra_compute::CpuBackend)).init().as_slice(), &[0.5; 6]);
+    let data = c.data.load().unwrap();
+    assert!(data.train.is_external() && data.train.len() == 100);
+    // Each of the four settings is needed, and init belongs to an external model alone.
+    assert_eq!(key_of(&external[1..]), "training.model");
+    assert_eq!(key_of(&[external[0], external[2], &init]), "training.model");
+    assert_eq!(key_of(&external[..3]), "training.init");
+    assert_eq!(key_of(&[external[0], external[1], &init]), "training.train_examples");
+    assert_eq!(key_of(&[&init]), "training.init");
+    let missing = [
+        "training.model=external",
+        "training.dataset=external",
+        "training.train_examples=9",
+        "training.init=nowhere.safetensors",
+    ];
+    assert!(load(&missing).unwrap_err().to_string().contains("nowhere.safetensors"));
 }

@@ -9,7 +9,7 @@ use rudra_actors::faults::Node;
 use rudra_actors::links::{self, ShardLink};
 use rudra_actors::messages::{StartLearner, StopLearner};
 use rudra_actors::remote::codec::{self, ToLearner};
-use rudra_actors::remote::{OnRefused, Rebind, RemoteShard, drive_link};
+use rudra_actors::remote::{AnswerEvaluate, OnRefused, Rebind, RemoteShard, drive_link};
 use rudra_actors::roles::{
     AnswerRoute, LearnerPeers, LearnerRun, StartedLearner, inject_panic, start_learner,
 };
@@ -23,18 +23,22 @@ use super::join::{Welcome, join};
 use super::link::UpLink;
 use super::scheduler::{serve_metrics, set_ready};
 use super::{NodeOptions, connect_with_retry, endpoint, leave, scheduler_gone};
-use crate::RuntimeError;
 use crate::exporter::{MetricsEndpoint, Serving};
+use crate::{Config, RuntimeError};
+
+/// Builds a learner's models from the run's configuration, which the learner is given when it
+/// joins (a Python learner's model over the run's parameters, say).
+pub type MakeModels<'a> = &'a (dyn Fn(&Config) -> Result<Models, RuntimeError> + Sync);
 
 /// Run a learner: join, connect to every shard, train when told, stop when told. It trains on
-/// `data` when given, else on the dataset the run configuration names, with a model of `models`
-/// when given, else the configured network on the configured device. A learner that restarted
+/// `data` when given, else on the dataset the run configuration names, with the models `models`
+/// makes when given, else the configured network on the configured device. A learner that restarted
 /// and rejoins the running job starts at once, its step numbers after every earlier
 /// incarnation's. A learner that fails tells the scheduler why as it goes.
 pub fn run_learner(
     opts: &NodeOptions,
     data: Option<TrainingData>,
-    models: Option<Models>,
+    models: Option<MakeModels<'_>>,
 ) -> Result<(), RuntimeError> {
     let opts = opts.clone();
     let exporter = MetricsEndpoint::bind_if(opts.metrics_addr)?;
@@ -70,7 +74,7 @@ async fn learn(
     opts: &NodeOptions,
     link: &mut UpLink,
     welcome: &Welcome,
-    (data, models): (Option<TrainingData>, Option<Models>),
+    (data, models): (Option<TrainingData>, Option<MakeModels<'_>>),
     serving: Option<&Serving>,
 ) -> Result<Exit, RuntimeError> {
     let (config, incarnation) = (&welcome.config, welcome.incarnation);
@@ -90,7 +94,7 @@ async fn learn(
         .into());
     }
     let models = match models {
-        Some(m) => m,
+        Some(make) => make(config)?,
         None => config.models(Device::open(config.device)?),
     };
     let spec = &config.cluster;
@@ -140,11 +144,20 @@ async fn learn(
             m = link.next(ep, opts) => match m.map(codec::to_learner) {
                 Ok(Ok(ToLearner::Start)) => learner.handle().start.do_send(StartLearner),
                 Ok(Ok(ToLearner::Heartbeat)) => {}
+                Ok(Ok(ToLearner::Evaluate { request, evaluate })) => {
+                    let asked = learner.handle().evaluate.send(evaluate);
+                    let reports = link.reports().clone();
+                    actix::spawn(async move {
+                        let measured = asked.await.ok().flatten();
+                        reports.do_send(AnswerEvaluate { request, measured });
+                    });
+                }
                 Ok(Ok(ToLearner::Stop)) => break Ok(Exit::Stopped),
                 Ok(Err(e)) => tracing::warn!("from the scheduler: {e}"),
                 Err(e) => break Err(e),
             },
             Some(e) = lost_rx.recv() => break Err(e),
+            () = interrupted(opts) => break Err(RuntimeError::Interrupted),
             () = &mut crashed => {
                 // As a crash: everything stops at once, no connection is closed.
                 tracing::error!("crashed (fault injection)");
@@ -157,6 +170,14 @@ async fn learn(
     learner.handle().stop.do_send(StopLearner::default());
     arbiter.stop();
     result
+}
+
+/// Resolves once the learner is interrupted; never without [`NodeOptions::interrupt`].
+async fn interrupted(opts: &NodeOptions) {
+    match &opts.interrupt {
+        Some(n) => n.notified().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Connect to every shard of `welcome` and say hello: each shard's link, and its connection.

@@ -26,6 +26,7 @@ mod shard;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use failover::{STATE_FILE, recorded_so_far, resumed_config};
@@ -36,7 +37,7 @@ use rudra_transport::quic::{Ended, Goodbye, Peer, QuicEndpoint, QuicSettings};
 use rudra_transport::{Inbound, Role};
 pub use scheduler::run_scheduler;
 pub use shard::run_shard;
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 
 use crate::RuntimeError;
 
@@ -77,6 +78,8 @@ pub struct NodeOptions {
     pub ca: Option<PathBuf>,
     /// The scheduler: its run directory, where it records the join tokens used.
     pub run_dir: Option<PathBuf>,
+    /// A learner: ends cleanly, saying goodbye, when notified (a Python learner's Ctrl-C).
+    pub interrupt: Option<Arc<Notify>>,
 }
 
 impl NodeOptions {
@@ -96,6 +99,7 @@ impl NodeOptions {
             token: None,
             ca: None,
             run_dir: None,
+            interrupt: None,
         }
     }
 }

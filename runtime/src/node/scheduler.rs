@@ -14,7 +14,9 @@ use rudra_actors::messages::{
     TrackerReport,
 };
 use rudra_actors::remote::codec::{self, FromLearner, FromShard};
-use rudra_actors::remote::{OnRefused, Rebind, RemoteLearner, RemoteShard, SnapshotReply, drive_link};
+use rudra_actors::remote::{
+    EvaluatedReply, OnRefused, Rebind, RemoteLearner, RemoteShard, SnapshotReply, drive_link,
+};
 use rudra_actors::roles::{SchedulerRun, SchedulerSlot, resume_tracker, start_scheduler, start_tracker};
 use rudra_actors::scheduler::SchedulerActor;
 use rudra_actors::tracker::StalenessTracker;
@@ -542,6 +544,9 @@ async fn dispatch_learner(id: LearnerId, mut j: Joiner, roster: Arc<Roster>, inc
             FromLearner::Progress(p) => scheduler.do_send(p),
             FromLearner::Done(d) => scheduler.do_send(d),
             FromLearner::Heartbeat(h) => scheduler.do_send(h),
+            FromLearner::Evaluated { request, measured } => {
+                seat.remote.do_send(EvaluatedReply { request, measured });
+            }
         }
         Ok(())
     };

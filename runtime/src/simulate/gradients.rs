@@ -66,8 +66,8 @@ impl Gradients {
                 for &(offset, values) in parts {
                     m.model.write_params(offset, values)?;
                 }
-                let (x, y) = m.batches[learner].next_batch();
-                let loss = m.model.loss_and_gradient(x, y)?;
+                let b = m.batches[learner].next_batch();
+                let loss = m.model.loss_and_gradient(b.x, b.labels)?;
                 let mut grad = vec![0.0; m.model.layout().len];
                 m.model.read_gradient(0, &mut grad)?;
                 Ok((grad, f64::from(loss)))

@@ -70,7 +70,7 @@ pub fn protocol_label(config: &Config) -> String {
 pub fn validate(config: &Config) -> Result<(), RuntimeError> {
     let params = match config.simulation.gradients {
         GradientSource::Synthetic(q) => q.dimension,
-        GradientSource::Model => config.model.layout().len,
+        GradientSource::Model => config.model.param_count(),
     };
     Ok(config.cluster.validate_settings(params)?)
 }
@@ -92,7 +92,8 @@ pub fn simulate(config: &Config, progress: ProgressMode) -> Result<SimReport, Ru
             let (train_len, init) = (data.train.len(), models.init().to_vec());
             let (loops, batches): (Vec<_>, Vec<_>) =
                 (0..learners).map(|l| spec.learner_loop(l, Arc::clone(&data.train), &init)).unzip();
-            let gradients = Gradients::model(config.model.clone(), batches, data.test)?;
+            let gradients =
+                Gradients::model(config.model.builtin("the simulator")?.clone(), batches, data.test)?;
             (gradients, init, Some((loops, train_len)))
         }
     };

@@ -121,7 +121,7 @@ pub fn run_command(
             match study.runs {
                 StudyRuns::Simulate => simulate::validate(&config)?,
                 StudyRuns::Local | StudyRuns::Quic => {
-                    config.cluster.validate_settings(config.model.layout().len)?;
+                    config.cluster.validate_settings(config.model.param_count())?;
                 }
             }
             config.refuse_kills()?;

@@ -1,0 +1,53 @@
+//! `rudra._rudra`: Rudra's learner with a gradient function written in Python. Everything but the
+//! gradient stays in Rust: the protocols, the shards, the staleness, the local optimizers and
+//! the network. See `python/rudra/__init__.py` for the Python face of it.
+//!
+//! - [`run_learner`]: one learner of a cluster whose scheduler and shards are `rudra-node`
+//!   processes.
+//! - [`local`]: a whole cluster in this process, every learner calling the same function.
+//! - [`save_init`] and [`init_layout`]: `training.init`, the initial weights, written and read.
+
+mod model;
+mod run;
+
+use std::path::PathBuf;
+
+use numpy::PyUntypedArrayMethods;
+use pyo3::prelude::*;
+
+/// Write `tensors` (name → float32 array, in the order given) as the safetensors file `path`, an
+/// init file for `training.init`.
+#[pyfunction]
+fn save_init(path: PathBuf, tensors: Vec<(String, numpy::PyReadonlyArrayDyn<'_, f32>)>) -> PyResult<()> {
+    let mut named = Vec::with_capacity(tensors.len());
+    for (name, array) in &tensors {
+        let values = array.as_slice().map_err(|_| {
+            pyo3::exceptions::PyValueError::new_err(format!(
+                "tensor {name} is not contiguous; pass np.ascontiguousarray"
+            ))
+        })?;
+        named.push((name.as_str(), array.shape().to_vec(), values));
+    }
+    model::write_safetensors(&path, &named).map_err(run::to_py)
+}
+
+/// The tensors of the init file `path` in file order, which is the order of the flat parameter
+/// vector: `[(name, shape, start, end)]`.
+#[pyfunction]
+fn init_layout(path: PathBuf) -> PyResult<Vec<(String, Vec<usize>, usize, usize)>> {
+    let init = rudra_runtime::init::InitFile::read(&path).map_err(run::to_py)?;
+    Ok(init.layout.tensors.into_iter().map(|t| (t.name, t.shape, t.range.start, t.range.end)).collect())
+}
+
+/// The extension module.
+#[pymodule]
+fn _rudra(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    run::init_logging();
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<run::RunResult>()?;
+    m.add_function(wrap_pyfunction!(run::run_learner, m)?)?;
+    m.add_function(wrap_pyfunction!(run::local, m)?)?;
+    m.add_function(wrap_pyfunction!(save_init, m)?)?;
+    m.add_function(wrap_pyfunction!(init_layout, m)?)?;
+    Ok(())
+}
