@@ -13,7 +13,8 @@ if [ ! -x "$venv/bin/python" ]; then
     python3 -m venv "$venv"
 fi
 "$venv/bin/pip" install -q --disable-pip-version-check 'maturin>=1.9,<2' numpy pytest safetensors jax
-# The dev profile reuses what the tests just built, instead of a release build of everything.
-MATURIN_PEP517_ARGS="--profile dev --locked" \
+# The dev profile reuses what the tests just built, instead of a release build of everything;
+# the build backend runs the environment's maturin.
+PATH="$PWD/$venv/bin:$PATH" MATURIN_PEP517_ARGS="--profile dev --locked" \
     "$venv/bin/pip" install -q --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps ./python
 RUDRA_NODE="$PWD/target/debug/rudra-node" "$venv/bin/python" -m pytest -rs -q python/tests

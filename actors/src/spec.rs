@@ -341,7 +341,8 @@ impl ClusterSpec {
         }
         models.check_data("training", &data.train)?;
         models.check_data("test", &data.test)?;
-        if data.test.is_empty() {
+        // An external dataset's test set is the learners' (their own evaluation).
+        if data.test.is_empty() && !data.test.is_external() {
             return Err(InvalidSetting::new("training.dataset", "the test set is empty"));
         }
         Ok(())

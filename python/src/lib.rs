@@ -39,6 +39,26 @@ fn init_layout(path: PathBuf) -> PyResult<Vec<(String, Vec<usize>, usize, usize)
     Ok(init.layout.tensors.into_iter().map(|t| (t.name, t.shape, t.range.start, t.range.end)).collect())
 }
 
+/// Seconds per call of `grad_fn` through the binding, as a learner calls it: the weights view,
+/// the batch's indices, the call, the checks and the copy of the gradient (a model of `params`
+/// parameters, batches of `batch`). For the benchmark (`python/bench.py`).
+#[pyfunction]
+fn _binding_cost(py: Python<'_>, grad_fn: Py<PyAny>, params: usize, batch: usize, calls: usize) -> PyResult<f64> {
+    use rudra_compute::GradientModel;
+    let fns = std::sync::Arc::new(model::UserFns { grad: grad_fn, eval: None });
+    let mut m = model::PyModel::new(fns, std::sync::Arc::default(), params);
+    let weights = std::sync::Arc::new(vec![0.0f32; params]);
+    let indices: Vec<u32> = (0..batch as u32).collect();
+    let batch = rudra_compute::Batch { indices: &indices, x: &[], labels: &[] };
+    let mut out = vec![0.0; params];
+    let started = std::time::Instant::now();
+    for _ in 0..calls {
+        py.detach(|| m.gradient_on(Some(&weights), batch).and_then(|_| m.take_gradient(&mut out)))
+            .map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(e.to_string()))?;
+    }
+    Ok(started.elapsed().as_secs_f64() / calls.max(1) as f64)
+}
+
 /// The extension module.
 #[pymodule]
 fn _rudra(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -49,5 +69,6 @@ fn _rudra(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(run::local, m)?)?;
     m.add_function(wrap_pyfunction!(save_init, m)?)?;
     m.add_function(wrap_pyfunction!(init_layout, m)?)?;
+    m.add_function(wrap_pyfunction!(_binding_cost, m)?)?;
     Ok(())
 }

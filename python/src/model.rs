@@ -51,17 +51,23 @@ impl PyModel {
         Self { fns, outcome, params: Arc::new(vec![0.0; params]), grad: vec![0.0; params] }
     }
 
-    /// Record the first error of a user function, and hand back what the run reports.
-    fn failed(&self, what: &str, e: PyErr) -> ComputeError {
-        let message = format!("{what}: {e}");
+    /// Record the first error of a user function (raised in the caller as it was), and hand
+    /// back what the run reports: `message`.
+    fn record(&self, e: PyErr, message: String) -> ComputeError {
         let mut first = self.outcome.error.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         first.get_or_insert(e);
         ComputeError::External(message)
     }
 
-    /// Refuse a gradient or loss that cannot be used, as a Python exception of its own.
+    /// `what` raised `e`.
+    fn failed(&self, what: &str, e: PyErr) -> ComputeError {
+        let message = format!("{what} raised {e}");
+        self.record(e, message)
+    }
+
+    /// A gradient or loss that cannot be used: a `ValueError` saying why.
     fn refused(&self, message: String) -> ComputeError {
-        self.failed("grad_fn", pyo3::exceptions::PyValueError::new_err(message))
+        self.record(pyo3::exceptions::PyValueError::new_err(message.clone()), message)
     }
 
     /// `grad_fn(weights, batch)` into `self.grad`; the mean loss.

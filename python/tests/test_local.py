@@ -74,7 +74,7 @@ def test_a_gradient_of_the_wrong_length_raises_naming_it(tmp_path):
     def grad_fn(weights, batch):
         return 1.0, np.zeros(5, np.float32)
 
-    settings = external(tmp_path / "init.safetensors", 64, "cluster.learners=2", "cluster.shards=1")
+    settings = external(tmp_path / "init.safetensors", 64, "protocol.kind=async", "cluster.learners=2", "cluster.shards=1")
     with pytest.raises(ValueError, match="gradient has 5 values; the model has 10 parameters"):
         rudra.local(grad_fn, set=settings)
 
@@ -83,14 +83,14 @@ def test_a_gradient_of_the_wrong_length_raises_naming_it(tmp_path):
     ("returned", "message"),
     [
         (lambda w: (1.0, np.zeros(len(w), np.float64)), "float64"),
-        (lambda w: (1.0, np.full(len(w), np.nan, np.float32)), "holds nan at 0"),
+        (lambda w: (1.0, np.full(len(w), np.nan, np.float32)), "holds NaN at 0"),
         (lambda w: (float("inf"), np.zeros(len(w), np.float32)), "loss is inf"),
         (lambda w: np.zeros(len(w), np.float32), "must return \\(loss, gradient\\)"),
     ],
 )
 def test_unusable_results_raise_naming_what_is_wrong(tmp_path, returned, message):
     rudra.save_init(str(tmp_path / "init.safetensors"), [("w", np.zeros(4, np.float32))])
-    settings = external(tmp_path / "init.safetensors", 16, "cluster.learners=1", "cluster.shards=1")
+    settings = external(tmp_path / "init.safetensors", 64, "protocol.kind=async", "cluster.learners=1", "cluster.shards=1")
     with pytest.raises(ValueError, match=message):
         rudra.local(lambda w, b: returned(w), set=settings)
 
@@ -104,7 +104,7 @@ def test_an_exception_in_grad_fn_is_raised_as_it_was(tmp_path):
     def grad_fn(weights, batch):
         raise Boom("the model's own error")
 
-    settings = external(tmp_path / "init.safetensors", 16, "cluster.learners=1", "cluster.shards=1")
+    settings = external(tmp_path / "init.safetensors", 64, "protocol.kind=async", "cluster.learners=1", "cluster.shards=1")
     with pytest.raises(Boom, match="the model's own error"):
         rudra.local(grad_fn, set=settings)
 
