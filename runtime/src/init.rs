@@ -136,19 +136,20 @@ mod tests {
     fn tensors_in_file_order_make_the_flat_vector() {
         let dir = tempfile::tempdir().unwrap();
         let f64s: Vec<u8> = [5.0f64, 6.0].iter().flat_map(|x| x.to_le_bytes()).collect();
-        // Names sort the other way round from the file's order.
+        // safetensors stores wider types first, so the F64 tensor comes first in the file,
+        // against the order of the names.
         let path = write(
             dir.path(),
             &[
-                ("z.weight", Dtype::F32, vec![2, 2], f32s(&[1.0, 2.0, 3.0, 4.0])),
-                ("a.bias", Dtype::F64, vec![2], f64s),
+                ("a.weight", Dtype::F32, vec![2, 2], f32s(&[1.0, 2.0, 3.0, 4.0])),
+                ("z.bias", Dtype::F64, vec![2], f64s),
             ],
         );
         let init = InitFile::read(&path).unwrap();
-        assert_eq!(*init.params, vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        assert_eq!(*init.params, vec![5.0, 6.0, 1.0, 2.0, 3.0, 4.0]);
         let names: Vec<_> = init.layout.tensors.iter().map(|t| (t.name.as_str(), t.range.clone())).collect();
-        assert_eq!(names, vec![("z.weight", 0..4), ("a.bias", 4..6)]);
-        assert_eq!(init.layout.tensors[0].shape, vec![2, 2]);
+        assert_eq!(names, vec![("z.bias", 0..2), ("a.weight", 2..6)]);
+        assert_eq!(init.layout.tensors[1].shape, vec![2, 2]);
     }
 
     #[test]
