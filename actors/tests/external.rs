@@ -56,7 +56,11 @@ impl GradientModel for IndexedModel {
         self.grad = w.iter().zip(C).map(|(w, c)| w - c).collect();
         Ok(self.grad.iter().map(|d| d * d).sum::<f32>() / 2.0)
     }
-    fn evaluate_weights(&mut self, params: &Arc<Vec<f32>>, last: bool) -> Result<Option<(f64, f64)>, ComputeError> {
+    fn evaluate_weights(
+        &mut self,
+        params: &Arc<Vec<f32>>,
+        last: bool,
+    ) -> Result<Option<(f64, f64)>, ComputeError> {
         if last {
             self.seen.finals.lock().unwrap().push(params.to_vec());
         }
@@ -68,7 +72,12 @@ fn spec(rule: SyncRule) -> ClusterSpec {
     ClusterSpec {
         learners: 2,
         shards: 1,
-        protocol: ProtocolSpec::Sgd(SgdSpec { rule, modulation: LrModulation::None, max_staleness: None, backups: 0 }),
+        protocol: ProtocolSpec::Sgd(SgdSpec {
+            rule,
+            modulation: LrModulation::None,
+            max_staleness: None,
+            backups: 0,
+        }),
         batch_size: 4,
         epochs: 1,
         schedule: LrSchedule { base: 0.1, decay: 1.0 },
@@ -96,8 +105,8 @@ fn run(
     };
     let models = Models::external(Arc::new(vec![3.0; 3])).with_learners(make);
     let data = TrainingData { train: Arc::new(Dataset::external(32)), test: Arc::new(Dataset::external(0)) };
-    let report = actix::System::new()
-        .block_on(async move { Cluster::new(spec, models, data)?.start()?.wait().await });
+    let report =
+        actix::System::new().block_on(async move { Cluster::new(spec, models, data)?.start()?.wait().await });
     (report, seen)
 }
 
@@ -113,7 +122,11 @@ fn an_external_model_is_evaluated_by_its_learners_and_each_is_handed_the_final_w
     }
     assert_eq!(report.final_test_accuracy, 0.25, "measured by a learner");
     assert!(report.metrics.iter().all(|row| row.test_accuracy == 0.25 && row.test_loss == 1.5));
-    assert_eq!(*seen.finals.lock().unwrap(), vec![report.params.clone(); 2], "both learners hold the final weights");
+    assert_eq!(
+        *seen.finals.lock().unwrap(),
+        vec![report.params.clone(); 2],
+        "both learners hold the final weights"
+    );
     // Every example's index given exactly once in the epoch, in batches of μ.
     let batches = seen.batches.lock().unwrap();
     assert!(batches.iter().all(|b| b.len() == 4));
@@ -127,7 +140,11 @@ fn a_learner_whose_model_fails_is_removed_and_the_other_finishes() {
     let (report, seen) = run(spec(SyncRule::Async), |n| n == 1);
     let report = report.expect("the run goes on without the failed learner");
     assert_eq!((report.samples, report.samples_expected), (16, 32), "the failed learner's half is missing");
-    assert!(report.timeline.iter().any(|e| e.what.contains("failed: grad_fn raised the model's own error")), "{:?}", report.timeline);
+    assert!(
+        report.timeline.iter().any(|e| e.what.contains("failed: grad_fn raised the model's own error")),
+        "{:?}",
+        report.timeline
+    );
     assert_eq!(seen.finals.lock().unwrap().len(), 1, "only the learner left is handed the final weights");
     // The last learner's failure fails the run, with its error.
     let (report, _) = run(spec(SyncRule::Async), |_| true);

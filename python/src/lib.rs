@@ -43,9 +43,15 @@ fn init_layout(path: PathBuf) -> PyResult<Vec<(String, Vec<usize>, usize, usize)
 /// the batch's indices, the call, the checks and the copy of the gradient (a model of `params`
 /// parameters, batches of `batch`). For the benchmark (`python/bench.py`).
 #[pyfunction]
-fn _binding_cost(py: Python<'_>, grad_fn: Py<PyAny>, params: usize, batch: usize, calls: usize) -> PyResult<f64> {
+fn _binding_cost(
+    py: Python<'_>,
+    grad_fn: Py<PyAny>,
+    params: usize,
+    batch: usize,
+    calls: usize,
+) -> PyResult<f64> {
     use rudra_compute::GradientModel;
-    let fns = std::sync::Arc::new(model::UserFns { grad: grad_fn, eval: None });
+    let fns = std::sync::Arc::new(model::UserFns { grad: grad_fn, eval: None, turns: None });
     let mut m = model::PyModel::new(fns, std::sync::Arc::default(), params);
     let weights = std::sync::Arc::new(vec![0.0f32; params]);
     let indices: Vec<u32> = (0..batch as u32).collect();

@@ -29,6 +29,17 @@ pub(crate) struct UserFns {
     pub grad: Py<PyAny>,
     /// `eval_fn(weights) -> {"accuracy": …, "loss": …}`, if given.
     pub eval: Option<Py<PyAny>>,
+    /// Held while one learner calls them, when the learners of this process take turns (a
+    /// model object they share is not safe to call from two threads at once).
+    pub turns: Option<Mutex<()>>,
+}
+
+impl UserFns {
+    /// Wait for this learner's turn, if they take turns. Taken without the GIL, before it:
+    /// the learner whose turn it is may need the GIL back to finish.
+    fn turn(&self) -> Option<std::sync::MutexGuard<'_, ()>> {
+        self.turns.as_ref().map(|m| m.lock().unwrap_or_else(std::sync::PoisonError::into_inner))
+    }
 }
 
 /// A learner's model: its parameters (written by the shards) and the user's functions.
@@ -185,6 +196,8 @@ impl GradientModel for PyModel {
 
     fn gradient_on(&mut self, params: Option<&Arc<Vec<f32>>>, batch: Batch<'_>) -> Result<f32, ComputeError> {
         let at = Arc::clone(params.unwrap_or(&self.params));
+        let fns = Arc::clone(&self.fns);
+        let _turn = fns.turn();
         Python::attach(|py| self.call_grad(py, &at, batch))
     }
 
@@ -197,7 +210,9 @@ impl GradientModel for PyModel {
             *self.outcome.weights.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
                 Some(Arc::clone(params));
         }
-        let Some(eval) = &self.fns.eval else { return Ok(None) };
+        let fns = Arc::clone(&self.fns);
+        let Some(eval) = &fns.eval else { return Ok(None) };
+        let _turn = fns.turn();
         Python::attach(|py| {
             let weights = read_only_view(py, params).map_err(|e| self.failed("the weights view", e))?;
             let out = eval.bind(py).call1((weights,)).map_err(|e| self.failed("eval_fn", e))?;

@@ -150,7 +150,8 @@ pub(crate) fn run_learner(
     opts.token = token;
     opts.connect_timeout = timeout;
     opts.interrupt = Some(Arc::clone(&interrupt));
-    let fns = Arc::new(UserFns { grad: grad_fn, eval: eval_fn });
+    // One learner in this process: nothing to take turns with.
+    let fns = Arc::new(UserFns { grad: grad_fn, eval: eval_fn, turns: None });
     let outcome = Arc::new(Outcome::default());
     let (shared, held) = (Arc::clone(&outcome), Arc::clone(&fns));
     let ran = wait_for(py, Some(&interrupt), move || {
@@ -181,10 +182,11 @@ pub(crate) fn run_learner(
 
 /// Run the whole cluster of `config` (a TOML file; `set` overrides keys as `section.key=value`)
 /// in this process, every learner calling `grad_fn`, and `eval_fn` at the evaluation points of
-/// an external model. With `out`, the run directory is written there as `rudra-node local`
-/// writes it.
+/// an external model. The learners, each on a thread of its own, call them one at a time
+/// unless `concurrent` (for functions safe to run side by side: no shared buffers or module
+/// state). With `out`, the run directory is written there as `rudra-node local` writes it.
 #[pyfunction]
-#[pyo3(signature = (grad_fn, *, config = None, set = Vec::new(), eval_fn = None, out = None))]
+#[pyo3(signature = (grad_fn, *, config = None, set = Vec::new(), eval_fn = None, out = None, concurrent = false))]
 pub(crate) fn local(
     py: Python<'_>,
     grad_fn: Py<PyAny>,
@@ -192,10 +194,12 @@ pub(crate) fn local(
     set: Vec<String>,
     eval_fn: Option<Py<PyAny>>,
     out: Option<PathBuf>,
+    concurrent: bool,
 ) -> PyResult<RunResult> {
     let config = Config::load(config.as_deref(), &set).map_err(to_py)?;
     let data = config.data.load().map_err(to_py)?;
-    let fns = Arc::new(UserFns { grad: grad_fn, eval: eval_fn });
+    let turns = (!concurrent).then(|| std::sync::Mutex::new(()));
+    let fns = Arc::new(UserFns { grad: grad_fn, eval: eval_fn, turns });
     let outcome = Arc::new(Outcome::default());
     let models = models(&config, &fns, &outcome);
     let dir = out.map(|o| RunDir::create(Some(&o), config.protocol_name())).transpose().map_err(to_py)?;
