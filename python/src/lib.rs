@@ -41,7 +41,7 @@ fn init_layout(path: PathBuf) -> PyResult<Vec<(String, Vec<usize>, usize, usize)
 
 /// Seconds per call of `grad_fn` through the binding, as a learner calls it: the weights view,
 /// the batch's indices, the call, the checks and the copy of the gradient (a model of `params`
-/// parameters, batches of `batch`). For the benchmark (`python/bench.py`).
+/// parameters, batches of `batch`). For the benchmark (`python/benches/learners.py`).
 #[pyfunction]
 fn _binding_cost(
     py: Python<'_>,

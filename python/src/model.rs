@@ -139,7 +139,10 @@ impl PyModel {
                 self.grad.len()
             )));
         }
-        if let Some(at) = values.iter().position(|v| !v.is_finite()) {
+        // One vectorised pass; the place of a bad value is looked for only when there is one.
+        if !rudra_compute::cpu::all_finite(values)
+            && let Some(at) = values.iter().position(|v| !v.is_finite())
+        {
             return Err(self.refused(format!("grad_fn's gradient holds {} at {at}", values[at])));
         }
         self.grad.copy_from_slice(values);

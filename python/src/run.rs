@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use numpy::{PyArray1, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -74,8 +74,12 @@ fn models(config: &Config, fns: &Arc<UserFns>, outcome: &Arc<Outcome>) -> Models
     models.with_learners(move || Ok(PyModel::new(Arc::clone(&fns), Arc::clone(&outcome), params)))
 }
 
+/// How long an interrupted run has to say goodbye before the caller gets its
+/// `KeyboardInterrupt` anyway (a learner still joining has nobody to say it to).
+const GOODBYE: Duration = Duration::from_secs(5);
+
 /// Run `work` on a thread of its own; wait for it without the GIL, handing it `interrupt` when
-/// Python raises on a signal (and then waiting for it to end).
+/// Python raises on a signal (and then waiting a little for it to end).
 fn wait_for<T: Send + 'static>(
     py: Python<'_>,
     interrupt: Option<&Arc<Notify>>,
@@ -88,25 +92,27 @@ fn wait_for<T: Send + 'static>(
         .name("rudra".into())
         .spawn(move || drop(tx.send(work())))
         .map_err(|e| PyRuntimeError::new_err(format!("cannot start the run's thread: {e}")))?;
-    let mut signal = None;
+    let mut signal: Option<(PyErr, Instant)> = None;
     loop {
         match py.detach(|| rx.lock().unwrap_or_else(PoisonError::into_inner).recv_timeout(SIGNAL_CHECK)) {
             Ok(done) => {
                 let _ = thread.join();
-                return signal.map_or(Ok(done), Err);
+                return signal.map_or(Ok(done), |(e, _)| Err(e));
             }
-            Err(RecvTimeoutError::Timeout) => {
-                if signal.is_none()
-                    && let Err(e) = py.check_signals()
-                {
-                    match interrupt {
-                        Some(n) => n.notify_one(),
-                        // A run of this process has no goodbye to say: it ends with the process.
-                        None => return Err(e),
+            Err(RecvTimeoutError::Timeout) => match signal {
+                Some((e, at)) if at.elapsed() > GOODBYE => return Err(e),
+                Some(_) => {}
+                None => {
+                    if let Err(e) = py.check_signals() {
+                        match interrupt {
+                            Some(n) => n.notify_one(),
+                            // A run of this process has no goodbye to say: it ends with the process.
+                            None => return Err(e),
+                        }
+                        signal = Some((e, Instant::now()));
                     }
-                    signal = Some(e);
                 }
-            }
+            },
             Err(RecvTimeoutError::Disconnected) => {
                 return Err(PyRuntimeError::new_err("the run's thread ended without a result (it panicked)"));
             }
@@ -172,7 +178,6 @@ pub(crate) fn run_learner(
     })?;
     let summary = PyDict::new(py);
     summary.set_item("learner", name)?;
-    summary.set_item("outcome", "completed")?;
     if let Some((loss, accuracy)) = *outcome.measured.lock().unwrap_or_else(PoisonError::into_inner) {
         summary.set_item("final_test_accuracy", accuracy)?;
         summary.set_item("final_test_loss", loss)?;

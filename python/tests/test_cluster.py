@@ -4,8 +4,10 @@ each learner a process of its own calling rudra.run_learner, over QUIC with mutu
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,9 +17,11 @@ from conftest import Mlp, free_port
 HERE = Path(__file__).resolve().parent
 
 
-def run_cluster(rudra_node, certs, tmp_path, settings, learners, rust_learners=()):
+def run_cluster(rudra_node, certs, tmp_path, settings, learners, rust_learners=(), interrupt=None):
     """Start a scheduler, one shard and the Python `learners` ([(name, init, extra args)]) and
-    the rudra-node learners `rust_learners` (names); wait for all; the Python learners' output."""
+    the rudra-node learners `rust_learners` (names); wait for all; the Python learners' output.
+    `interrupt` = (i, seconds): Python learner i gets SIGINT that long after the start, and its
+    output is its exit status and stderr."""
     port = free_port()
     addr = f"127.0.0.1:{port}"
     sets = [a for s in ["cluster.shards=1", f"cluster.learners={len(learners) + len(rust_learners)}", *settings] for a in ("--set", s)]
@@ -48,8 +52,14 @@ def run_cluster(rudra_node, certs, tmp_path, settings, learners, rust_learners=(
     ]
     outputs = []
     try:
-        for p in python:
+        if interrupt is not None:
+            time.sleep(interrupt[1])
+            python[interrupt[0]].send_signal(signal.SIGINT)
+        for i, p in enumerate(python):
             out, err = p.communicate(timeout=300)
+            if interrupt is not None and i == interrupt[0]:
+                outputs.append({"returncode": p.returncode, "stderr": err})
+                continue
             assert p.returncode == 0, err[-3000:]
             outputs.append(json.loads(out.strip().splitlines()[-1]))
         for p in procs:
@@ -111,3 +121,17 @@ def test_a_rust_and_a_python_learner_train_one_model(rudra_node, certs, tmp_path
     assert summary["outcome"] == "completed"
     assert summary["final_test_accuracy"] >= 0.9
     assert outputs[0]["accuracy"] == pytest.approx(summary["final_test_accuracy"], abs=1e-6)
+
+
+def test_ctrl_c_stops_a_python_learner_cleanly_and_the_run_goes_on(rudra_node, certs, tmp_path):
+    settings = external(tmp_path, "protocol.kind=async", "training.epochs=3")
+    init = tmp_path / "init.safetensors"
+    learners = [("learner-0", init, []), ("learner-1", init, [])]
+    started = time.monotonic()
+    outputs, summary = run_cluster(rudra_node, certs, tmp_path, settings, learners, interrupt=(1, 6.0))
+    assert outputs[1]["returncode"] != 0 and "KeyboardInterrupt" in outputs[1]["stderr"], outputs[1]
+    assert outputs[0]["accuracy"] >= 0.9
+    assert summary["outcome"] == "incomplete", "learner-1's remaining examples were not processed"
+    timeline = json.loads((tmp_path / "run" / "timeline.json").read_text())
+    assert any(e["what"].startswith("learner-1") for e in timeline), timeline
+    assert time.monotonic() - started < 280

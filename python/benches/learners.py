@@ -5,13 +5,14 @@ per step.
 
     pip install ./python                      # a release build (what users get)
     cargo build --release --bin rudra-node
-    python python/bench.py --repeats 3 --learners 2 --epochs 1
+    python python/benches/learners.py --repeats 3 --learners 2 --epochs 1
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -24,7 +25,7 @@ import numpy as np
 
 import rudra
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "python" / "numpy_mlp.py"
 
 
@@ -60,7 +61,10 @@ def run(node: Path, d: Path, port: int, learners: int, settings: list[str], pyth
             cmd = [node, "--role", "learner", "--scheduler", addr, "--name", name, *common]
         else:
             cmd = [sys.executable, EXAMPLE, "--init", python_init, "--scheduler", addr, "--certs", d / "certs", "--name", name]
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL))
+        # One BLAS thread per learner process, as one Rust learner computes on one thread:
+        # idle BLAS threads spin, and take the cores the other processes need.
+        env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env=env))
     for p in procs:
         if p.wait(timeout=1800) != 0:
             raise SystemExit(f"{p.args[0]} exited {p.returncode}")
