@@ -2,10 +2,11 @@
 //! gradient stays in Rust: the protocols, the shards, the staleness, the local optimizers and
 //! the network. See `python/rudra/__init__.py` for the Python face of it.
 //!
-//! - [`run_learner`]: one learner of a cluster whose scheduler and shards are `rudra-node`
-//!   processes.
-//! - [`local`]: a whole cluster in this process, every learner calling the same function.
-//! - [`save_init`] and [`init_layout`]: `training.init`, the initial weights, written and read.
+//! - `run_learner` (`run.rs`): one learner of a cluster whose scheduler and shards are
+//!   `rudra-node` processes.
+//! - `local` (`run.rs`): a whole cluster in this process, every learner calling the same function.
+//! - `save_init` and `init_layout`: `training.init`, the initial weights, written and read.
+//! - `PyModel` (`model.rs`): the learner's model that calls the user's functions.
 
 mod model;
 mod run;
@@ -31,10 +32,13 @@ fn save_init(path: PathBuf, tensors: Vec<(String, numpy::PyReadonlyArrayDyn<'_, 
     model::write_safetensors(&path, &named).map_err(run::to_py)
 }
 
+/// One tensor of a layout: its name, its shape, and where it starts and ends in the flat vector.
+type Placed = (String, Vec<usize>, usize, usize);
+
 /// The tensors of the init file `path` in file order, which is the order of the flat parameter
 /// vector: `[(name, shape, start, end)]`.
 #[pyfunction]
-fn init_layout(path: PathBuf) -> PyResult<Vec<(String, Vec<usize>, usize, usize)>> {
+fn init_layout(path: PathBuf) -> PyResult<Vec<Placed>> {
     let init = rudra_runtime::init::InitFile::read(&path).map_err(run::to_py)?;
     Ok(init.layout.tensors.into_iter().map(|t| (t.name, t.shape, t.range.start, t.range.end)).collect())
 }
