@@ -115,3 +115,19 @@ def test_a_configuration_that_does_not_fit_is_refused(tmp_path):
     with pytest.raises(ValueError, match="not a safetensors file"):
         (tmp_path / "junk").write_bytes(b"junk")
         rudra.local(lambda w, b: None, set=external(tmp_path / "junk", 10))
+
+
+@pytest.mark.parametrize("protocol", ["softsync", "easgd", "eamsgd", "downpour", "mdownpour"])
+def test_every_other_protocol_trains_a_python_model(tmp_path, mnist, protocol):
+    # Hardsync, async and DiLoCo have tests of their own; these run with their default rates.
+    layout = Mlp(64).save(tmp_path / "init.safetensors")
+    grad_fn, eval_fn = mlp_functions(layout, mnist)
+    settings = external(
+        tmp_path / "init.safetensors", 60000,
+        f"protocol.kind={protocol}", "protocol.n=2", "cluster.learners=2", "cluster.shards=1",
+        "training.batch_size=32", "training.epochs=1",
+    )
+    settings = [s for s in settings if protocol == "softsync" or s != "protocol.n=2"]
+    result = rudra.local(grad_fn, set=settings, eval_fn=eval_fn)
+    assert Mlp.accuracy(layout.views(result.weights), mnist[2], mnist[3]) >= 0.85
+    assert result.summary["protocol"] == protocol
