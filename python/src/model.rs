@@ -5,9 +5,10 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use numpy::ndarray::ArrayView1;
+use numpy::npyffi::flags::NPY_ARRAY_WRITEABLE;
 use numpy::{PyArray1, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyTuple};
+use pyo3::types::PyTuple;
 use rudra_compute::{Batch, ComputeError, GradientModel};
 use safetensors::tensor::TensorView;
 
@@ -139,13 +140,14 @@ impl PyModel {
                 self.grad.len()
             )));
         }
-        // One vectorised pass; the place of a bad value is looked for only when there is one.
-        if !rudra_compute::cpu::all_finite(values)
-            && let Some(at) = values.iter().position(|v| !v.is_finite())
-        {
-            return Err(self.refused(format!("grad_fn's gradient holds {} at {at}", values[at])));
-        }
+        // Copied, then checked where it now lies (in cache): one vectorised pass, and the place
+        // of a bad value looked for only when there is one.
         self.grad.copy_from_slice(values);
+        if !rudra_compute::cpu::all_finite(&self.grad)
+            && let Some(at) = self.grad.iter().position(|v| !v.is_finite())
+        {
+            return Err(self.refused(format!("grad_fn's gradient holds {} at {at}", self.grad[at])));
+        }
         Ok(())
     }
 }
@@ -158,9 +160,8 @@ fn read_only_view<'py>(py: Python<'py>, params: &Arc<Vec<f32>>) -> PyResult<Boun
     // made read-only before any Python code sees it; the vector is never written while shared
     // (writers copy it first: `Arc::make_mut`).
     let array = unsafe { PyArray1::borrow_from_array(&view, keep.into_any()) };
-    let flags = PyDict::new(py);
-    flags.set_item("write", false)?;
-    array.call_method("setflags", (), Some(&flags))?;
+    // SAFETY: the array was just made, and nothing else holds it yet.
+    unsafe { (*array.as_array_ptr()).fields.flags &= !NPY_ARRAY_WRITEABLE };
     Ok(array)
 }
 
