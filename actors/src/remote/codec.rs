@@ -481,4 +481,23 @@ mod tests {
         assert!(matches!(to_learner(over_the_wire(Msg::Start)), Ok(ToLearner::Start)));
         assert!(to_shard(over_the_wire(Msg::Start)).is_err());
     }
+
+    #[test]
+    fn an_evaluation_crosses_the_wire_both_ways() {
+        let params = vec![0.5, -1.0, 2.0];
+        let asked = Msg::Evaluate { request: 7, last: true, values: params.clone().into() };
+        let Ok(ToLearner::Evaluate { request: 7, evaluate }) = to_learner(over_the_wire(asked)) else {
+            panic!("an evaluation request reaches the learner");
+        };
+        assert_eq!((evaluate.params.as_slice(), evaluate.last), (params.as_slice(), true));
+        let me = LearnerId(1);
+        let answer = |measured| from_learner(me, over_the_wire(Msg::Evaluated { request: 7, measured }));
+        assert_eq!(
+            answer(Some((0.25, 0.9))),
+            Ok(FromLearner::Evaluated { request: 7, measured: Some(Measured { loss: 0.25, accuracy: 0.9 }) })
+        );
+        assert_eq!(answer(None), Ok(FromLearner::Evaluated { request: 7, measured: None }));
+        let refused = Msg::Evaluate { request: 1, last: false, values: params.into() };
+        assert!(from_learner(me, over_the_wire(refused)).is_err(), "learners do not ask");
+    }
 }
