@@ -412,9 +412,11 @@ async fn ask_learners(
     last: bool,
     timeout: Duration,
 ) -> Option<Measured> {
+    // Each ask runs out `timeout` after it is sent, however long the ones before it took.
     let ask = |l: &Recipient<Evaluate>| {
+        let deadline = tokio::time::Instant::now() + timeout;
         let asked = l.send(Evaluate { params: Arc::clone(params), last });
-        async move { tokio::time::timeout(timeout, asked).await.ok().and_then(Result::ok).flatten() }
+        async move { tokio::time::timeout_at(deadline, asked).await.ok().and_then(Result::ok).flatten() }
     };
     let mut measured = None;
     if last {
