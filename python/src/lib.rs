@@ -16,20 +16,23 @@ use std::path::PathBuf;
 use numpy::PyUntypedArrayMethods;
 use pyo3::prelude::*;
 
-/// Write `tensors` (name → float32 array, in the order given) as the safetensors file `path`, an
+/// Write `tensors` (name → float32 array) as the safetensors file `path`, an
 /// init file for `training.init`.
 #[pyfunction]
 fn save_init(path: PathBuf, tensors: Vec<(String, numpy::PyReadonlyArrayDyn<'_, f32>)>) -> PyResult<()> {
-    let mut named = Vec::with_capacity(tensors.len());
+    let (mut placed, mut params) = (Vec::with_capacity(tensors.len()), Vec::new());
     for (name, array) in &tensors {
         let values = array.as_slice().map_err(|_| {
             pyo3::exceptions::PyValueError::new_err(format!(
                 "tensor {name} is not contiguous; pass np.ascontiguousarray"
             ))
         })?;
-        named.push((name.as_str(), array.shape().to_vec(), values));
+        let range = params.len()..params.len() + values.len();
+        params.extend_from_slice(values);
+        placed.push(rudra_compute::TensorInfo { name: name.clone(), shape: array.shape().to_vec(), range });
     }
-    model::write_safetensors(&path, &named).map_err(run::to_py)
+    let layout = rudra_compute::ParamLayout { len: params.len(), tensors: placed };
+    rudra_runtime::checkpoint::write_tensors(&path, &layout, &params, None).map_err(run::to_py)
 }
 
 /// One tensor of a layout: its name, its shape, and where it starts and ends in the flat vector.

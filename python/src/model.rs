@@ -1,7 +1,6 @@
 //! [`PyModel`]: a learner's model whose gradient is a Python function of the flat weights and a
 //! batch of example indices, checked at the boundary before anything of it reaches a shard.
 
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use numpy::ndarray::ArrayView1;
@@ -10,7 +9,6 @@ use numpy::{PyArray1, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use rudra_compute::{Batch, ComputeError, GradientModel};
-use safetensors::tensor::TensorView;
 
 /// What the learners of this process share with the caller: the first Python exception a user
 /// function raised (raised again when the run returns), and the run's final weights.
@@ -239,23 +237,4 @@ impl GradientModel for PyModel {
             Ok(Some(measured))
         })
     }
-}
-
-/// Write `tensors` (name, shape, values) as a safetensors file of float32 tensors.
-pub(crate) fn write_safetensors(
-    path: &Path,
-    tensors: &[(&str, Vec<usize>, &[f32])],
-) -> Result<(), rudra_runtime::RuntimeError> {
-    let bytes: Vec<Vec<u8>> =
-        tensors.iter().map(|(_, _, v)| v.iter().flat_map(|x| x.to_le_bytes()).collect()).collect();
-    let views = tensors
-        .iter()
-        .zip(&bytes)
-        .map(|((name, shape, _), b)| {
-            TensorView::new(safetensors::Dtype::F32, shape.clone(), b).map(|v| (*name, v))
-        })
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| rudra_runtime::RuntimeError::Config(format!("{}: {e}", path.display())))?;
-    safetensors::tensor::serialize_to_file(views, None, path)
-        .map_err(|e| rudra_runtime::RuntimeError::Config(format!("cannot write {}: {e}", path.display())))
 }

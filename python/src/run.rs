@@ -120,9 +120,13 @@ fn wait_for<T: Send + 'static>(
     }
 }
 
-/// The error a user function raised, if any (raised as it was), else `e`.
-fn first_error(outcome: &Outcome, e: PyErr) -> PyErr {
-    outcome.error.lock().unwrap_or_else(PoisonError::into_inner).take().unwrap_or(e)
+/// What a run that ended gives its caller: the error a user function raised, if any (raised as
+/// it was, whatever else went wrong), else the run's own result.
+fn finished<T>(outcome: &Outcome, ran: PyResult<Result<T, RuntimeError>>) -> PyResult<T> {
+    if let Some(e) = outcome.error.lock().unwrap_or_else(PoisonError::into_inner).take() {
+        return Err(e);
+    }
+    ran?.map_err(to_py)
 }
 
 /// Join the cluster whose scheduler is at `scheduler` as a learner whose gradients
@@ -166,11 +170,7 @@ pub(crate) fn run_learner(
     });
     // The user functions are dropped here, with the GIL held.
     drop(fns);
-    let ran = ran.map_err(|e| first_error(&outcome, e))?;
-    if let Some(e) = outcome.error.lock().unwrap_or_else(PoisonError::into_inner).take() {
-        return Err(e);
-    }
-    ran.map_err(to_py)?;
+    finished(&outcome, ran)?;
     let weights = outcome.weights.lock().unwrap_or_else(PoisonError::into_inner).take().ok_or_else(|| {
         PyRuntimeError::new_err(
             "the run ended without handing this learner its final weights (a scheduler of another version?)",
@@ -216,11 +216,7 @@ pub(crate) fn local(
         run_local_with(&run_config, models, data, run_dir.as_deref(), ProgressMode::Quiet, None)
     });
     drop(fns);
-    let ran = ran.map_err(|e| first_error(&outcome, e))?;
-    if let Some(e) = outcome.error.lock().unwrap_or_else(PoisonError::into_inner).take() {
-        return Err(e);
-    }
-    let report = ran.map_err(to_py)?;
+    let report = finished(&outcome, ran)?;
     let summary = match &dir {
         Some(dir) => dir.record(&config, &report).map_err(to_py)?.summary,
         None => Summary::new(&config, &report),

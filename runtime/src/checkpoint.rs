@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use rudra_compute::{ConvSpec, CpuBackend, Dataset, GradientModel, Model, ModelSpec};
+use rudra_compute::{ConvSpec, CpuBackend, Dataset, GradientModel, Model, ModelSpec, ParamLayout};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 
@@ -130,6 +130,39 @@ fn spec_from(metadata: &BTreeMap<String, String>) -> Result<ModelSpec, String> {
     }
 }
 
+/// Write `params`, laid out as `layout` (one little-endian f32 tensor per entry, under its name
+/// and shape), with `metadata`, as the safetensors file `path`: checkpoints, and init files.
+pub fn write_tensors(
+    path: &Path,
+    layout: &ParamLayout,
+    params: &[f32],
+    metadata: Option<std::collections::HashMap<String, String>>,
+) -> Result<(), RuntimeError> {
+    if params.len() != layout.len {
+        return Err(RuntimeError::Config(format!(
+            "{}: {} parameters for a model of {}",
+            path.display(),
+            params.len(),
+            layout.len
+        )));
+    }
+    let bytes: Vec<Vec<u8>> = layout
+        .tensors
+        .iter()
+        .map(|t| params[t.range.clone()].iter().flat_map(|v| v.to_le_bytes()).collect())
+        .collect();
+    let views = layout
+        .tensors
+        .iter()
+        .zip(&bytes)
+        .map(|(t, b)| TensorView::new(Dtype::F32, t.shape.clone(), b).map(|v| (t.name.clone(), v)))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| RuntimeError::Config(format!("{}: {e}", path.display())))?;
+    let file = safetensors::tensor::serialize(views, metadata)
+        .map_err(|e| RuntimeError::Config(format!("{}: {e}", path.display())))?;
+    std::fs::write(path, file).map_err(|source| RuntimeError::Io { path: path.to_owned(), source })
+}
+
 /// The metadata that describes the built-in network `spec`.
 fn describe_metadata(spec: &ModelSpec) -> Result<Vec<(&'static str, String)>, RuntimeError> {
     let hidden = serde_json::to_string(&spec.hidden).map_err(|e| RuntimeError::Config(e.to_string()))?;
@@ -156,26 +189,6 @@ impl Checkpoint {
         params: &[f32],
         run: &[(&str, String)],
     ) -> Result<(), RuntimeError> {
-        let layout = model.layout();
-        if params.len() != layout.len {
-            return Err(RuntimeError::Config(format!(
-                "checkpoint: {} parameters for a model of {}",
-                params.len(),
-                layout.len
-            )));
-        }
-        let bytes: Vec<Vec<u8>> = layout
-            .tensors
-            .iter()
-            .map(|t| params[t.range.clone()].iter().flat_map(|v| v.to_le_bytes()).collect())
-            .collect();
-        let views = layout
-            .tensors
-            .iter()
-            .zip(&bytes)
-            .map(|(t, b)| TensorView::new(Dtype::F32, t.shape.clone(), b).map(|v| (t.name.clone(), v)))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| RuntimeError::Config(format!("checkpoint: {e}")))?;
         let described = match model {
             ModelSource::Builtin(spec) => describe_metadata(spec)?,
             ModelSource::External(init) => {
@@ -183,9 +196,7 @@ impl Checkpoint {
             }
         };
         let metadata = described.iter().chain(run).map(|(k, v)| ((*k).to_owned(), v.clone())).collect();
-        let file = safetensors::tensor::serialize(views, Some(metadata))
-            .map_err(|e| RuntimeError::Config(format!("checkpoint: {e}")))?;
-        std::fs::write(path, file).map_err(|source| RuntimeError::Io { path: path.to_owned(), source })
+        write_tensors(path, &model.layout(), params, Some(metadata))
     }
 
     /// Read the checkpoint at `path`: its model from the metadata, every tensor of that model
