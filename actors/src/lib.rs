@@ -24,6 +24,7 @@
 pub mod checkpoint;
 pub mod cluster;
 pub mod error;
+mod evaluation;
 pub mod faults;
 pub mod learner;
 pub mod links;

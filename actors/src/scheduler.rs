@@ -10,11 +10,11 @@ use rudra_compute::Dataset;
 use rudra_transport::ShardId;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::evaluation::{Ask, Evaluation};
 use crate::links::Members;
 use crate::messages::{
-    Disconnected, Evaluate, GetState, GetStats, Heartbeat, IsAlive, Joined, LearnerDone, Measured,
-    Membership, Note, Progress, ShardAlive, ShardFailed, ShardLost, ShardRestarted, Snapshot, StartLearner,
-    StopLearner, StopShard, TrackerReport,
+    Disconnected, GetState, GetStats, Heartbeat, IsAlive, Joined, LearnerDone, Membership, Note, Progress,
+    ShardAlive, ShardFailed, ShardLost, ShardRestarted, StartLearner, StopLearner, StopShard, TrackerReport,
 };
 use crate::metrics::Metrics;
 use crate::report::{
@@ -28,8 +28,6 @@ pub type ReportSender = oneshot::Sender<Result<RunReport, ActorError>>;
 
 /// How often progress is sent to the observer.
 const PROGRESS_EVERY: Duration = Duration::from_millis(200);
-/// Test examples evaluated per forward pass.
-const EVAL_CHUNK: usize = 1000;
 
 /// The scheduler actor.
 pub struct SchedulerActor {
@@ -64,14 +62,6 @@ pub struct SchedulerActor {
     divergence: Option<Divergence>,
     /// What the learners' messages carried so far.
     bytes: BytesMoved,
-}
-
-/// What one evaluation measured.
-struct Evaluation {
-    params: Vec<f32>,
-    tracker: TrackerReport,
-    test_loss: f64,
-    test_accuracy: f64,
 }
 
 /// What a scheduler needs besides its core (built by [`crate::roles`]).
@@ -253,17 +243,20 @@ impl SchedulerActor {
     }
 
     fn evaluate(&mut self, final_: bool, ctx: &mut Context<Self>) {
-        let shards = self.members.shards.clone();
-        let stats = self.members.stats.clone();
-        let (models, test) = (self.models.clone(), Arc::clone(&self.test));
-        // A model the scheduler cannot evaluate is evaluated by the active learners' own.
-        let learners: Vec<_> = self
-            .core
-            .active()
-            .iter()
-            .filter_map(|l| self.members.learners.get(l.index()))
-            .map(|l| l.evaluate.clone())
-            .collect();
+        let ask = Ask {
+            shards: self.members.shards.clone(),
+            stats: self.members.stats.clone(),
+            models: self.models.clone(),
+            test: Arc::clone(&self.test),
+            // A model the scheduler cannot evaluate is evaluated by the active learners' own.
+            learners: (self.core.active().iter())
+                .filter_map(|l| self.members.learners.get(l.index()))
+                .map(|l| l.evaluate.clone())
+                .collect(),
+            final_,
+            shard_timeout: self.shard_timeout,
+            learner_timeout: self.core.failure_timeout().unwrap_or(self.shard_timeout),
+        };
         let window = std::mem::take(&mut self.loss_window);
         let at = (
             self.elapsed(),
@@ -272,48 +265,8 @@ impl SchedulerActor {
             self.learner_samples.clone(),
             self.bytes,
         );
-        let timeout = self.shard_timeout;
-        let ask_timeout = self.core.failure_timeout().unwrap_or(timeout);
-        let fut = async move {
-            let mut params = Vec::new();
-            for (id, s) in shards.iter().enumerate() {
-                // A shard that is down answers once it is back; one that never is ends the run.
-                let weights =
-                    tokio::time::timeout(timeout, s.snapshot.send(Snapshot)).await.map_err(|_| {
-                        let why = format!("gave no weights for an evaluation within {timeout:?}");
-                        ActorError::ShardFailed(ShardId(id as u32), why)
-                    })??;
-                params.extend_from_slice(&weights.values);
-            }
-            let tracker = stats.send(GetStats).await?;
-            let params = Arc::new(params);
-            let here = match models.evaluator() {
-                Some(model) => {
-                    let (test, at) = (Arc::clone(&test), Arc::clone(&params));
-                    let measured = tokio::task::spawn_blocking(move || evaluate_on(model?, &test, &at))
-                        .await
-                        .map_err(|e| ActorError::Evaluation(e.to_string()))??;
-                    Some(measured)
-                }
-                None => None,
-            };
-            // The final weights go to every learner (a Python learner returns them).
-            let asked = if final_ || here.is_none() {
-                ask_learners(&learners, &params, final_, ask_timeout).await
-            } else {
-                None
-            };
-            let measured = here.or(asked).unwrap_or(Measured { loss: f64::NAN, accuracy: f64::NAN });
-            let params = Arc::try_unwrap(params).unwrap_or_else(|shared| (*shared).clone());
-            Ok::<_, ActorError>(Evaluation {
-                params,
-                tracker,
-                test_loss: measured.loss,
-                test_accuracy: measured.accuracy,
-            })
-        };
         // `wait` keeps evaluations in order: the next message is handled after this one ends.
-        ctx.wait(fut.into_actor(self).map(move |result, act, ctx| match result {
+        ctx.wait(ask.run().into_actor(self).map(move |result, act, ctx| match result {
             Ok(eval) => act.on_evaluated(eval, window, at, final_, ctx),
             Err(e) => act.finish(Err(e), ctx),
         }));
@@ -333,8 +286,8 @@ impl SchedulerActor {
             updates: eval.tracker.updates,
             samples,
             train_loss: if loss_n == 0 { f64::NAN } else { loss_sum / loss_n as f64 },
-            test_loss: eval.test_loss,
-            test_accuracy: eval.test_accuracy,
+            test_loss: eval.measured.loss,
+            test_accuracy: eval.measured.accuracy,
             mean_staleness: eval.tracker.staleness.mean,
             samples_per_second: if wall > 0.0 { samples as f64 / wall } else { 0.0 },
             learner_samples,
@@ -390,50 +343,6 @@ impl SchedulerActor {
         }
         ctx.stop();
     }
-}
-
-/// Test loss and accuracy of `params` on `model`.
-fn evaluate_on(
-    mut model: Box<dyn rudra_compute::GradientModel>,
-    test: &Dataset,
-    params: &[f32],
-) -> Result<Measured, ActorError> {
-    model.write_params(0, params)?;
-    let (loss, accuracy) = model.evaluate_set(test, EVAL_CHUNK)?;
-    Ok(Measured { loss, accuracy })
-}
-
-/// The learners' own evaluation of `params` (an external model's): asked in turn until one
-/// measures them; the final weights (`last`) go to every learner at once, which keep them as
-/// their result. `None`: no learner evaluates.
-async fn ask_learners(
-    learners: &[Recipient<Evaluate>],
-    params: &Arc<Vec<f32>>,
-    last: bool,
-    timeout: Duration,
-) -> Option<Measured> {
-    // Each ask runs out `timeout` after it is sent, however long the ones before it took.
-    let ask = |l: &Recipient<Evaluate>| {
-        let deadline = tokio::time::Instant::now() + timeout;
-        let asked = l.send(Evaluate { params: Arc::clone(params), last });
-        async move { tokio::time::timeout_at(deadline, asked).await.ok().and_then(Result::ok).flatten() }
-    };
-    let mut measured = None;
-    if last {
-        // Sent to all at once, so the learners measure side by side.
-        let asked: Vec<_> = learners.iter().map(ask).collect();
-        for answer in asked {
-            measured = measured.or(answer.await);
-        }
-    } else {
-        for l in learners {
-            measured = ask(l).await;
-            if measured.is_some() {
-                break;
-            }
-        }
-    }
-    measured
 }
 
 impl Actor for SchedulerActor {

@@ -10,7 +10,9 @@ use rudra_compute::{ParamLayout, TensorInfo};
 use safetensors::{Dtype, SafeTensors};
 
 use crate::RuntimeError;
-use crate::config::MAX_PARAMS;
+
+/// The largest model trained: 2³⁰ parameters (4 GiB of f32 per copy).
+pub const MAX_PARAMS: u64 = 1 << 30;
 
 /// The largest header a safetensors file has (its own limit).
 const MAX_HEADER: u64 = 100 << 20;

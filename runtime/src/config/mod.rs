@@ -5,6 +5,7 @@
 mod data;
 mod faults;
 mod keys;
+mod model;
 mod raw;
 #[cfg(test)]
 mod tests;
@@ -15,6 +16,7 @@ use std::time::Duration;
 
 pub use data::{DataSource, DatasetKind};
 pub use faults::Kill;
+pub use model::{ModelKind, ModelSource};
 pub use raw::{
     RawCheckpoint, RawCluster, RawCompute, RawConfig, RawCrash, RawFaults, RawKill, RawLinkRule,
     RawPartition, RawProtocol, RawSlow, RawTraining, RawTransport,
@@ -27,7 +29,6 @@ use rudra_compute::{Device, DeviceKind, ModelSpec, ParamLayout};
 use rudra_proto::{LrModulation, LrSchedule, OptimizerSpec, SyncRule};
 
 use crate::RuntimeError;
-use crate::init::InitFile;
 use crate::simulate::Simulation;
 use crate::study::settings::Study;
 
@@ -129,41 +130,6 @@ impl ProtocolKind {
     }
 }
 
-/// `training.model`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ModelKind {
-    /// Logistic regression.
-    Softmax,
-    /// ReLU hidden layers of `training.hidden`.
-    Mlp,
-    /// The 28×28 convolutional network.
-    Cnn,
-    /// The 32×32×3 convolutional network.
-    Cifar10Net,
-    /// A model of the user's own, whose learners compute gradients in Python.
-    External,
-}
-
-impl ModelKind {
-    const ALL: [Self; 5] = [Self::Softmax, Self::Mlp, Self::Cnn, Self::Cifar10Net, Self::External];
-
-    /// The name in the configuration.
-    #[must_use]
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Softmax => "softmax",
-            Self::Mlp => "mlp",
-            Self::Cnn => "cnn",
-            Self::Cifar10Net => "cifar10-net",
-            Self::External => "external",
-        }
-    }
-
-    fn parse(name: &str) -> Result<Self, RuntimeError> {
-        one_of("training.model", name, &Self::ALL, Self::as_str)
-    }
-}
-
 /// `[checkpoint]`, checked.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CheckpointSettings {
@@ -171,49 +137,6 @@ pub struct CheckpointSettings {
     pub every_updates: u64,
     /// Where, if set (else the run directory's `checkpoints/`, or a shard process's own).
     pub dir: Option<PathBuf>,
-}
-
-/// What the learners train.
-#[derive(Clone, Debug)]
-pub enum ModelSource {
-    /// A built-in network.
-    Builtin(ModelSpec),
-    /// A model of the user's own (`training.model = "external"`): its initial weights, from
-    /// `training.init`. Its learners compute their gradients in Python (`rudra.run_learner`).
-    External(Arc<InitFile>),
-}
-
-impl ModelSource {
-    /// The parameters' names, shapes and ranges in the flat vector.
-    #[must_use]
-    pub fn layout(&self) -> ParamLayout {
-        match self {
-            Self::Builtin(spec) => spec.layout(),
-            Self::External(init) => init.layout.clone(),
-        }
-    }
-
-    /// Length of the flat parameter vector.
-    #[must_use]
-    pub fn param_count(&self) -> usize {
-        match self {
-            Self::Builtin(spec) => spec.layout().len,
-            Self::External(init) => init.layout.len,
-        }
-    }
-
-    /// The built-in network, or an error saying that `what` needs one.
-    pub fn builtin(&self, what: &str) -> Result<&ModelSpec, RuntimeError> {
-        match self {
-            Self::Builtin(spec) => Ok(spec),
-            Self::External(_) => Err(invalid(
-                "training.model",
-                format!(
-                    "is external; {what} needs a built-in network (its learners compute gradients in Rust)"
-                ),
-            )),
-        }
-    }
 }
 
 /// A validated configuration.
@@ -251,43 +174,8 @@ fn invalid(key: &'static str, message: impl Into<String>) -> RuntimeError {
     RuntimeError::Invalid(InvalidSetting::new(key, message))
 }
 
-/// `training.model = "external"` and `training.dataset = "external"` go together, with
-/// `training.init` and `training.train_examples`; `training.init` belongs to them alone.
-fn external_pairing(model: ModelKind, dataset: DatasetKind, t: &RawTraining) -> Result<(), RuntimeError> {
-    let external = model == ModelKind::External;
-    if external != (dataset == DatasetKind::External) {
-        return Err(invalid(
-            "training.model",
-            format!(
-                "is {:?} with training.dataset {:?}: a model of your own reads its own examples, so \
-                 training.model and training.dataset are both \"external\" or neither is",
-                t.model, t.dataset
-            ),
-        ));
-    }
-    match (external, &t.init) {
-        (true, None) => Err(invalid(
-            "training.init",
-            "an external model needs its initial weights: a safetensors file (from \
-             safetensors.torch.save_file(model.state_dict(), ...), say)",
-        )),
-        (true, Some(_)) if t.train_examples == 0 => Err(invalid(
-            "training.train_examples",
-            "an external dataset needs its size: the number of examples your loader indexes",
-        )),
-        (false, Some(_)) => Err(invalid(
-            "training.init",
-            format!("is for training.model = \"external\"; {} starts from training.seed", t.model),
-        )),
-        _ => Ok(()),
-    }
-}
-
 /// The largest minibatch a learner takes.
 pub const MAX_BATCH: usize = 1 << 20;
-/// The largest model trained: 2³⁰ parameters (4 GiB of f32 per copy).
-pub const MAX_PARAMS: u64 = 1 << 30;
-
 /// `value`, refused when it is an empty path.
 fn non_empty(key: &'static str, value: Option<PathBuf>) -> Result<Option<PathBuf>, RuntimeError> {
     match value {
@@ -296,24 +184,6 @@ fn non_empty(key: &'static str, value: Option<PathBuf>) -> Result<Option<PathBuf
         }
         other => Ok(other),
     }
-}
-
-/// An MLP from `inputs` features through `hidden` to 10 classes must stay within
-/// [`MAX_PARAMS`]; checked before anything is allocated.
-fn check_model_size(inputs: usize, hidden: &[usize]) -> Result<(), RuntimeError> {
-    let widths = std::iter::once(inputs).chain(hidden.iter().copied()).chain([10]);
-    let params = widths
-        .clone()
-        .zip(widths.skip(1))
-        .try_fold(0u64, |sum, (a, b)| (a as u64 + 1).checked_mul(b as u64).and_then(|n| sum.checked_add(n)))
-        .filter(|&n| n <= MAX_PARAMS);
-    if params.is_none() {
-        return Err(invalid(
-            "training.hidden",
-            format!("{hidden:?} makes a model of more than {MAX_PARAMS} parameters"),
-        ));
-    }
-    Ok(())
 }
 
 /// The one of `all` named `name`, or an error for `key` listing the names.
@@ -417,39 +287,7 @@ impl TryFrom<RawConfig> for Config {
         }
         let dataset = DatasetKind::parse(&t.dataset)?;
         let model_kind = ModelKind::parse(&t.model)?;
-        external_pairing(model_kind, dataset, t)?;
-        let fits = |spec: ModelSpec, reads: &str| {
-            if spec.inputs == dataset.features() {
-                Ok(spec)
-            } else {
-                Err(invalid(
-                    "training.model",
-                    format!("{} reads {reads}, not those of {}", t.model, t.dataset),
-                ))
-            }
-        };
-        if model_kind == ModelKind::Mlp {
-            check_model_size(dataset.features(), &t.hidden)?;
-        }
-        let model = match model_kind {
-            ModelKind::Mlp if t.hidden.is_empty() || t.hidden.contains(&0) => {
-                return Err(invalid("training.hidden", "an mlp needs one or more non-zero layer widths"));
-            }
-            ModelKind::Mlp => {
-                ModelSource::Builtin(ModelSpec::dense(dataset.features(), t.hidden.clone(), 10))
-            }
-            ModelKind::Softmax => ModelSource::Builtin(ModelSpec::dense(dataset.features(), Vec::new(), 10)),
-            ModelKind::Cnn => {
-                ModelSource::Builtin(fits(ModelSpec::cnn(), "28×28 grey images (mnist, fashion-mnist)")?)
-            }
-            ModelKind::Cifar10Net => {
-                ModelSource::Builtin(fits(ModelSpec::cifar10_net(), "32×32 colour images (cifar10)")?)
-            }
-            ModelKind::External => {
-                let path = t.init.as_deref().unwrap_or(Path::new(""));
-                ModelSource::External(Arc::new(InitFile::read(path)?))
-            }
-        };
+        let model = ModelSource::configured(model_kind, dataset, t)?;
         let device = raw.compute.device.parse().map_err(|e| invalid("compute.device", e))?;
         let batch_size = match t.global_batch_size {
             0 => t.batch_size,
