@@ -215,7 +215,14 @@ impl Cluster {
             learners: learners.iter().map(StartedLearner::handle).collect(),
             stats: tracker.recipient(),
         };
-        let run = SchedulerRun { observer, metrics, liveness, shard_timeout: SHARD_TIMEOUT, resume: None };
+        let run = SchedulerRun {
+            observer,
+            metrics,
+            liveness,
+            shard_timeout: SHARD_TIMEOUT,
+            resume: None,
+            summarise: None,
+        };
         let (scheduler, report) = start_scheduler((&spec, &models, &data), members, run, slot);
         for s in 0..spec.shards {
             scheduler.do_send(Joined::Shard(ShardId(s)));

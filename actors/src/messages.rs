@@ -152,6 +152,9 @@ pub struct StartLearner;
 pub struct StopLearner {
     /// Why the run was stopped, when it failed: a node on another host is told.
     pub failure: Option<String>,
+    /// The run's summary (`summary.json`), when it ended without an error and the scheduler
+    /// makes one: a learner on another host is given it.
+    pub summary: Option<Arc<str>>,
 }
 
 /// Where each shard's answers to this learner go, in shard order (through the faulty links the

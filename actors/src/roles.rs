@@ -22,7 +22,7 @@ use crate::messages::{AnswerRoutes, Center, Crash, InjectedPanic, Records, Resta
 use crate::metrics::Metrics;
 use crate::remote::codec::{Answer, Unexpected};
 use crate::report::{RunEvent, RunReport, SchedulerState};
-use crate::scheduler::{SchedulerActor, SchedulerParts};
+use crate::scheduler::{SchedulerActor, SchedulerParts, Summarise};
 use crate::shard::ShardActor;
 use crate::tracker::StalenessTracker;
 use crate::{ActorError, ClusterSpec, Models, TrainingData};
@@ -304,6 +304,8 @@ pub struct SchedulerRun {
     pub shard_timeout: Duration,
     /// What an earlier scheduler of this run recorded, when this one takes the run back.
     pub resume: Option<SchedulerState>,
+    /// The run's summary, given to the learners at the end (none: they are not given one).
+    pub summarise: Option<Summarise>,
 }
 
 /// Start the scheduler of `spec` in `slot` (on the current arbiter), driving `members`,
@@ -328,6 +330,7 @@ pub fn start_scheduler(
         metrics: run.metrics,
         detector_tick: Some(run.liveness.heartbeat),
         shard_timeout: run.shard_timeout,
+        summarise: run.summarise,
     };
     let scheduler = SchedulerActor::new(core, parts);
     let scheduler = match run.resume {

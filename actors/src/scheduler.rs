@@ -14,7 +14,7 @@ use crate::evaluation::{Ask, Evaluation};
 use crate::links::Members;
 use crate::messages::{
     Disconnected, GetState, GetStats, Heartbeat, IsAlive, Joined, LearnerDone, Membership, Note, Progress,
-    ShardAlive, ShardFailed, ShardLost, ShardRestarted, StartLearner, StopLearner, StopShard, TrackerReport,
+    ShardAlive, ShardFailed, ShardLost, ShardRestarted, StartLearner, StopLearner, StopShard,
 };
 use crate::metrics::Metrics;
 use crate::report::{
@@ -25,6 +25,10 @@ use rudra_proto::{Divergence, SchedulerCore, SchedulerEvent};
 
 /// Where the run's report goes.
 pub type ReportSender = oneshot::Sender<Result<RunReport, ActorError>>;
+
+/// The run's summary (`summary.json`) of its report, which the learners are given as they
+/// are stopped.
+pub type Summarise = Box<dyn Fn(&RunReport) -> Option<Arc<str>>>;
 
 /// How often progress is sent to the observer.
 const PROGRESS_EVERY: Duration = Duration::from_millis(200);
@@ -62,6 +66,7 @@ pub struct SchedulerActor {
     divergence: Option<Divergence>,
     /// What the learners' messages carried so far.
     bytes: BytesMoved,
+    summarise: Option<Summarise>,
 }
 
 /// What a scheduler needs besides its core (built by [`crate::roles`]).
@@ -86,6 +91,8 @@ pub struct SchedulerParts {
     pub detector_tick: Option<Duration>,
     /// How long a lost shard may take to come back before the run is stopped.
     pub shard_timeout: Duration,
+    /// The run's summary, given to the learners at the end, if they are given one.
+    pub summarise: Option<Summarise>,
 }
 
 impl SchedulerActor {
@@ -103,6 +110,7 @@ impl SchedulerActor {
             metrics,
             detector_tick,
             shard_timeout,
+            summarise,
         } = parts;
         Self {
             core,
@@ -128,6 +136,7 @@ impl SchedulerActor {
             shard_losses: 0,
             divergence: None,
             bytes: BytesMoved::default(),
+            summarise,
         }
     }
 
@@ -331,11 +340,13 @@ impl SchedulerActor {
 
     fn finish(&mut self, result: Result<RunReport, ActorError>, ctx: &mut Context<Self>) {
         let failure = result.as_ref().err().map(ToString::to_string);
+        let summary =
+            result.as_ref().ok().zip(self.summarise.as_ref()).and_then(|(r, summarise)| summarise(r));
         for s in &self.members.shards {
             s.stop.do_send(StopShard { failure: failure.clone() });
         }
         for l in &self.members.learners {
-            l.stop.do_send(StopLearner { failure: failure.clone() });
+            l.stop.do_send(StopLearner { failure: failure.clone(), summary: summary.clone() });
         }
         if let Some(tx) = self.report.take() {
             // The receiver is gone only if the caller stopped waiting.
@@ -559,7 +570,7 @@ impl Handler<LearnerDone> for SchedulerActor {
                 self.note("detected", format!("{} failed: {error}", msg.learner));
                 // Its process ends rather than wait for the end of the run.
                 if let Some(l) = self.members.learners.get(msg.learner.index()) {
-                    l.stop.do_send(StopLearner { failure: Some(error) });
+                    l.stop.do_send(StopLearner { failure: Some(error), summary: None });
                 }
                 self.core.on_disconnected(msg.learner)
             }

@@ -15,7 +15,7 @@ staleness tracking, QUIC with mutual TLS, and failover.
 
     result = rudra.run_learner(grad_fn, scheduler="HOST:PORT", certs="certs", name="learner-0")
     result.weights   # the run's final weights
-    result.summary   # what this learner knows of the run
+    result.summary   # the run's summary.json, as a dict
 
 `rudra.local(grad_fn, config=...)` runs a whole cluster in this process. The run's
 configuration names the model and its data (`training.model = "external"`,

@@ -10,6 +10,9 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use rudra_compute::{Batch, ComputeError, GradientModel};
 
+/// Values of a gradient copied and checked at a time (16 KiB: well within a core's L1 cache).
+const COPY_BLOCK: usize = 4096;
+
 /// What the learners of this process share with the caller: the first Python exception a user
 /// function raised (raised again when the run returns), and the run's final weights.
 #[derive(Default)]
@@ -18,8 +21,6 @@ pub(crate) struct Outcome {
     pub error: Mutex<Option<PyErr>>,
     /// The final weights, given with the last evaluation.
     pub weights: Mutex<Option<Arc<Vec<f32>>>>,
-    /// What eval_fn measured of them: `(loss, accuracy)`.
-    pub measured: Mutex<Option<(f64, f64)>>,
 }
 
 /// The user's functions.
@@ -138,15 +139,18 @@ impl PyModel {
                 self.grad.len()
             )));
         }
-        // Copied, then checked where it now lies (in cache): one vectorised pass, and the place
-        // of a bad value looked for only when there is one.
-        self.grad.copy_from_slice(values);
-        if !rudra_compute::cpu::all_finite(&self.grad)
-            && let Some(at) = self.grad.iter().position(|v| !v.is_finite())
-        {
-            return Err(self.refused(format!("grad_fn's gradient holds {} at {at}", self.grad[at])));
+        // Copied a block at a time, each checked while it is in the cache: one vectorised pass
+        // over the gradient, and the place of a bad value looked for only when there is one.
+        let blocks = self.grad.chunks_mut(COPY_BLOCK).zip(values.chunks(COPY_BLOCK));
+        let bad = blocks.enumerate().find_map(|(b, (dst, src))| {
+            dst.copy_from_slice(src);
+            let at = (!rudra_compute::cpu::all_finite(dst)).then(|| dst.iter().position(|v| !v.is_finite()));
+            at.flatten().map(|i| (b * COPY_BLOCK + i, dst[i]))
+        });
+        match bad {
+            Some((at, value)) => Err(self.refused(format!("grad_fn's gradient holds {value} at {at}"))),
+            None => Ok(()),
         }
-        Ok(())
     }
 }
 
@@ -229,12 +233,7 @@ impl GradientModel for PyModel {
                 ));
                 return Err(self.failed("eval_fn", e));
             };
-            let measured = (metric("loss")?.unwrap_or(f64::NAN), accuracy);
-            if last {
-                *self.outcome.measured.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
-                    Some(measured);
-            }
-            Ok(Some(measured))
+            Ok(Some((metric("loss")?.unwrap_or(f64::NAN), accuracy)))
         })
     }
 }

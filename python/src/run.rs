@@ -29,9 +29,7 @@ pub(crate) struct RunResult {
     /// The final weights of the run, the flat float32 vector.
     #[pyo3(get)]
     weights: Py<PyArray1<f32>>,
-    /// `local`: the run's `summary.json`, as a dict. `run_learner`: what this learner knows of
-    /// the run (the final evaluation, if its eval_fn measured one); the run's own summary is in
-    /// the scheduler's run directory.
+    /// The run's `summary.json`, as a dict (`run_learner`: as the scheduler gave it at the end).
     #[pyo3(get)]
     summary: Py<PyDict>,
     /// `local` with `out`: the run directory written.
@@ -135,7 +133,7 @@ fn finished<T>(outcome: &Outcome, ran: PyResult<Result<T, RuntimeError>>) -> PyR
 /// The node's identity is its certificate in `certs` (named `name`), or one it enrols for with
 /// the join `token`, checking the scheduler against `ca`. `eval_fn(weights) -> {"accuracy": …,
 /// "loss": …}`, if given, is called at the run's evaluation points of an external model; the
-/// scheduler records what it returns. Returns the run's final weights.
+/// scheduler records what it returns. Returns the run's final weights and its summary.
 #[pyfunction]
 #[pyo3(signature = (grad_fn, *, scheduler, certs = None, name = None, ca = None, token = None, eval_fn = None, connect_timeout = 60.0))]
 #[allow(clippy::too_many_arguments)]
@@ -170,19 +168,16 @@ pub(crate) fn run_learner(
     });
     // The user functions are dropped here, with the GIL held.
     drop(fns);
-    finished(&outcome, ran)?;
-    let weights = outcome.weights.lock().unwrap_or_else(PoisonError::into_inner).take().ok_or_else(|| {
-        PyRuntimeError::new_err(
-            "the run ended without handing this learner its final weights (a scheduler of another version?)",
-        )
-    })?;
-    let summary = PyDict::new(py);
-    summary.set_item("learner", name)?;
-    if let Some((loss, accuracy)) = *outcome.measured.lock().unwrap_or_else(PoisonError::into_inner) {
-        summary.set_item("final_test_accuracy", accuracy)?;
-        summary.set_item("final_test_loss", loss)?;
-    }
-    Ok(RunResult { weights: vec_to_numpy(py, &weights), summary: summary.unbind(), run_dir: None })
+    let summary = finished(&outcome, ran)?;
+    let missing = |what: &str| {
+        PyRuntimeError::new_err(format!(
+            "the run ended without handing this learner its {what} (a scheduler of another version?)"
+        ))
+    };
+    let weights = outcome.weights.lock().unwrap_or_else(PoisonError::into_inner).take();
+    let weights = weights.ok_or_else(|| missing("final weights"))?;
+    let summary = summary.ok_or_else(|| missing("summary"))?;
+    Ok(RunResult { weights: vec_to_numpy(py, &weights), summary: summary_dict(py, &summary)?, run_dir: None })
 }
 
 /// Run the whole cluster of `config` (a TOML file; `set` overrides keys as `section.key=value`)
@@ -221,13 +216,17 @@ pub(crate) fn local(
         Some(dir) => dir.record(&config, &report).map_err(to_py)?.summary,
         None => Summary::new(&config, &report),
     };
-    let json = serde_json::to_string(&summary).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
-    let summary = py.import("json")?.call_method1("loads", (json,))?.cast_into::<PyDict>()?;
     Ok(RunResult {
         weights: vec_to_numpy(py, &report.params),
-        summary: summary.unbind(),
+        summary: summary_dict(py, &summary)?,
         run_dir: dir.map(|d| d.path().to_owned()),
     })
+}
+
+/// `summary` as the dict `json.loads` makes of its `summary.json`.
+fn summary_dict(py: Python<'_>, summary: &Summary) -> PyResult<Py<PyDict>> {
+    let json = serde_json::to_string(summary).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+    Ok(py.import("json")?.call_method1("loads", (json,))?.cast_into::<PyDict>()?.unbind())
 }
 
 fn vec_to_numpy(py: Python<'_>, values: &[f32]) -> Py<PyArray1<f32>> {

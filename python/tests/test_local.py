@@ -84,12 +84,13 @@ def test_a_gradient_of_the_wrong_length_raises_naming_it(tmp_path):
     [
         (lambda w: (1.0, np.zeros(len(w), np.float64)), "float64"),
         (lambda w: (1.0, np.full(len(w), np.nan, np.float32)), "holds NaN at 0"),
+        (lambda w: (1.0, np.where(np.arange(len(w)) == 9000, np.inf, 0).astype(np.float32)), "holds inf at 9000"),
         (lambda w: (float("inf"), np.zeros(len(w), np.float32)), "loss is inf"),
         (lambda w: np.zeros(len(w), np.float32), "must return \\(loss, gradient\\)"),
     ],
 )
 def test_unusable_results_raise_naming_what_is_wrong(tmp_path, returned, message):
-    rudra.save_init(str(tmp_path / "init.safetensors"), [("w", np.zeros(4, np.float32))])
+    rudra.save_init(str(tmp_path / "init.safetensors"), [("w", np.zeros(10_000, np.float32))])
     settings = external(tmp_path / "init.safetensors", 64, "protocol.kind=async", "cluster.learners=1", "cluster.shards=1")
     with pytest.raises(ValueError, match=message):
         rudra.local(lambda w, b: returned(w), set=settings)

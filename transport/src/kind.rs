@@ -28,9 +28,10 @@ pub enum Kind {
     Center,
     Evaluate,
     Evaluated,
+    Summary,
 }
 
-const KINDS: [Kind; 21] = [
+const KINDS: [Kind; 22] = [
     Kind::Join,
     Kind::Welcome,
     Kind::Ready,
@@ -52,6 +53,7 @@ const KINDS: [Kind; 21] = [
     Kind::Center,
     Kind::Evaluate,
     Kind::Evaluated,
+    Kind::Summary,
 ];
 
 impl Kind {
@@ -72,7 +74,8 @@ impl Kind {
             | Self::Stop
             | Self::SnapshotRequest
             | Self::Membership
-            | Self::Evaluate => &[Role::Scheduler],
+            | Self::Evaluate
+            | Self::Summary => &[Role::Scheduler],
             Self::Ready
             | Self::Evaluated
             | Self::Progress
@@ -107,7 +110,7 @@ impl Kind {
             | Self::Push
             | Self::Exchange
             | Self::Membership => &[Role::Shard],
-            Self::Weights | Self::Center | Self::Evaluate => &[Role::Learner],
+            Self::Weights | Self::Center | Self::Evaluate | Self::Summary => &[Role::Learner],
         }
     }
 

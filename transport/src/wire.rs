@@ -214,6 +214,12 @@ pub enum Msg {
         /// Mean test loss and accuracy.
         measured: Option<(f64, f64)>,
     },
+    /// Scheduler → learners, just before `Stop` on the same ordered stream: the run's
+    /// `summary.json`, which a learner embedded in a program hands back to it.
+    Summary {
+        /// The summary, JSON.
+        json: String,
+    },
 }
 
 impl Msg {
@@ -242,6 +248,7 @@ impl Msg {
             Self::Center { .. } => Kind::Center,
             Self::Evaluate { .. } => Kind::Evaluate,
             Self::Evaluated { .. } => Kind::Evaluated,
+            Self::Summary { .. } => Kind::Summary,
         }
     }
 
@@ -325,6 +332,7 @@ pub fn samples() -> Vec<Msg> {
         Msg::Center { shard: ShardId(1), clock: Clock(6), values: vec![0.25; 1000].into() },
         Msg::Evaluate { request: 2, last: true, values: vec![0.75; 300].into() },
         Msg::Evaluated { request: 2, measured: Some((0.125, 0.97)) },
+        Msg::Summary { json: r#"{"outcome":"completed"}"#.into() },
         Msg::Push {
             learner: LearnerId(2),
             seq: 9,

@@ -337,6 +337,8 @@ pub enum ToLearner {
         /// The weights, and whether they are the run's final ones.
         evaluate: Evaluate,
     },
+    /// The run's summary (JSON), just before it stops.
+    Summary(String),
     /// The run is over.
     Stop,
     /// The scheduler is alive.
@@ -348,6 +350,7 @@ pub fn to_learner(m: Inbound) -> Result<ToLearner, Unexpected> {
     match m {
         Inbound::Control(Msg::Start) => Ok(ToLearner::Start),
         Inbound::Control(Msg::Stop) => Ok(ToLearner::Stop),
+        Inbound::Control(Msg::Summary { json }) => Ok(ToLearner::Summary(json)),
         Inbound::Control(Msg::Heartbeat) => Ok(ToLearner::Heartbeat),
         Inbound::Control(Msg::Evaluate { request, last, values }) => Ok(ToLearner::Evaluate {
             request,

@@ -217,6 +217,10 @@ stand_in!(RemoteLearner, forwards: Served, Center, StartLearner);
 impl Handler<StopLearner> for RemoteLearner {
     type Result = ();
     fn handle(&mut self, m: StopLearner, ctx: &mut Context<Self>) {
+        if let Some(json) = m.summary {
+            // On the ordered control stream, so it arrives before the stop.
+            send(self, Msg::Summary { json: json.to_string() }, ctx);
+        }
         stop(self, m.failure, ctx);
     }
 }

@@ -25,7 +25,7 @@ use rudra_actors::checkpoint::Checkpoints;
 use rudra_actors::faults::{FaultPlan, Liveness};
 use rudra_actors::spec::backups_belong_to_hardsync;
 use rudra_actors::{ClusterSpec, ElasticMethod, ElasticSpec, InvalidSetting, Models, ProtocolSpec, SgdSpec};
-use rudra_compute::{Device, DeviceKind, ModelSpec, ParamLayout};
+use rudra_compute::{Device, DeviceKind};
 use rudra_proto::{LrModulation, LrSchedule, OptimizerSpec, SyncRule};
 
 use crate::RuntimeError;

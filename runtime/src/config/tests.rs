@@ -1,6 +1,7 @@
 //! Loading, layering and validating configurations.
 
 use super::*;
+use rudra_compute::ModelSpec;
 
 fn load(set: &[&str]) -> Result<Config, RuntimeError> {
     Config::load(None, &set.iter().map(|s| s.to_string()).collect::<Vec<_>>())

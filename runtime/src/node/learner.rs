@@ -24,7 +24,7 @@ use super::link::UpLink;
 use super::scheduler::{serve_metrics, set_ready};
 use super::{NodeOptions, connect_with_retry, endpoint, leave, scheduler_gone};
 use crate::exporter::{MetricsEndpoint, Serving};
-use crate::{Config, RuntimeError};
+use crate::{Config, RuntimeError, Summary};
 
 /// Builds a learner's models from the run's configuration, which the learner is given when it
 /// joins (a Python learner's model over the run's parameters, say).
@@ -34,12 +34,13 @@ pub type MakeModels<'a> = &'a (dyn Fn(&Config) -> Result<Models, RuntimeError> +
 /// `data` when given, else on the dataset the run configuration names, with the models `models`
 /// makes when given, else the configured network on the configured device. A learner that restarted
 /// and rejoins the running job starts at once, its step numbers after every earlier
-/// incarnation's. A learner that fails tells the scheduler why as it goes.
+/// incarnation's. A learner that fails tells the scheduler why as it goes. Returns the run's
+/// summary, as the scheduler gave it (none from a learner that crashed by fault injection).
 pub fn run_learner(
     opts: &NodeOptions,
     data: Option<TrainingData>,
     models: Option<MakeModels<'_>>,
-) -> Result<(), RuntimeError> {
+) -> Result<Option<Summary>, RuntimeError> {
     let opts = opts.clone();
     let exporter = MetricsEndpoint::bind_if(opts.metrics_addr)?;
     actix::System::new().block_on(async move {
@@ -49,21 +50,21 @@ pub fn run_learner(
         let mut link = UpLink::new((sched, rx), (Role::Learner, &welcome.job), welcome.config.liveness);
         let result = learn(&ep, &opts, &mut link, &welcome, (data, models), serving.as_ref()).await;
         let result = match result {
-            Ok(Exit::Crashed) => return Ok(()),
-            Ok(Exit::Stopped) => Ok(()),
+            Ok(Exit::Crashed) => return Ok(None),
+            Ok(Exit::Stopped(summary)) => Ok(summary),
             Err(e) => Err(e),
         };
         leave(&ep, &result).await;
-        result?;
+        let summary = result?;
         tracing::info!("stopped by the scheduler");
-        Ok(())
+        Ok(summary)
     })
 }
 
 /// How a learner's run ended without an error.
 enum Exit {
-    /// The scheduler stopped it.
-    Stopped,
+    /// The scheduler stopped it, with the run's summary if it gave one.
+    Stopped(Option<Summary>),
     /// It crashed by fault injection: nothing is said to anyone.
     Crashed,
 }
@@ -139,6 +140,7 @@ async fn learn(
     } else {
         learner.handle().start.do_send(StartLearner);
     }
+    let mut summary = None;
     let result = loop {
         tokio::select! {
             m = link.next(ep, opts) => match m.map(codec::to_learner) {
@@ -152,7 +154,11 @@ async fn learn(
                         reports.do_send(AnswerEvaluate { request, measured });
                     });
                 }
-                Ok(Ok(ToLearner::Stop)) => break Ok(Exit::Stopped),
+                Ok(Ok(ToLearner::Summary(json))) => match serde_json::from_str(&json) {
+                    Ok(s) => summary = Some(s),
+                    Err(e) => tracing::warn!("the scheduler's summary of the run is not one: {e}"),
+                },
+                Ok(Ok(ToLearner::Stop)) => break Ok(Exit::Stopped(summary)),
                 Ok(Err(e)) => tracing::warn!("from the scheduler: {e}"),
                 Err(e) => break Err(e),
             },

@@ -53,7 +53,7 @@ pub fn run_loopback(
     }
     for name in &learners {
         let (o, d) = (opts(name, any), data.clone());
-        nodes.push(std::thread::spawn(move || run_learner(&o, Some(d), None)));
+        nodes.push(std::thread::spawn(move || run_learner(&o, Some(d), None).map(drop)));
     }
     let scheduler_opts = NodeOptions { metrics_addr, ..opts("scheduler", scheduler) };
     let report = run_scheduler(config, (data, None), &scheduler_opts, progress)?;

@@ -214,7 +214,7 @@ fn scheduler_gone(ended: Ended) -> RuntimeError {
 
 /// End this node: close every connection, with this node's failure and its reason when
 /// `result` is one, and wait (briefly) until the peers have been told.
-async fn leave(ep: &QuicEndpoint, result: &Result<(), RuntimeError>) {
+async fn leave<T>(ep: &QuicEndpoint, result: &Result<T, RuntimeError>) {
     match result {
         Err(e) if !matches!(e, RuntimeError::RunFailed(_)) => ep.say_goodbye(Goodbye::Failed, &e.to_string()),
         _ => ep.close(),

@@ -32,6 +32,7 @@ use super::join::{Invitation, Joiner, gather, read_join};
 use super::{HANG_UP, NodeOptions, endpoint, hang_up, net};
 use crate::exporter::{MetricsEndpoint, Serving};
 use crate::local::{ProgressMode, show_progress};
+use crate::summary::Summary;
 use crate::{Config, RuntimeError};
 
 /// Run the scheduler of `config`: wait for the nodes, drive the run, stop everyone. The
@@ -169,6 +170,7 @@ async fn drive(
         liveness: config.liveness,
         shard_timeout: opts.connect_timeout,
         resume: resume.map(|(state, _)| state),
+        summarise: Some(summarise(config)),
     };
     let (scheduler, report) =
         start_scheduler((&config.cluster, &models, &data), members, run, SchedulerSlot::default());
@@ -220,6 +222,13 @@ async fn drive(
     })
     .await;
     Ok(report)
+}
+
+/// The run's `summary.json` of its report, for the learners (an embedded learner hands it back
+/// to its program).
+fn summarise(config: &Config) -> rudra_actors::scheduler::Summarise {
+    let config = config.clone();
+    Box::new(move |report| serde_json::to_string(&Summary::new(&config, report)).ok().map(Arc::from))
 }
 
 /// Wait until every learner is ready. A learner that fails first (its data, its device) says
