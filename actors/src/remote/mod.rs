@@ -29,7 +29,7 @@ use actix::prelude::*;
 use codec::ToWire;
 pub use link::{OnRefused, drive_link};
 pub use outbox::{HELD_LIMIT, Outbox, StandIn};
-use outbox::{rebind, send, stop};
+use outbox::{rebind, send, send_all, stop};
 use rudra_transport::quic::Peer;
 use rudra_transport::{Clock, Floats, LearnerId, Msg, ShardId};
 use tokio::sync::oneshot;
@@ -217,11 +217,13 @@ stand_in!(RemoteLearner, forwards: Served, Center, StartLearner);
 impl Handler<StopLearner> for RemoteLearner {
     type Result = ();
     fn handle(&mut self, m: StopLearner, ctx: &mut Context<Self>) {
-        if let Some(json) = m.summary {
-            // On the ordered control stream, so it arrives before the stop.
-            send(self, Msg::Summary { json: json.to_string() }, ctx);
+        match (m.failure, m.summary) {
+            // In one send: the summary arrives before the stop.
+            (None, Some(json)) => {
+                send_all(self, vec![Msg::Summary { json: json.to_string() }, Msg::Stop], ctx)
+            }
+            (failure, _) => stop(self, failure, ctx),
         }
-        stop(self, m.failure, ctx);
     }
 }
 
