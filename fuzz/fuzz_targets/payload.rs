@@ -34,9 +34,11 @@ struct Input {
     seq: u64,
     clock: u64,
     values: Vec<f32>,
-    /// The codec the values are sent with, and its block size.
+    /// The codec the values are sent with, its block size, and the values `topk` keeps of
+    /// each block.
     codec: CodecChoice,
     block: u16,
+    keep: u16,
     /// Bytes of the frame to overwrite: (position, value).
     damage: Vec<(u16, u8)>,
 }
@@ -47,17 +49,20 @@ enum CodecChoice {
     Bf16,
     Fp16,
     Int8,
+    TopK,
 }
 
 fuzz_target!(|input: Input| {
-    let Input { kind, learner, seq, clock, values, codec, block, damage } = input;
+    let Input { kind, learner, seq, clock, values, codec, block, keep, damage } = input;
     let codec = match codec {
         CodecChoice::F32 => Codec::F32,
         CodecChoice::Bf16 => Codec::Bf16,
         CodecChoice::Fp16 => Codec::Fp16,
         CodecChoice::Int8 => Codec::Int8,
+        CodecChoice::TopK => Codec::TopK,
     };
-    let values = Encoding { codec, block: u32::from(block) }.encode(&values.into(), None);
+    let encoding = Encoding { codec, block: u32::from(block), keep: u32::from(keep) };
+    let values = encoding.encode(&values.into(), None);
     let msg = match kind {
         Kind::Push => Msg::Push {
             learner: LearnerId(learner),

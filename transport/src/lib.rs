@@ -8,7 +8,7 @@
 //! # Layout
 //! - [`wire`]: the messages (rkyv) and their validated views.
 //! - [`kind`]: message kinds, and the roles that send and receive each.
-//! - [`payload`]: payload codecs (`f32`, `bf16`, `fp16`, `int8`) and error feedback.
+//! - [`payload`]: payload codecs (`f32`, `bf16`, `fp16`, `int8`, `topk`) and error feedback.
 //! - [`frame`]: the frame header, checked before any allocation.
 //! - [`reader`]: the one frame reader, for the network and the fuzzer alike.
 //! - [`faults`]: link fault rules and the seeded dice that apply them.

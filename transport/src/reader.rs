@@ -90,7 +90,7 @@ pub async fn read_frame<S: FrameSource>(
             }
         }
     }
-    Inbound::decode(h.kind, body).map(Some)
+    Inbound::decode(h.kind, body, accepts.max_body).map(Some)
 }
 
 impl FrameSource for &[u8] {

@@ -350,7 +350,7 @@ pub fn samples() -> Vec<Msg> {
 #[must_use]
 pub fn compressed_samples() -> Vec<Msg> {
     let values: Floats = (0..700).map(|i| (i as f32 - 350.0) * 0.01).collect::<Vec<f32>>().into();
-    let enc = |codec| Encoding { codec, block: 64 }.encode(&values, None);
+    let enc = |codec| Encoding { codec, block: 64, keep: 4 }.encode(&values, None);
     vec![
         Msg::Push {
             learner: LearnerId(1),
@@ -373,6 +373,15 @@ pub fn compressed_samples() -> Vec<Msg> {
         Msg::Weights { shard: ShardId(1), seq: 3, clock: Clock(9), values: enc(Codec::Int8) },
         Msg::Exchange { learner: LearnerId(2), values: enc(Codec::Fp16) },
         Msg::Exchange { learner: LearnerId(2), values: enc(Codec::Bf16) },
+        Msg::Push {
+            learner: LearnerId(1),
+            seq: 6,
+            computed_on: Clock(4),
+            values: enc(Codec::TopK),
+            next_seq: 7,
+            last: false,
+        },
+        Msg::Exchange { learner: LearnerId(2), values: enc(Codec::TopK) },
     ]
 }
 
@@ -443,13 +452,16 @@ pub enum Inbound {
 }
 
 impl Inbound {
-    /// Validate `body` (exactly the body bytes, 16-byte aligned) as a message of `kind`.
-    pub fn decode(kind: Kind, body: AlignedVec) -> Result<Self, TransportError> {
-        Self::decode_shared(kind, &Arc::new(body))
+    /// Validate `body` (exactly the body bytes, 16-byte aligned) as a message of `kind`, read
+    /// under a frame limit of `max_body` bytes: a compressed payload decodes to no more values
+    /// than an `f32` payload of that size holds.
+    pub fn decode(kind: Kind, body: AlignedVec, max_body: u32) -> Result<Self, TransportError> {
+        Self::decode_shared(kind, &Arc::new(body), max_body)
     }
 
     /// [`Inbound::decode`] of a body that may be shared; payload views keep it alive.
-    pub fn decode_shared(kind: Kind, buf: &Arc<AlignedVec>) -> Result<Self, TransportError> {
+    pub fn decode_shared(kind: Kind, buf: &Arc<AlignedVec>, max_body: u32) -> Result<Self, TransportError> {
+        let max_len = max_body as usize / 4;
         let archived = rkyv::access::<ArchivedMsg, BoxedError>(buf)
             .map_err(|e| TransportError::BadFrame(format!("{kind:?} body failed validation: {e}")))?;
         let inbound = match archived {
@@ -458,27 +470,27 @@ impl Inbound {
                 seq: seq.to_native(),
                 clock: Clock(clock.0.to_native()),
                 codec: values.codec(),
-                values: values.decode_in(buf)?,
+                values: values.decode_in(buf, max_len)?,
             },
             ArchivedMsg::Center { shard, clock, values } => Self::Center {
                 shard: ShardId(shard.0.to_native()),
                 clock: Clock(clock.0.to_native()),
                 codec: values.codec(),
-                values: values.decode_in(buf)?,
+                values: values.decode_in(buf, max_len)?,
             },
             ArchivedMsg::Push { learner, seq, computed_on, values, next_seq, last } => Self::Push {
                 learner: LearnerId(learner.0.to_native()),
                 seq: seq.to_native(),
                 computed_on: Clock(computed_on.0.to_native()),
                 codec: values.codec(),
-                values: values.decode_in(buf)?,
+                values: values.decode_in(buf, max_len)?,
                 next_seq: next_seq.to_native(),
                 last: *last,
             },
             ArchivedMsg::Exchange { learner, values } => Self::Exchange {
                 learner: LearnerId(learner.0.to_native()),
                 codec: values.codec(),
-                values: values.decode_in(buf)?,
+                values: values.decode_in(buf, max_len)?,
             },
             ArchivedMsg::Snapshot { request, clock, values } => Self::Snapshot {
                 request: request.to_native(),
@@ -533,8 +545,8 @@ mod tests {
     #[test]
     fn a_payload_goes_out_from_where_it_lies_as_a_chunk_of_its_frame() {
         let values: Floats = (0..4096).map(|i| i as f32 * 0.25).collect::<Vec<f32>>().into();
-        for codec in [Codec::F32, Codec::Bf16, Codec::Fp16, Codec::Int8] {
-            let payload = Payload::encode(Encoding { codec, block: 256 }, &values, None);
+        for codec in Codec::ALL {
+            let payload = Payload::encode(Encoding { codec, ..Encoding::default() }, &values, None);
             let lies = payload.values_bytes();
             let msg = Msg::Push {
                 learner: LearnerId(0),
@@ -612,7 +624,7 @@ mod tests {
         let mut body = AlignedVec::new();
         body.extend_from_slice(&bytes[HEADER_LEN..]);
         let range = body.as_ptr_range();
-        let Inbound::Push { values, .. } = Inbound::decode(Kind::Push, body).unwrap() else { panic!() };
+        let Inbound::Push { values, .. } = Inbound::decode(Kind::Push, body, 1 << 20).unwrap() else { panic!() };
         let view = &values[..].as_ptr_range();
         assert!(range.start as usize <= view.start as usize && view.end as usize <= range.end as usize);
     }
@@ -691,6 +703,15 @@ mod tests {
         };
         let fp16 =
             |scales: Vec<f32>| Payload::Fp16 { block: 4, scales: scales.into(), values: vec![0; 8].into() };
+        // One of each block of 4 (65,536 for the oversized one) kept.
+        let topk = |len: u64, scales: Vec<f32>, indices: Vec<u16>| Payload::TopK {
+            len,
+            block: if len > 8 { 1 << 16 } else { 4 },
+            keep: 1,
+            codes: vec![0; indices.len().div_ceil(4)].into(),
+            scales: scales.into(),
+            indices: indices.into(),
+        };
         for (frame, why) in [
             (push(int8(4, vec![1.0], 8)), "has 1 scales, not 2"),
             (push(int8(4, vec![1.0; 5], 8)), "has 5 scales, not 2"),
@@ -699,6 +720,9 @@ mod tests {
             (push(int8(4, vec![f32::NEG_INFINITY, 1.0], 8)), "scale -inf"),
             (push(fp16(vec![1.0, -2.0])), "scale -2"),
             (push(fp16(vec![f32::INFINITY, 1.0])), "scale inf"),
+            (push(topk(1 << 30, vec![0.0; 1 << 14], vec![0; 1 << 14])), "stands for more than 16777216"),
+            (push(topk(8, vec![1.0, 1.0], vec![0, 5])), "has index 5 in block 1 of 4 values"),
+            (push(topk(8, vec![1.0], vec![0, 1])), "has 1 scales, not 2"),
         ] {
             assert!(rejected(&frame, MAX).contains(why), "{why}: {}", rejected(&frame, MAX));
         }

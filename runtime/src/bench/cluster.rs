@@ -35,7 +35,7 @@ const WORKLOAD: [&str; 13] = [
 ];
 
 /// The codecs compared across processes: (gradients, weights).
-const CODECS: [(&str, &str); 3] = [("f32", "f32"), ("bf16", "bf16"), ("int8", "bf16")];
+const CODECS: [(&str, &str); 4] = [("f32", "f32"), ("bf16", "bf16"), ("int8", "bf16"), ("topk", "bf16")];
 
 /// A run's throughput and its time to the target accuracy (NaN if never reached).
 type Measured = (f64, f64);

@@ -231,7 +231,7 @@ fn view_and_copy(floats: usize) -> Result<(f64, f64), RuntimeError> {
     let rounds = 2000;
     let start = Instant::now();
     for _ in 0..rounds {
-        let inbound = Inbound::decode_shared(Kind::Push, std::hint::black_box(&body))?;
+        let inbound = Inbound::decode_shared(Kind::Push, std::hint::black_box(&body), u32::MAX)?;
         if let Inbound::Push { values, .. } = inbound {
             std::hint::black_box(&values[..].as_ptr());
         }

@@ -2,7 +2,7 @@
 //! section: every key is checked whatever the protocol reads.
 
 use rudra_proto::OptimizerSpec;
-use rudra_transport::payload::MAX_BLOCK;
+use rudra_transport::payload::{MAX_BLOCK, topk};
 use rudra_transport::{Codec, Codecs, Encoding};
 
 use super::raw::{RawConfig, RawTraining, RawTransport};
@@ -80,12 +80,32 @@ pub(super) fn codecs(t: &RawTransport) -> Result<Codecs, RuntimeError> {
             format!("is {block}; it must be between 1 and {MAX_BLOCK}"),
         ));
     }
+    let kappa = t.topk_fraction;
+    if !(kappa.is_finite() && kappa > 0.0 && kappa <= 1.0) {
+        return Err(invalid("transport.topk_fraction", format!("is {kappa}; it must be in (0, 1]")));
+    }
+    // ⌈κB⌉ of each block, at least one.
+    let keep = ((kappa * f64::from(block)).ceil() as u32).clamp(1, block);
     let encoding = |key, name: &str| {
         let codec = one_of(key, name, &Codec::ALL, Codec::as_str)?;
-        Ok::<_, RuntimeError>(Encoding { codec, block })
+        Ok::<_, RuntimeError>(Encoding { codec, block, keep })
     };
-    Ok(Codecs {
+    let codecs = Codecs {
         gradients: encoding("transport.gradient_codec", &t.gradient_codec)?,
         weights: encoding("transport.weight_codec", &t.weight_codec)?,
-    })
+    };
+    if codecs.weights.codec == Codec::TopK {
+        return Err(invalid(
+            "transport.weight_codec",
+            "is topk, which sends a few values of each block: weights and centers travel whole \
+             (topk is for transport.gradient_codec)",
+        ));
+    }
+    if codecs.gradients.codec == Codec::TopK && block > topk::MAX_BLOCK {
+        return Err(invalid(
+            "transport.codec_block",
+            format!("is {block}; topk indexes a block with 16 bits, so at most {}", topk::MAX_BLOCK),
+        ));
+    }
+    Ok(codecs)
 }

@@ -43,17 +43,19 @@ pub struct RawConfig {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RawTransport {
-    /// `f32 | bf16 | fp16 | int8`: gradients and what adds up like them.
+    /// `f32 | bf16 | fp16 | int8 | topk`: gradients and what adds up like them.
     pub gradient_codec: String,
     /// `f32 | bf16 | fp16 | int8`: weights and centers.
     pub weight_codec: String,
-    /// Values per scale of `fp16` and `int8`.
+    /// Values per scale of `fp16`, `int8` and `topk`.
     pub codec_block: u32,
+    /// `topk`: the fraction of each block sent, (0, 1].
+    pub topk_fraction: f64,
 }
 
 impl Default for RawTransport {
     fn default() -> Self {
-        Self { gradient_codec: "f32".into(), weight_codec: "f32".into(), codec_block: 256 }
+        Self { gradient_codec: "f32".into(), weight_codec: "f32".into(), codec_block: 256, topk_fraction: 0.02 }
     }
 }
 

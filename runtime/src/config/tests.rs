@@ -276,3 +276,22 @@ fn an_external_model_reads_its_init_file_and_pairs_with_an_external_dataset() {
     ];
     assert!(load(&missing).unwrap_err().to_string().contains("nowhere.safetensors"));
 }
+
+#[test]
+fn topk_keeps_its_fraction_of_each_block_of_gradients_only() {
+    let c = load(&["transport.gradient_codec=topk", "transport.topk_fraction=0.05"]).unwrap();
+    let g = c.cluster.codecs.gradients;
+    assert_eq!((g.codec, g.block, g.keep), (rudra_transport::Codec::TopK, 256, 13), "⌈0.05 · 256⌉");
+    let tiny = load(&["transport.gradient_codec=topk", "transport.topk_fraction=1e-9"]).unwrap();
+    assert_eq!(tiny.cluster.codecs.gradients.keep, 1, "at least one value of each block");
+    let refused = |sets: &[&str], key: &str| {
+        let e = load(sets).unwrap_err().to_string();
+        assert!(e.contains(key), "{sets:?}: {e}");
+    };
+    refused(&["transport.weight_codec=topk"], "transport.weight_codec");
+    refused(&["transport.topk_fraction=0"], "transport.topk_fraction");
+    refused(&["transport.topk_fraction=1.5"], "transport.topk_fraction");
+    refused(&["transport.topk_fraction=nan"], "transport.topk_fraction");
+    refused(&["transport.gradient_codec=topk", "transport.codec_block=100000"], "transport.codec_block");
+    assert!(load(&["transport.gradient_codec=int8", "transport.codec_block=100000"]).is_ok());
+}

@@ -1,5 +1,5 @@
 //! Float payloads as they travel: `f32` as is, or compressed by a [`Codec`] (`bf16`, `fp16`
-//! with a scale per block, `int8` with a scale per block). Senders encode straight from their
+//! with a scale per block, `int8` with a scale per block, `topk`: a few values per block). Senders encode straight from their
 //! values ([`Payload::encode`]), with error feedback where a codec keeps fewer than 16 bits;
 //! receivers check a payload once and decode it into the `f32` values the shard applies or the
 //! learner computes on ([`Payload::decode`]). An `f32` payload is never copied: it stays a
@@ -21,6 +21,10 @@ use rkyv::{Archive, Deserialize, Place, Serialize};
 use rudra_proto::floats::AsFloatVec;
 
 use crate::{Floats, TransportError};
+use blocks::{check_scales, max_abs};
+
+mod blocks;
+pub mod topk;
 
 /// How float values are encoded on the wire.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -37,11 +41,16 @@ pub enum Codec {
     /// 8-bit integers: per block one f32 scale s = max|x| / 127 and q = round(x / s), to
     /// nearest even.
     Int8,
+    /// Sparse: per block the [`Encoding::keep`] largest magnitudes, each as its index in the
+    /// block and a 2-bit code on the grid {−s, −s/3, +s/3, +s} of the block's largest
+    /// magnitude s ([`topk`]). For gradients and what adds up like them.
+    #[serde(rename = "topk")]
+    TopK,
 }
 
 impl Codec {
     /// Every codec, in the order the configuration lists them.
-    pub const ALL: [Self; 4] = [Self::F32, Self::Bf16, Self::Fp16, Self::Int8];
+    pub const ALL: [Self; 5] = [Self::F32, Self::Bf16, Self::Fp16, Self::Int8, Self::TopK];
 
     /// The codec as the configuration names it.
     #[must_use]
@@ -51,6 +60,7 @@ impl Codec {
             Self::Bf16 => "bf16",
             Self::Fp16 => "fp16",
             Self::Int8 => "int8",
+            Self::TopK => "topk",
         }
     }
 
@@ -58,7 +68,7 @@ impl Codec {
     /// below 16 bits per value.
     #[must_use]
     pub fn needs_feedback(self) -> bool {
-        matches!(self, Self::Int8)
+        matches!(self, Self::Int8 | Self::TopK)
     }
 }
 
@@ -85,18 +95,29 @@ pub const DEFAULT_BLOCK: u32 = 256;
 /// The largest block a receiver accepts.
 pub const MAX_BLOCK: u32 = 1 << 20;
 
+/// Values `topk` keeps of a block of [`DEFAULT_BLOCK`] unless configured otherwise: 2%.
+pub const DEFAULT_KEEP: u32 = DEFAULT_BLOCK.div_ceil(50);
+
 /// A codec and its block size: how one kind of payload is sent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Encoding {
     /// The codec.
     pub codec: Codec,
-    /// Values per scale (`fp16`, `int8`), 1 ..= [`MAX_BLOCK`].
+    /// Values per scale (`fp16`, `int8`, `topk`), 1 ..= [`MAX_BLOCK`] (`topk`: at most
+    /// [`topk::MAX_BLOCK`]).
     pub block: u32,
+    /// `topk`: values kept per block, 1 ..= `block`.
+    #[serde(default = "default_keep")]
+    pub keep: u32,
+}
+
+fn default_keep() -> u32 {
+    DEFAULT_KEEP
 }
 
 impl Default for Encoding {
     fn default() -> Self {
-        Self { codec: Codec::F32, block: DEFAULT_BLOCK }
+        Self { codec: Codec::F32, block: DEFAULT_BLOCK, keep: DEFAULT_KEEP }
     }
 }
 
@@ -116,6 +137,11 @@ impl Encoding {
             Codec::Bf16 => 2 * len,
             Codec::Fp16 => 2 * len + scales,
             Codec::Int8 => len + scales,
+            Codec::TopK => {
+                let block = self.block.clamp(1, topk::MAX_BLOCK);
+                let n = topk::entries(len, block, self.keep.clamp(1, block));
+                4 * len.div_ceil(block as usize) + 2 * n + n.div_ceil(4)
+            }
         }
     }
 
@@ -219,6 +245,24 @@ pub enum Payload {
         #[rkyv(with = AsCodes)]
         values: Codes<i8>,
     },
+    /// The largest magnitudes of each block, on a 2-bit grid of the block's scale ([`topk`]).
+    TopK {
+        /// Values it stands for: zeros where nothing was sent.
+        len: u64,
+        /// Values per block.
+        block: u32,
+        /// Values kept per block (all of a shorter last block when it holds fewer).
+        keep: u32,
+        /// Each block's largest magnitude.
+        #[rkyv(with = AsCodes)]
+        scales: Codes<f32>,
+        /// The kept values' indices within their block, rising within each block.
+        #[rkyv(with = AsCodes)]
+        indices: Codes<u16>,
+        /// Their 2-bit codes, four to a byte, the first in the lowest bits.
+        #[rkyv(with = AsCodes)]
+        codes: Codes<u8>,
+    },
 }
 
 impl From<Floats> for Payload {
@@ -283,6 +327,17 @@ impl Payload {
                 }
                 Self::Int8 { block: block as u32, scales: Arc::new(scales), values: Arc::new(out) }
             }
+            Codec::TopK => {
+                let s = topk::encode(values, encoding.block, encoding.keep, feedback);
+                Self::TopK {
+                    len: values.len() as u64,
+                    block: s.block,
+                    keep: s.keep,
+                    scales: Arc::new(s.scales),
+                    indices: Arc::new(s.indices),
+                    codes: Arc::new(s.codes),
+                }
+            }
         }
     }
 
@@ -294,6 +349,7 @@ impl Payload {
             Self::Bf16(_) => Codec::Bf16,
             Self::Fp16 { .. } => Codec::Fp16,
             Self::Int8 { .. } => Codec::Int8,
+            Self::TopK { .. } => Codec::TopK,
         }
     }
 
@@ -304,6 +360,7 @@ impl Payload {
             Self::F32(v) => v.as_bytes(),
             Self::Bf16(c) | Self::Fp16 { values: c, .. } => Bytes::from_owner(CodeBytes(Arc::clone(c))),
             Self::Int8 { values, .. } => Bytes::from_owner(CodeBytes(Arc::clone(values))),
+            Self::TopK { indices, .. } => Bytes::from_owner(CodeBytes(Arc::clone(indices))),
         }
     }
 
@@ -314,6 +371,7 @@ impl Payload {
             Self::F32(v) => v.len(),
             Self::Bf16(v) | Self::Fp16 { values: v, .. } => v.len(),
             Self::Int8 { values, .. } => values.len(),
+            Self::TopK { len, .. } => usize::try_from(*len).unwrap_or(usize::MAX),
         }
     }
 
@@ -331,12 +389,13 @@ impl Payload {
             Self::Bf16(v) => 2 * v.len(),
             Self::Fp16 { scales, values, .. } => 4 * scales.len() + 2 * values.len(),
             Self::Int8 { scales, values, .. } => 4 * scales.len() + values.len(),
+            Self::TopK { scales, indices, codes, .. } => 4 * scales.len() + 2 * indices.len() + codes.len(),
         }
     }
 
     /// The `f32` values: the same storage for `f32`, decoded into a new buffer otherwise. A
     /// block codec's payload whose scales do not match its length, or hold a NaN, ±Inf or a
-    /// negative number, is refused.
+    /// negative number, is refused, and so is a `topk` payload whose indices or codes do not.
     pub fn decode(self) -> Result<Floats, TransportError> {
         Ok(match self {
             Self::F32(v) => v,
@@ -346,6 +405,9 @@ impl Payload {
             }
             Self::Int8 { block, scales, values } => {
                 decode_blocks(Codec::Int8, block, &scales, &values, |&q| f32::from(q))?
+            }
+            Self::TopK { len, block, keep, scales, indices, codes } => {
+                topk::decode((len, block, keep), &scales, (&indices, |&i| i), &codes, usize::MAX)?.into()
             }
         })
     }
@@ -360,13 +422,15 @@ impl ArchivedPayload {
             Self::Bf16(_) => Codec::Bf16,
             Self::Fp16 { .. } => Codec::Fp16,
             Self::Int8 { .. } => Codec::Int8,
+            Self::TopK { .. } => Codec::TopK,
         }
     }
 
     /// The `f32` values of this validated payload in the frame body `frame`: a view into the
     /// frame for `f32`; decoded straight from the frame into a buffer of their own for a
-    /// compressed payload, checked as [`Payload::decode`] checks them.
-    pub(crate) fn decode_in(&self, frame: &Arc<AlignedVec>) -> Result<Floats, TransportError> {
+    /// compressed payload, checked as [`Payload::decode`] checks them. A `topk` payload may stand
+    /// for at most `max_len` values.
+    pub(crate) fn decode_in(&self, frame: &Arc<AlignedVec>, max_len: usize) -> Result<Floats, TransportError> {
         let scales = |s: &ArchivedVec<f32_le>| s.iter().map(|s| s.to_native()).collect::<Vec<f32>>();
         match self {
             Self::F32(values) => in_frame(frame, values),
@@ -377,6 +441,11 @@ impl ArchivedPayload {
             }
             Self::Int8 { block, scales: s, values } => {
                 decode_blocks(Codec::Int8, block.to_native(), &scales(s), values, |&q| f32::from(q))
+            }
+            Self::TopK { len, block, keep, scales: s, indices, codes } => {
+                let shape = (len.to_native(), block.to_native(), keep.to_native());
+                let index = |i: &u16_le| i.to_native();
+                Ok(topk::decode(shape, &scales(s), (indices, index), codes, max_len)?.into())
             }
         }
     }
@@ -396,28 +465,12 @@ fn decode_blocks<C>(
     codes: &[C],
     value: impl Fn(&C) -> f32,
 ) -> Result<Floats, TransportError> {
-    check_scales(codec, block, scales, codes.len())?;
+    check_scales(codec.as_str(), (block, MAX_BLOCK), scales, codes.len())?;
     let mut out = Vec::with_capacity(codes.len());
     for (chunk, s) in codes.chunks(block as usize).zip(scales) {
         out.extend(chunk.iter().map(|c| s * value(c)));
     }
     Ok(out.into())
-}
-
-/// A block codec's scales must be one finite, non-negative number per block of `len` values.
-fn check_scales(codec: Codec, block: u32, scales: &[f32], len: usize) -> Result<(), TransportError> {
-    let bad = |why: String| TransportError::BadFrame(format!("a {codec} payload of {len} values {why}"));
-    if block == 0 || block > MAX_BLOCK {
-        return Err(bad(format!("has blocks of {block}; they must hold 1 to {MAX_BLOCK}")));
-    }
-    let blocks = len.div_ceil(block as usize);
-    if scales.len() != blocks {
-        return Err(bad(format!("in blocks of {block} has {} scales, not {blocks}", scales.len())));
-    }
-    if let Some((i, s)) = scales.iter().enumerate().find(|(_, s)| !(s.is_finite() && **s >= 0.0)) {
-        return Err(bad(format!("has scale {s} in block {i}; scales are finite and non-negative")));
-    }
-    Ok(())
 }
 
 /// The bfloat16 bits of `v`: its top 16 bits, rounded to nearest even; a NaN stays a (quiet)
@@ -431,13 +484,6 @@ fn to_bf16(v: f32) -> u16 {
 /// The f32 of bfloat16 bits `b`.
 fn from_bf16(b: u16) -> f32 {
     f32::from_bits(u32::from(b) << 16)
-}
-
-/// The largest magnitude of `values`, NaN if one is NaN: for floats without their sign, the
-/// order of the bits is the order of the numbers (NaNs above ±Inf above every finite value), so
-/// this is an integer maximum, which vectorises.
-fn max_abs(values: impl Iterator<Item = f32>) -> f32 {
-    f32::from_bits(values.map(|v| v.to_bits() & 0x7fff_ffff).max().unwrap_or(0))
 }
 
 /// Append the `int8` codes of `values` (one block) to `out`: round(v / s) to nearest even; the
@@ -475,7 +521,7 @@ mod tests {
     }
 
     fn encoding(codec: Codec) -> Encoding {
-        Encoding { codec, block: 64 }
+        Encoding { codec, block: 64, keep: 16 }
     }
 
     #[test]
@@ -507,6 +553,23 @@ mod tests {
     }
 
     #[test]
+    fn topk_sends_a_few_values_per_block_in_a_few_bytes() {
+        let v = values();
+        let e = encoding(Codec::TopK);
+        let p = e.encode(&v, None);
+        // 16 blocks of 64 (the last of 40), 16 kept of each: 256 indices of 2 bytes, 256 codes of
+        // 2 bits, 16 scales.
+        assert_eq!((p.codec(), p.len(), p.bytes()), (Codec::TopK, 1000, 4 * 16 + 2 * 256 + 64));
+        assert_eq!(e.bytes(1000), p.bytes());
+        let back = p.decode().unwrap();
+        assert_eq!(back.len(), 1000);
+        assert!(back.iter().filter(|x| **x != 0.0).count() <= 256);
+        let mut untouched = vec![0.0; 1000];
+        let _ = e.encode(&v, Some(&mut untouched));
+        assert!(untouched.iter().filter(|x| **x != 0.0).count() >= 1000 - 256, "what was not sent is kept");
+    }
+
+    #[test]
     fn bf16_keeps_the_top_bits_rounded_to_nearest_even() {
         let v: Floats = vec![1.0, 1.0 + 1.0 / 256.0, 1.0 + 3.0 / 256.0, -2.5, 0.0].into();
         let Payload::Bf16(bits) = encoding(Codec::Bf16).encode(&v, None) else { panic!() };
@@ -531,7 +594,7 @@ mod tests {
     #[test]
     fn int8_rounds_to_nearest_even() {
         let v: Floats = vec![127.0, 0.5, 1.5, 2.5, -0.5, -1.5, 2.49, -126.51].into();
-        let Payload::Int8 { values, .. } = Encoding { codec: Codec::Int8, block: 8 }.encode(&v, None) else {
+        let Payload::Int8 { values, .. } = Encoding { codec: Codec::Int8, block: 8, ..Encoding::default() }.encode(&v, None) else {
             panic!()
         };
         assert_eq!(*values, vec![127, 0, 2, 2, 0, -2, 2, -127]);
@@ -540,7 +603,7 @@ mod tests {
     #[test]
     fn int8_scales_by_the_block_maximum() {
         let v: Floats = vec![0.5, -1.27, 0.0, 0.01, 2.54, 0.0, 0.0, 0.0].into();
-        let p = Encoding { codec: Codec::Int8, block: 4 }.encode(&v, None);
+        let p = Encoding { codec: Codec::Int8, block: 4, ..Encoding::default() }.encode(&v, None);
         let Payload::Int8 { block, scales, values } = &p else { panic!() };
         assert_eq!(*block, 4);
         assert!((scales[0] - 0.01).abs() < 1e-9 && (scales[1] - 0.02).abs() < 1e-9);
@@ -607,6 +670,6 @@ mod tests {
         for c in Codec::ALL {
             assert_eq!(c.as_str().parse::<Codec>(), Ok(c));
         }
-        assert!("int4".parse::<Codec>().unwrap_err().contains("f32, bf16, fp16, int8"));
+        assert!("int4".parse::<Codec>().unwrap_err().contains("f32, bf16, fp16, int8, topk"));
     }
 }
