@@ -25,7 +25,14 @@ fn topk_gradients_train_at_a_fraction_of_the_bytes() {
     assert!(sparse_bytes < 0.6 * dense_bytes, "{sparse_bytes} vs {dense_bytes}");
     assert!(sparse > 0.8 && sparse > dense - 0.05, "topk {sparse}, f32 {dense}");
 
-    let diloco = ["protocol.kind=diloco", "cluster.learners=2", "cluster.shards=1", "transport.gradient_codec=topk"];
-    let (accuracy, _) = run(&tmp.path().join("diloco"), &diloco);
-    assert!(accuracy > 0.8, "DiLoCo with sparse pseudo-gradients: {accuracy}");
+    // DiLoCo's pseudo-gradients, sparse: a sync run is deterministic (f32: 0.858, 10%: 0.840).
+    let diloco = ["protocol.kind=diloco", "cluster.learners=2", "cluster.shards=1"];
+    let (dense, _) = run(&tmp.path().join("diloco-f32"), &diloco);
+    let topk: Vec<&str> = diloco
+        .iter()
+        .copied()
+        .chain(["transport.gradient_codec=topk", "transport.topk_fraction=0.1"])
+        .collect();
+    let (sparse, _) = run(&tmp.path().join("diloco-topk"), &topk);
+    assert!(sparse > 0.8 && sparse > dense - 0.05, "DiLoCo: topk {sparse}, f32 {dense}");
 }

@@ -624,7 +624,9 @@ mod tests {
         let mut body = AlignedVec::new();
         body.extend_from_slice(&bytes[HEADER_LEN..]);
         let range = body.as_ptr_range();
-        let Inbound::Push { values, .. } = Inbound::decode(Kind::Push, body, 1 << 20).unwrap() else { panic!() };
+        let Inbound::Push { values, .. } = Inbound::decode(Kind::Push, body, 1 << 20).unwrap() else {
+            panic!()
+        };
         let view = &values[..].as_ptr_range();
         assert!(range.start as usize <= view.start as usize && view.end as usize <= range.end as usize);
     }

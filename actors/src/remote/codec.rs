@@ -441,8 +441,9 @@ mod tests {
         ));
         assert!(data(push(me, 3)).unwrap_err().what.contains("3 values"));
         assert!(data(push(LearnerId(1), 4)).unwrap_err().what.contains("not learner-0's own"));
-        let bf16 =
-            |values: Vec<f32>| Encoding { codec: Codec::Bf16, ..Encoding::default() }.encode(&values.into(), None);
+        let bf16 = |values: Vec<f32>| {
+            Encoding { codec: Codec::Bf16, ..Encoding::default() }.encode(&values.into(), None)
+        };
         assert!(matches!(
             data(Msg::Exchange { learner: me, values: bf16(vec![1.0; 4]) }),
             Ok(LearnerData::Exchange(_))

@@ -55,7 +55,12 @@ pub struct RawTransport {
 
 impl Default for RawTransport {
     fn default() -> Self {
-        Self { gradient_codec: "f32".into(), weight_codec: "f32".into(), codec_block: 256, topk_fraction: 0.02 }
+        Self {
+            gradient_codec: "f32".into(),
+            weight_codec: "f32".into(),
+            codec_block: 256,
+            topk_fraction: 0.02,
+        }
     }
 }
 

@@ -430,7 +430,11 @@ impl ArchivedPayload {
     /// frame for `f32`; decoded straight from the frame into a buffer of their own for a
     /// compressed payload, checked as [`Payload::decode`] checks them. A `topk` payload may stand
     /// for at most `max_len` values.
-    pub(crate) fn decode_in(&self, frame: &Arc<AlignedVec>, max_len: usize) -> Result<Floats, TransportError> {
+    pub(crate) fn decode_in(
+        &self,
+        frame: &Arc<AlignedVec>,
+        max_len: usize,
+    ) -> Result<Floats, TransportError> {
         let scales = |s: &ArchivedVec<f32_le>| s.iter().map(|s| s.to_native()).collect::<Vec<f32>>();
         match self {
             Self::F32(values) => in_frame(frame, values),
@@ -594,7 +598,9 @@ mod tests {
     #[test]
     fn int8_rounds_to_nearest_even() {
         let v: Floats = vec![127.0, 0.5, 1.5, 2.5, -0.5, -1.5, 2.49, -126.51].into();
-        let Payload::Int8 { values, .. } = Encoding { codec: Codec::Int8, block: 8, ..Encoding::default() }.encode(&v, None) else {
+        let Payload::Int8 { values, .. } =
+            Encoding { codec: Codec::Int8, block: 8, ..Encoding::default() }.encode(&v, None)
+        else {
             panic!()
         };
         assert_eq!(*values, vec![127, 0, 2, 2, 0, -2, 2, -127]);

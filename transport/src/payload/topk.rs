@@ -204,12 +204,17 @@ mod tests {
     fn malformed_messages_are_refused_before_anything_is_allocated_for_them() {
         let s = encode(&[1.0, -2.0, 3.0, 0.5, 0.25], 2, 1, None);
         assert_eq!(s.indices, [1, 0, 0]);
-        let bad = |what: &str, len: u64, block, keep, scales: &[f32], idx: &[u16], codes: &[u8], max| {
-            match decode((len, block, keep), scales, (idx, |&i| i), codes, max) {
+        let bad =
+            |what: &str, len: u64, block, keep, scales: &[f32], idx: &[u16], codes: &[u8], max| match decode(
+                (len, block, keep),
+                scales,
+                (idx, |&i| i),
+                codes,
+                max,
+            ) {
                 Err(TransportError::BadFrame(why)) => assert!(why.contains(what), "{why}"),
                 other => panic!("accepted ({what}): {other:?}"),
-            }
-        };
+            };
         let (sc, ix, co) = (&s.scales[..], &s.indices[..], &s.codes[..]);
         bad("stands for more than 4", 5, 2, 1, sc, ix, co, 4);
         bad("stands for more than", u64::MAX, 2, 1, sc, ix, co, 1 << 40);
