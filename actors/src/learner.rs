@@ -297,7 +297,7 @@ impl LearnerActor<LearnerCore> {
                 LearnerEvent::Push { shard, computed_on, seq, pull: NextPull { seq: next, last } } => {
                     self.last_activity = std::time::Instant::now();
                     let Some(values) = self.push_payload(shard.index(), seq) else { continue };
-                    self.totals.payload_bytes += values.bytes() as u64;
+                    self.totals.payload_up += values.bytes() as u64;
                     let then =
                         Pull { learner, seq: next, last, reply_to: self.answers[shard.index()].clone() };
                     self.shards[shard.index()].push.do_send(Push { learner, seq, computed_on, values, then });
@@ -381,7 +381,7 @@ impl LearnerActor<ElasticWorker> {
                         } else {
                             self.wire.codecs.weights.encode(&part, None)
                         };
-                        self.totals.payload_bytes += payload.bytes() as u64;
+                        self.totals.payload_up += payload.bytes() as u64;
                         let reply_to = reply_to.clone();
                         link.exchange.do_send(Exchange {
                             learner: self.core.id(),
@@ -468,7 +468,7 @@ impl Handler<Served> for LearnerActor<LearnerCore> {
         // learner already holds for this step.
         match self.core.on_weights(shard, clock, seq) {
             Ok(events) => {
-                self.totals.payload_bytes += bytes;
+                self.totals.payload_down += bytes;
                 let taken = decoded(values).and_then(|v| self.take_weights(shard.index(), &v));
                 if let Err(e) = taken {
                     return self.fail(&e, ctx);
@@ -486,7 +486,7 @@ impl Handler<Center> for LearnerActor<ElasticWorker> {
         let Some(bytes) = self.answered(shard, values.len()) else { return };
         match decoded(values).and_then(|v| Ok(self.core.on_center(shard, &v)?)) {
             Ok(events) => {
-                self.totals.payload_bytes += bytes;
+                self.totals.payload_down += bytes;
                 self.carry_out(events, ctx);
             }
             Err(e) => refused(self.id(), &e),

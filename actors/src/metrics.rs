@@ -111,8 +111,8 @@ pub struct Metrics {
     first_update: OnceLock<(Instant, u64)>,
     /// The node's QUIC endpoints, read only when rendering.
     traffic: Mutex<Vec<Arc<Traffic>>>,
-    /// Payload bytes the learners reported sending and receiving.
-    payload_bytes: AtomicU64,
+    /// Payload bytes the learners reported sending (up) and receiving (down).
+    payload: [AtomicU64; 2],
 }
 
 impl Default for Metrics {
@@ -131,7 +131,7 @@ impl Metrics {
             learners_alive: AtomicU64::new(0),
             first_update: OnceLock::new(),
             traffic: Mutex::new(Vec::new()),
-            payload_bytes: AtomicU64::new(0),
+            payload: [AtomicU64::new(0), AtomicU64::new(0)],
         }
     }
 
@@ -181,10 +181,11 @@ impl Metrics {
         self.series(Family::LearnerSamples, learner.0).fetch_add(samples, Ordering::Relaxed);
     }
 
-    /// The learners sent and received `bytes` more payload bytes (values and scales, as
+    /// The learners sent `up` and received `down` more payload bytes (values and scales, as
     /// encoded).
-    pub fn add_payload_bytes(&self, bytes: u64) {
-        self.payload_bytes.fetch_add(bytes, Ordering::Relaxed);
+    pub fn add_payload_bytes(&self, up: u64, down: u64) {
+        self.payload[0].fetch_add(up, Ordering::Relaxed);
+        self.payload[1].fetch_add(down, Ordering::Relaxed);
     }
 
     /// Report the bytes of a QUIC endpoint of this node (summed over all endpoints watched).
@@ -233,7 +234,7 @@ impl Metrics {
             updates_per_second,
             learners_alive: self.learners_alive.load(Ordering::Relaxed),
             traffic,
-            payload_bytes: self.payload_bytes.load(Ordering::Relaxed),
+            payload: self.payload.each_ref().map(|p| p.load(Ordering::Relaxed)),
         }
     }
 }
@@ -253,8 +254,8 @@ struct Reading {
     learners_alive: u64,
     /// Frame bytes sent and received.
     traffic: (u64, u64),
-    /// Payload bytes the learners reported.
-    payload_bytes: u64,
+    /// Payload bytes the learners reported sending and receiving.
+    payload: [u64; 2],
 }
 
 impl Reading {
@@ -330,7 +331,19 @@ impl Collector for Reading {
             e,
             "rudra_payload_bytes",
             "Payload bytes (values and scales, as encoded) the learners sent and received.",
-            self.payload_bytes,
+            self.payload[0] + self.payload[1],
+        )?;
+        counter(
+            e,
+            "rudra_payload_up_bytes",
+            "Payload bytes the learners sent: gradients, and the elastic family's exchanges.",
+            self.payload[0],
+        )?;
+        counter(
+            e,
+            "rudra_payload_down_bytes",
+            "Payload bytes the learners received: weights and centers.",
+            self.payload[1],
         )
     }
 }

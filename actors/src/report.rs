@@ -35,14 +35,21 @@ pub struct MetricsRow {
     pub bytes: BytesMoved,
 }
 
-/// What the learners' messages carried, summed over learners: payload bytes as encoded, and
-/// the frame bytes their connections moved (0 in one process).
+/// What the learners' messages carried, summed over learners: payload bytes as encoded, in
+/// all and in each direction, and the frame bytes their connections moved (0 in one process).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BytesMoved {
     /// Gradient steps taken.
     pub steps: u64,
     /// Bytes of payload values and scales sent and received.
     pub payload: u64,
+    /// Of them, those the learners sent: gradients, and the exchanges of the elastic family
+    /// (pseudo-gradients, for DiLoCo).
+    #[serde(default)]
+    pub payload_up: u64,
+    /// Of them, those the learners received: weights and centers.
+    #[serde(default)]
+    pub payload_down: u64,
     /// Frame bytes sent and received on the wire.
     pub wire: u64,
 }
@@ -52,6 +59,27 @@ impl BytesMoved {
     #[must_use]
     pub fn payload_per_step(&self) -> f64 {
         self.payload as f64 / self.steps.max(1) as f64
+    }
+
+    /// Payload bytes a learner sent per gradient step.
+    #[must_use]
+    pub fn payload_up_per_step(&self) -> f64 {
+        self.payload_up as f64 / self.steps.max(1) as f64
+    }
+
+    /// Payload bytes a learner received per gradient step.
+    #[must_use]
+    pub fn payload_down_per_step(&self) -> f64 {
+        self.payload_down as f64 / self.steps.max(1) as f64
+    }
+
+    /// Add the progress `msg` reports.
+    pub fn add(&mut self, msg: &Progress) {
+        self.steps += msg.steps;
+        self.payload += msg.payload_up + msg.payload_down;
+        self.payload_up += msg.payload_up;
+        self.payload_down += msg.payload_down;
+        self.wire += msg.wire_bytes;
     }
 
     /// Wire bytes per gradient step.
@@ -179,8 +207,10 @@ pub struct Progress {
     pub steps: u64,
     /// Sum of the minibatches' mean training losses.
     pub loss_sum: f64,
-    /// Payload bytes (values and scales, as encoded) the learner sent and received.
-    pub payload_bytes: u64,
+    /// Payload bytes (values and scales, as encoded) the learner sent: gradients and exchanges.
+    pub payload_up: u64,
+    /// Payload bytes it received: weights and centers.
+    pub payload_down: u64,
     /// Frame bytes its connections sent and received (0 in one process).
     pub wire_bytes: u64,
 }
@@ -191,7 +221,16 @@ impl Progress {
     pub fn start(learner: LearnerId) -> Self {
         // Each `RandomState` draws fresh keys: its hash of a constant is a random number.
         let session = std::hash::BuildHasher::hash_one(&std::collections::hash_map::RandomState::new(), 0u8);
-        Self { learner, session, samples: 0, steps: 0, loss_sum: 0.0, payload_bytes: 0, wire_bytes: 0 }
+        Self {
+            learner,
+            session,
+            samples: 0,
+            steps: 0,
+            loss_sum: 0.0,
+            payload_up: 0,
+            payload_down: 0,
+            wire_bytes: 0,
+        }
     }
 
     /// What these totals add to `earlier`, the last totals taken from the same learner: the
@@ -204,7 +243,8 @@ impl Progress {
             samples: self.samples - e.samples,
             steps: self.steps - e.steps,
             loss_sum: self.loss_sum - e.loss_sum,
-            payload_bytes: self.payload_bytes.saturating_sub(e.payload_bytes),
+            payload_up: self.payload_up.saturating_sub(e.payload_up),
+            payload_down: self.payload_down.saturating_sub(e.payload_down),
             wire_bytes: self.wire_bytes.saturating_sub(e.wire_bytes),
             ..self.clone()
         })
@@ -289,7 +329,8 @@ mod tests {
 
     fn totals(p: &Progress, samples: u64, steps: u64) -> Progress {
         let loss_sum = steps as f64 * 0.5;
-        Progress { samples, steps, loss_sum, payload_bytes: 10 * steps, wire_bytes: 20 * steps, ..p.clone() }
+        let (payload_up, payload_down, wire_bytes) = (3 * steps, 7 * steps, 20 * steps);
+        Progress { samples, steps, loss_sum, payload_up, payload_down, wire_bytes, ..p.clone() }
     }
 
     #[test]
@@ -300,7 +341,12 @@ mod tests {
         // `b` was lost on the way: `c` carries its steps, and the three add up to c's totals.
         let after_a = c.since(Some(&a)).unwrap();
         assert_eq!((after_a.samples, after_a.steps, after_a.loss_sum), (256, 8, 4.0));
-        assert_eq!((after_a.payload_bytes, after_a.wire_bytes, after_a.learner), (80, 160, LearnerId(2)));
+        let bytes = (after_a.payload_up, after_a.payload_down, after_a.wire_bytes);
+        assert_eq!((bytes, after_a.learner), ((24, 56, 160), LearnerId(2)));
+        let mut moved = BytesMoved::default();
+        moved.add(&after_a);
+        assert_eq!(moved, BytesMoved { steps: 8, payload: 80, payload_up: 24, payload_down: 56, wire: 160 });
+        assert_eq!((moved.payload_up_per_step(), moved.payload_down_per_step()), (3.0, 7.0));
         assert_eq!(b.since(Some(&c)), None, "an older report of the same session adds nothing");
         assert_eq!(c.since(Some(&c)).map(|d| d.samples), Some(0));
     }

@@ -520,13 +520,11 @@ impl Handler<Progress> for SchedulerActor {
         *last = Some(totals);
         self.loss_window.0 += msg.loss_sum;
         self.loss_window.1 += msg.steps;
-        let b = &mut self.bytes;
-        (b.steps, b.payload, b.wire) =
-            (b.steps + msg.steps, b.payload + msg.payload_bytes, b.wire + msg.wire_bytes);
+        self.bytes.add(&msg);
         self.learner_samples[msg.learner.index()] += msg.samples;
         if let Some(m) = &self.metrics {
             m.add_learner_samples(msg.learner, msg.samples);
-            m.add_payload_bytes(msg.payload_bytes);
+            m.add_payload_bytes(msg.payload_up, msg.payload_down);
         }
         let mut events = self.core.on_progress(msg.samples);
         events.extend(self.core.on_loss(msg.steps, msg.loss_sum));

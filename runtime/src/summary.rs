@@ -29,7 +29,8 @@ const METRICS_COLUMNS: [&str; 9] = [
 ];
 
 /// The columns of [`MetricsRow::bytes`], after [`METRICS_COLUMNS`]; 0 where a file lacks them.
-const BYTES_COLUMNS: [&str; 3] = ["steps", "payload_bytes", "wire_bytes"];
+const BYTES_COLUMNS: [&str; 5] =
+    ["steps", "payload_bytes", "payload_bytes_up", "payload_bytes_down", "wire_bytes"];
 
 /// The prefix of the per-learner columns of `metrics.csv`.
 const LEARNER_COLUMN: &str = "samples_learner_";
@@ -102,11 +103,17 @@ pub struct Summary {
     pub elastic: Option<ElasticSpec>,
     /// How gradients and weights travelled (`transport.*_codec`).
     pub codecs: Codecs,
-    /// What the learners' messages carried: gradient steps, payload bytes as encoded, and
-    /// frame bytes on the wire (0 in one process), sent and received.
+    /// What the learners' messages carried: gradient steps, payload bytes as encoded (in all,
+    /// up and down), and frame bytes on the wire (0 in one process), sent and received.
     pub bytes: BytesMoved,
     /// Payload bytes per gradient step of one learner, sent and received.
     pub payload_bytes_per_step: f64,
+    /// Of them, those it sent: its gradient (or exchange).
+    #[serde(default)]
+    pub payload_bytes_up_per_step: f64,
+    /// Of them, those it received: weights (or centers).
+    #[serde(default)]
+    pub payload_bytes_down_per_step: f64,
     /// Frame bytes on the wire per gradient step of one learner, sent and received.
     pub wire_bytes_per_step: f64,
 }
@@ -162,6 +169,8 @@ impl Summary {
             codecs: c.codecs,
             bytes: report.bytes,
             payload_bytes_per_step: report.bytes.payload_per_step(),
+            payload_bytes_up_per_step: report.bytes.payload_up_per_step(),
+            payload_bytes_down_per_step: report.bytes.payload_down_per_step(),
             wire_bytes_per_step: report.bytes.wire_per_step(),
         }
     }
@@ -179,7 +188,7 @@ pub fn metrics_csv(rows: &[MetricsRow]) -> String {
     for r in rows {
         let _ = write!(
             csv,
-            "{:.3},{:.4},{},{},{:.6},{:.6},{:.6},{:.4},{:.1},{},{},{}",
+            "{:.3},{:.4},{},{},{:.6},{:.6},{:.6},{:.4},{:.1},{},{},{},{},{}",
             r.wall_seconds,
             r.epoch,
             r.updates,
@@ -191,6 +200,8 @@ pub fn metrics_csv(rows: &[MetricsRow]) -> String {
             r.samples_per_second,
             r.bytes.steps,
             r.bytes.payload,
+            r.bytes.payload_up,
+            r.bytes.payload_down,
             r.bytes.wire,
         );
         for l in 0..learners {
@@ -289,7 +300,13 @@ pub fn parse_metrics(path: &Path, text: &str) -> Result<Vec<MetricsRow>, Runtime
                 test_accuracy: row.get(6)?,
                 mean_staleness: row.get(7)?,
                 samples_per_second: row.get(8)?,
-                bytes: BytesMoved { steps: row.count(0)?, payload: row.count(1)?, wire: row.count(2)? },
+                bytes: BytesMoved {
+                    steps: row.count(0)?,
+                    payload: row.count(1)?,
+                    payload_up: row.count(2)?,
+                    payload_down: row.count(3)?,
+                    wire: row.count(4)?,
+                },
                 learner_samples: learner_columns
                     .iter()
                     .map(|&(_, i, name)| row.parse(i, name))
@@ -354,7 +371,13 @@ mod tests {
             mean_staleness: 1.5,
             samples_per_second: 100.0,
             learner_samples,
-            bytes: BytesMoved { steps: 8, payload: 8 << 20, wire: 9 << 20 },
+            bytes: BytesMoved {
+                steps: 8,
+                payload: 8 << 20,
+                payload_up: 3 << 20,
+                payload_down: 5 << 20,
+                wire: 9 << 20,
+            },
         };
         let rows = vec![row(1.0, vec![64, 32, 0]), row(2.0, vec![128, 96, 32])];
         let config = Config::load(None, &[]).unwrap();
@@ -372,14 +395,20 @@ mod tests {
             wall_seconds: 2.0,
             final_test_accuracy: 0.9,
             final_train_loss: 0.5,
-            bytes: BytesMoved { steps: 8, payload: 8 << 20, wire: 9 << 20 },
+            bytes: BytesMoved {
+                steps: 8,
+                payload: 8 << 20,
+                payload_up: 3 << 20,
+                payload_down: 5 << 20,
+                wire: 9 << 20,
+            },
         };
         run.record(&config, &report).unwrap();
         let text = std::fs::read_to_string(dir.path().join("metrics.csv")).unwrap();
         let header = text.lines().next().unwrap();
         assert!(
             header.ends_with(
-                ",samples_per_second,steps,payload_bytes,wire_bytes,samples_learner_0,samples_learner_1,samples_learner_2"
+                ",samples_per_second,steps,payload_bytes,payload_bytes_up,payload_bytes_down,wire_bytes,samples_learner_0,samples_learner_1,samples_learner_2"
             )
         );
         assert_eq!(parse_metrics(Path::new("m.csv"), &text).unwrap(), rows);

@@ -94,8 +94,10 @@ pub enum Msg {
         steps: u64,
         /// Sum of minibatch losses.
         loss_sum: f64,
-        /// Payload bytes sent and received.
-        payload_bytes: u64,
+        /// Payload bytes sent: gradients and exchanges.
+        payload_up: u64,
+        /// Payload bytes received: weights and centers.
+        payload_down: u64,
         /// Frame bytes sent and received.
         wire_bytes: u64,
     },
@@ -300,7 +302,8 @@ pub fn samples() -> Vec<Msg> {
             samples: 256,
             steps: 8,
             loss_sum: 3.5,
-            payload_bytes: 1 << 20,
+            payload_up: 1 << 18,
+            payload_down: 1 << 20,
             wire_bytes: 1 << 21,
         },
         Msg::LearnerDone { error: Some("out of memory".into()) },

@@ -80,8 +80,8 @@ impl ToWire for Heartbeat {
 
 impl ToWire for Progress {
     fn to_wire(self) -> Msg {
-        let Self { learner, session, samples, steps, loss_sum, payload_bytes, wire_bytes } = self;
-        Msg::Progress { learner, session, samples, steps, loss_sum, payload_bytes, wire_bytes }
+        let Self { learner, session, samples, steps, loss_sum, payload_up, payload_down, wire_bytes } = self;
+        Msg::Progress { learner, session, samples, steps, loss_sum, payload_up, payload_down, wire_bytes }
     }
 }
 
@@ -197,7 +197,8 @@ pub fn from_learner(learner: LearnerId, m: Inbound) -> Result<FromLearner, Unexp
             samples,
             steps,
             loss_sum,
-            payload_bytes,
+            payload_up,
+            payload_down,
             wire_bytes,
         }) if l == learner => Ok(FromLearner::Progress(Progress {
             learner,
@@ -205,7 +206,8 @@ pub fn from_learner(learner: LearnerId, m: Inbound) -> Result<FromLearner, Unexp
             samples,
             steps,
             loss_sum,
-            payload_bytes,
+            payload_up,
+            payload_down,
             wire_bytes,
         })),
         Inbound::Control(Msg::Progress { learner: l, .. }) => {
@@ -478,7 +480,8 @@ mod tests {
             samples: 1,
             steps: 1,
             loss_sum: 0.0,
-            payload_bytes: 0,
+            payload_up: 0,
+            payload_down: 0,
             wire_bytes: 0,
         };
         assert!(from_learner(me, over_the_wire(progress)).is_err(), "someone else's progress");

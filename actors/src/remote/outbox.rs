@@ -180,7 +180,8 @@ mod tests {
             samples,
             steps: 1,
             loss_sum: 0.5,
-            payload_bytes: 10,
+            payload_up: 4,
+            payload_down: 6,
             wire_bytes: 20,
         }
     }

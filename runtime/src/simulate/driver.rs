@@ -79,8 +79,10 @@ pub struct EventCounts {
     pub resent: u64,
     /// Frame bytes of the messages sent.
     pub bytes: u64,
-    /// Bytes of the values they carried.
-    pub payload_bytes: u64,
+    /// Bytes of the values they carried from the learners: gradients and exchanges.
+    pub payload_up_bytes: u64,
+    /// Bytes of the values they carried to the learners: weights and centers.
+    pub payload_down_bytes: u64,
     /// The most frame bytes on their way at one time.
     pub peak_bytes_in_flight: u64,
     /// Gradients computed.
@@ -352,8 +354,8 @@ impl<M: Message> Engine<M> {
             self.loss_row(world);
         }
         (self.counts.resent, self.counts.bytes) = (self.net.resent, self.net.bytes);
-        (self.counts.payload_bytes, self.counts.peak_bytes_in_flight) =
-            (self.net.payload, self.net.peak_in_flight);
+        [self.counts.payload_up_bytes, self.counts.payload_down_bytes] = self.net.payload;
+        self.counts.peak_bytes_in_flight = self.net.peak_in_flight;
         for values in world.values() {
             for v in values.iter() {
                 self.hash.u64(u64::from(v.to_bits()));

@@ -118,8 +118,8 @@ pub struct Network {
     pub resent: u64,
     /// Frame bytes sent, every message counted once.
     pub bytes: u64,
-    /// Bytes of values among them.
-    pub payload: u64,
+    /// Bytes of values among them: sent by the learners (up) and to them (down).
+    pub payload: [u64; 2],
     /// The most bytes sent and not yet arrived at any one time.
     pub peak_in_flight: u64,
     /// Arrival times and sizes of the messages on their way.
@@ -169,7 +169,7 @@ impl Network {
             last: vec![0; learners * ranges.len() * 2],
             resent: 0,
             bytes: 0,
-            payload: 0,
+            payload: [0, 0],
             peak_in_flight: 0,
             in_flight: BinaryHeap::new(),
             flying: 0,
@@ -186,7 +186,11 @@ impl Network {
         };
         let mut at = now + pick(self.transit[s]);
         let size = pick(self.sizes[s]);
-        self.payload += pick((0, self.values[s], self.values[s]));
+        match route.payload {
+            Payload::Pull => {}
+            Payload::Up => self.payload[0] += self.values[s],
+            Payload::Down => self.payload[1] += self.values[s],
+        }
         if self.jitter > 0.0 {
             at += (self.jitter * uniform(rng)) as Nanos;
         }
@@ -300,7 +304,7 @@ mod tests {
             (2 * up_bytes + 2 * pull_bytes, up_bytes + 2 * pull_bytes)
         );
         assert_eq!(net.flying, up_bytes);
-        assert_eq!(net.payload, 2 * 4000, "the values of the two pushes");
+        assert_eq!(net.payload, [2 * 4000, 0], "the values of the two pushes");
 
         let lossy = NetworkSpec { drop_probability: 0.5, ..spec };
         let mut net = Network::new(&lossy, 1000, &[1]).unwrap();

@@ -192,7 +192,9 @@ impl SimSummary {
             diverged: report.diverged(),
             bytes: rudra_actors::BytesMoved {
                 steps: report.counts.gradients,
-                payload: report.counts.payload_bytes,
+                payload: report.counts.payload_up_bytes + report.counts.payload_down_bytes,
+                payload_up: report.counts.payload_up_bytes,
+                payload_down: report.counts.payload_down_bytes,
                 wire: report.counts.bytes,
             },
         };
