@@ -360,6 +360,13 @@ mod tests {
     fn learner_columns_are_written_and_read_back_in_learner_order() {
         let dir = tempfile::tempdir().unwrap();
         let run = RunDir::create(Some(dir.path()), "async").unwrap();
+        let bytes = BytesMoved {
+            steps: 8,
+            payload: 8 << 20,
+            payload_up: 3 << 20,
+            payload_down: 5 << 20,
+            wire: 9 << 20,
+        };
         let row = |t: f64, learner_samples: Vec<u64>| MetricsRow {
             wall_seconds: t,
             epoch: t,
@@ -371,13 +378,7 @@ mod tests {
             mean_staleness: 1.5,
             samples_per_second: 100.0,
             learner_samples,
-            bytes: BytesMoved {
-                steps: 8,
-                payload: 8 << 20,
-                payload_up: 3 << 20,
-                payload_down: 5 << 20,
-                wire: 9 << 20,
-            },
+            bytes,
         };
         let rows = vec![row(1.0, vec![64, 32, 0]), row(2.0, vec![128, 96, 32])];
         let config = Config::load(None, &[]).unwrap();
@@ -395,13 +396,7 @@ mod tests {
             wall_seconds: 2.0,
             final_test_accuracy: 0.9,
             final_train_loss: 0.5,
-            bytes: BytesMoved {
-                steps: 8,
-                payload: 8 << 20,
-                payload_up: 3 << 20,
-                payload_down: 5 << 20,
-                wire: 9 << 20,
-            },
+            bytes,
         };
         run.record(&config, &report).unwrap();
         let text = std::fs::read_to_string(dir.path().join("metrics.csv")).unwrap();
