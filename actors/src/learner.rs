@@ -224,6 +224,7 @@ impl<B: Behaviour> LearnerActor<B> {
         }
         let p = &mut self.totals;
         (p.samples, p.steps, p.loss_sum) = (p.samples + samples, p.steps + 1, p.loss_sum + f64::from(loss));
+        p.compute_seconds += started.elapsed().as_secs_f64();
         let step = self.core.steps_done() + 1;
         if !loss.is_finite() {
             // The scheduler sees this loss and stops the run; nothing of this step is pushed.

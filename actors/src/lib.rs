@@ -19,6 +19,7 @@
 //! - [`metrics`]: the live metrics a node serves in the Prometheus text format.
 //! - [`checkpoint`]: a shard's checkpoint file, written atomically and read back.
 //! - [`faults`]: heartbeats, retries and the failure timeout, and injected faults.
+//! - [`goodput`]: each learner's compute and waiting time, and the run's goodput.
 //! - [`error`]: the crate's error types.
 
 pub mod checkpoint;
@@ -26,6 +27,7 @@ pub mod cluster;
 pub mod error;
 mod evaluation;
 pub mod faults;
+pub mod goodput;
 pub mod learner;
 pub mod links;
 pub mod messages;

@@ -301,4 +301,19 @@ pub struct TrackerReport {
     pub staleness: StalenessSummary,
     /// Updates applied by the shard that applied the most (shards advance together).
     pub updates: u64,
+    /// Each learner's contributions the shards applied and dropped, by learner id.
+    #[serde(default)]
+    pub by_learner: Vec<LearnerCounts>,
+}
+
+/// One learner's contributions the shards applied and dropped (a step counts once per shard
+/// it reached).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LearnerCounts {
+    /// The learner.
+    pub learner: LearnerId,
+    /// Applied.
+    pub applied: u64,
+    /// Dropped.
+    pub dropped: u64,
 }

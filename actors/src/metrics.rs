@@ -107,6 +107,8 @@ pub struct Metrics {
     series: DashMap<(Family, u32), Arc<AtomicU64>>,
     staleness: Histogram,
     learners_alive: AtomicU64,
+    /// The run's goodput at its last evaluation, as f64 bits (NaN before the first).
+    goodput: AtomicU64,
     /// When the first update was recorded, and the clock it brought.
     first_update: OnceLock<(Instant, u64)>,
     /// The node's QUIC endpoints, read only when rendering.
@@ -129,6 +131,7 @@ impl Metrics {
             series: DashMap::new(),
             staleness: Histogram::default(),
             learners_alive: AtomicU64::new(0),
+            goodput: AtomicU64::new(f64::NAN.to_bits()),
             first_update: OnceLock::new(),
             traffic: Mutex::new(Vec::new()),
             payload: [AtomicU64::new(0), AtomicU64::new(0)],
@@ -179,6 +182,11 @@ impl Metrics {
     /// `learner` processed `samples` more training examples.
     pub fn add_learner_samples(&self, learner: LearnerId, samples: u64) {
         self.series(Family::LearnerSamples, learner.0).fetch_add(samples, Ordering::Relaxed);
+    }
+
+    /// The run's goodput at its latest evaluation.
+    pub fn set_goodput(&self, goodput: f64) {
+        self.goodput.store(goodput.to_bits(), Ordering::Relaxed);
     }
 
     /// The learners sent `up` and received `down` more payload bytes (values and scales, as
@@ -233,6 +241,7 @@ impl Metrics {
             sum,
             updates_per_second,
             learners_alive: self.learners_alive.load(Ordering::Relaxed),
+            goodput: f64::from_bits(self.goodput.load(Ordering::Relaxed)),
             traffic,
             payload: self.payload.each_ref().map(|p| p.load(Ordering::Relaxed)),
         }
@@ -252,6 +261,7 @@ struct Reading {
     sum: u64,
     updates_per_second: f64,
     learners_alive: u64,
+    goodput: f64,
     /// Frame bytes sent and received.
     traffic: (u64, u64),
     /// Payload bytes the learners reported sending and receiving.
@@ -320,6 +330,12 @@ impl Collector for Reading {
             self.learners_alive,
         )?;
         self.labelled(e, Family::LearnerSamples)?;
+        gauge(
+            e,
+            "rudra_goodput",
+            "Learners' compute time that ended in applied contributions over all their time in the run, at the latest evaluation (local, scheduler).",
+            self.goodput,
+        )?;
         counter(e, "rudra_transport_sent_bytes", "Frame bytes this node sent over QUIC.", self.traffic.0)?;
         counter(
             e,

@@ -5,6 +5,8 @@ use actix::Message;
 use rudra_transport::LearnerId;
 use serde::{Deserialize, Serialize};
 
+use crate::goodput::{LearnerClocks, LearnerTime, goodput};
+use crate::messages::TrackerReport;
 use rudra_proto::{SchedulerCore, StalenessSummary};
 
 /// One evaluation of the model during a run (a row of `metrics.csv`).
@@ -151,6 +153,11 @@ pub struct RunReport {
     pub diverged: Option<Diverged>,
     /// What the learners' messages carried over the run.
     pub bytes: BytesMoved,
+    /// Each learner's compute and waiting time, and its contributions applied and dropped.
+    pub learner_time: Vec<LearnerTime>,
+    /// The learners' compute time that ended in applied contributions over all their time in
+    /// the run (NaN where not measured).
+    pub goodput: f64,
 }
 
 impl RunReport {
@@ -172,6 +179,8 @@ impl RunReport {
             updates_lost: 0,
             diverged: None,
             bytes: BytesMoved::default(),
+            learner_time: Vec::new(),
+            goodput: f64::NAN,
         }
     }
 }
@@ -213,6 +222,8 @@ pub struct Progress {
     pub payload_down: u64,
     /// Frame bytes its connections sent and received (0 in one process).
     pub wire_bytes: u64,
+    /// Seconds it spent computing gradients.
+    pub compute_seconds: f64,
 }
 
 impl Progress {
@@ -230,6 +241,7 @@ impl Progress {
             payload_up: 0,
             payload_down: 0,
             wire_bytes: 0,
+            compute_seconds: 0.0,
         }
     }
 
@@ -245,6 +257,7 @@ impl Progress {
             loss_sum: self.loss_sum - e.loss_sum,
             payload_up: self.payload_up.saturating_sub(e.payload_up),
             payload_down: self.payload_down.saturating_sub(e.payload_down),
+            compute_seconds: (self.compute_seconds - e.compute_seconds).max(0.0),
             wire_bytes: self.wire_bytes.saturating_sub(e.wire_bytes),
             ..self.clone()
         })
@@ -278,6 +291,9 @@ pub struct SchedulerState {
     pub updates_lost: u64,
     /// What the learners' messages carried.
     pub bytes: BytesMoved,
+    /// Each learner's compute time, and when it finished or left.
+    #[serde(default)]
+    pub clocks: LearnerClocks,
 }
 
 impl SchedulerState {
@@ -285,13 +301,14 @@ impl SchedulerState {
     /// a run that stopped on an error keeps what it measured. `staleness` and `updates` are
     /// the tracker's.
     #[must_use]
-    pub fn report_so_far(&self, staleness: StalenessSummary, updates: u64) -> RunReport {
+    pub fn report_so_far(&self, tracker: &TrackerReport) -> RunReport {
         let last = self.rows.last();
+        let learner_time = self.clocks.times(self.wall_seconds, &tracker.by_learner);
         RunReport {
             metrics: self.rows.clone(),
             params: Vec::new(),
-            staleness,
-            updates,
+            staleness: tracker.staleness.clone(),
+            updates: tracker.updates,
             samples: self.learner_samples.iter().sum(),
             samples_expected: self.core.samples_expected(),
             learner_samples: self.learner_samples.clone(),
@@ -302,6 +319,8 @@ impl SchedulerState {
             updates_lost: self.updates_lost,
             diverged: None,
             bytes: self.bytes,
+            goodput: goodput(&learner_time),
+            learner_time,
         }
     }
 }

@@ -11,6 +11,7 @@ use rudra_transport::ShardId;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::evaluation::{Ask, Evaluation};
+use crate::goodput::{LearnerClocks, goodput};
 use crate::links::Members;
 use crate::messages::{
     Disconnected, GetState, GetStats, Heartbeat, IsAlive, Joined, LearnerDone, Membership, Note, Progress,
@@ -66,6 +67,8 @@ pub struct SchedulerActor {
     divergence: Option<Divergence>,
     /// What the learners' messages carried so far.
     bytes: BytesMoved,
+    /// Each learner's compute time, and when it finished or left.
+    clocks: LearnerClocks,
     summarise: Option<Summarise>,
 }
 
@@ -136,6 +139,7 @@ impl SchedulerActor {
             shard_losses: 0,
             divergence: None,
             bytes: BytesMoved::default(),
+            clocks: LearnerClocks::new(learners as usize),
             summarise,
         }
     }
@@ -157,6 +161,9 @@ impl SchedulerActor {
         self.timeline = state.timeline;
         self.updates_lost = state.updates_lost;
         self.bytes = state.bytes;
+        if state.clocks != LearnerClocks::default() {
+            self.clocks = state.clocks;
+        }
         self.note("recovered", "the scheduler resumed the run from its state".to_owned());
         self
     }
@@ -204,10 +211,12 @@ impl SchedulerActor {
                     self.watch(ctx);
                 }
                 SchedulerEvent::Lost(l) => {
+                    self.clocks.ended(l, self.elapsed());
                     tracing::warn!(learner = %l, "learner lost; the run goes on without it");
                     self.note("detected", format!("{l} lost"));
                 }
                 SchedulerEvent::Rejoined(l) => {
+                    self.clocks.back(l);
                     // Noted with the clock it rejoins at, once the tracker has said what it is.
                     let seconds = self.born.elapsed().as_secs_f64();
                     let stats = self.members.stats.send(GetStats);
@@ -313,6 +322,10 @@ impl SchedulerActor {
         );
         self.emit(RunEvent::Evaluated(row.clone()));
         self.rows.push(row.clone());
+        let learner_time = self.clocks.times(wall, &eval.tracker.by_learner);
+        if let Some(m) = &self.metrics {
+            m.set_goodput(goodput(&learner_time));
+        }
         if final_ {
             let report = RunReport {
                 metrics: std::mem::take(&mut self.rows),
@@ -333,6 +346,8 @@ impl SchedulerActor {
                     first_loss: d.first_loss,
                 }),
                 bytes,
+                goodput: goodput(&learner_time),
+                learner_time,
             };
             self.finish(Ok(report), ctx);
         }
@@ -381,6 +396,7 @@ impl Handler<GetState> for SchedulerActor {
             timeline: self.timeline.clone(),
             updates_lost: self.updates_lost,
             bytes: self.bytes,
+            clocks: self.clocks.clone(),
         })
     }
 }
@@ -521,6 +537,7 @@ impl Handler<Progress> for SchedulerActor {
         self.loss_window.0 += msg.loss_sum;
         self.loss_window.1 += msg.steps;
         self.bytes.add(&msg);
+        self.clocks.computed(msg.learner, msg.compute_seconds);
         self.learner_samples[msg.learner.index()] += msg.samples;
         if let Some(m) = &self.metrics {
             m.add_learner_samples(msg.learner, msg.samples);
@@ -555,6 +572,7 @@ impl Handler<Progress> for SchedulerActor {
 impl Handler<LearnerDone> for SchedulerActor {
     type Result = ();
     fn handle(&mut self, msg: LearnerDone, ctx: &mut Context<Self>) {
+        self.clocks.ended(msg.learner, self.elapsed());
         let events = match msg.error {
             // The last learner's failure ends the run with its error; one of several is a lost
             // learner, and the others carry on.

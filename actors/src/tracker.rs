@@ -1,19 +1,22 @@
 //! The staleness tracker actor: gathers every shard's gradient and update records into the
 //! run's staleness statistics.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use actix::prelude::*;
 
-use crate::messages::{GetStats, Records, TrackerReport};
+use crate::messages::{GetStats, LearnerCounts, Records, TrackerReport};
 use crate::metrics::Metrics;
-use rudra_proto::{Outcome, StalenessStats};
+use rudra_proto::{LearnerId, Outcome, StalenessStats};
 
 /// The tracker actor.
 #[derive(Default)]
 pub struct StalenessTracker {
     stats: StalenessStats,
     updates: Vec<u64>,
+    /// Each learner's contributions applied and dropped.
+    by_learner: BTreeMap<LearnerId, LearnerCounts>,
     metrics: Option<Arc<Metrics>>,
 }
 
@@ -30,6 +33,7 @@ impl StalenessTracker {
     pub fn resumed(mut self, report: &TrackerReport) -> Self {
         self.stats = StalenessStats::from_summary(&report.staleness);
         self.updates = vec![report.updates];
+        self.by_learner = report.by_learner.iter().map(|c| (c.learner, *c)).collect();
         self
     }
 }
@@ -45,6 +49,12 @@ impl Handler<Records> for StalenessTracker {
             m.record(&msg.gradients, &msg.updates);
         }
         for g in &msg.gradients {
+            let fresh = LearnerCounts { learner: g.learner, applied: 0, dropped: 0 };
+            let counts = self.by_learner.entry(g.learner).or_insert(fresh);
+            match g.outcome {
+                Outcome::Applied { .. } => counts.applied += 1,
+                Outcome::Dropped(_) => counts.dropped += 1,
+            }
             match g.outcome {
                 Outcome::Applied { .. } => self.stats.record_applied(g.staleness),
                 Outcome::Dropped(reason) => {
@@ -69,6 +79,7 @@ impl Handler<GetStats> for StalenessTracker {
         MessageResult(TrackerReport {
             staleness: self.stats.summary(),
             updates: self.updates.iter().copied().max().unwrap_or(0),
+            by_learner: self.by_learner.values().copied().collect(),
         })
     }
 }

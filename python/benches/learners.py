@@ -1,7 +1,8 @@
 """The peers' workload (MLP 784-256-10 on the shipped MNIST, async, one shard) with Rust learners
 and with numpy Python learners, in the same cluster setup: one process per role, loopback QUIC
-with mutual TLS. Runs alternate; the table gives medians, their ratio, and the binding's cost
-per step.
+with mutual TLS. Runs alternate; the table gives medians, their ratio, where a learner's step
+goes (computing its gradient, and the rest: waiting for weights, the network, the CPU), and the
+binding's cost per step.
 
     pip install ./python                      # a release build (what users get)
     cargo build --release --bin rudra-node
@@ -45,8 +46,8 @@ def certs(node: Path, d: Path, learners: int) -> None:
         subprocess.run([node, "cert", "issue", "--dir", d, "--name", name], check=True, capture_output=True)
 
 
-def run(node: Path, d: Path, port: int, learners: int, settings: list[str], python_init: Path | None) -> float:
-    """One run; its samples per second, from its summary.json."""
+def run(node: Path, d: Path, port: int, learners: int, settings: list[str], python_init: Path | None) -> dict:
+    """One run: its summary.json."""
     addr = f"127.0.0.1:{port}"
     out = d / f"run-{port}"
     common = ["--certs", str(d / "certs"), "--connect-timeout", "60s"]
@@ -68,7 +69,12 @@ def run(node: Path, d: Path, port: int, learners: int, settings: list[str], pyth
     for p in procs:
         if p.wait(timeout=1800) != 0:
             raise SystemExit(f"{p.args[0]} exited {p.returncode}")
-    return json.loads((out / "summary.json").read_text())["samples_per_second"]
+    return json.loads((out / "summary.json").read_text())
+
+
+def per_step_ms(summary: dict, key: str) -> float:
+    """A learner's `key` seconds (compute or wait) per gradient step, in milliseconds."""
+    return 1e3 * sum(t[key] for t in summary["learner_time"]) / max(summary["bytes"]["steps"], 1)
 
 
 def main() -> None:
@@ -94,13 +100,13 @@ def main() -> None:
         "training.model=external", "training.dataset=external", f"training.init={init}",
         "training.train_examples=60000",
     ]
-    rates = {"rust": [], "python": []}
+    runs = {"rust": [], "python": []}
     port = 27070
     for r in range(args.repeats):
         for kind, settings, py_init in (("rust", rust, None), ("python", python, init)):
             port += 1
-            rates[kind].append(run(node, d, port, args.learners, settings, py_init))
-            print(f"repeat {r + 1}: {kind} {rates[kind][-1]:.0f} samples/s", file=sys.stderr)
+            runs[kind].append(run(node, d, port, args.learners, settings, py_init))
+            print(f"repeat {r + 1}: {kind} {runs[kind][-1]['samples_per_second']:.0f} samples/s", file=sys.stderr)
     params = rudra.Layout(str(init)).size
     grad = np.zeros(params, np.float32)
     started = time.perf_counter()
@@ -108,12 +114,15 @@ def main() -> None:
         (lambda w, b: (0.0, grad))(grad, None)
     inside = (time.perf_counter() - started) / 2000
     per_call = rudra._rudra._binding_cost(lambda w, b: (0.0, grad), params, 32, 2000)
-    rust_rate, python_rate = statistics.median(rates["rust"]), statistics.median(rates["python"])
-    print(f"CPU: {cpu()}, {len(rates['rust'])} runs each, λ = {args.learners}, μ = 32, {params} parameters")
-    print("| learners | samples/s (median) | ratio |")
-    print("|---|---|---|")
-    print(f"| Rust (rudra-node) | {rust_rate:.0f} | 1.00 |")
-    print(f"| Python (numpy) | {python_rate:.0f} | {python_rate / rust_rate:.2f} |")
+    median = lambda kind, f: statistics.median(f(s) for s in runs[kind])  # noqa: E731
+    rate = lambda kind: median(kind, lambda s: s["samples_per_second"])  # noqa: E731
+    print(f"CPU: {cpu()}, {len(runs['rust'])} runs each, λ = {args.learners}, μ = 32, {params} parameters")
+    print("| learners | samples/s (median) | ratio | computing, ms/step | the rest, ms/step |")
+    print("|---|---|---|---|---|")
+    for kind, name in (("rust", "Rust (rudra-node)"), ("python", "Python (numpy)")):
+        compute = median(kind, lambda s: per_step_ms(s, "compute_seconds"))
+        rest = median(kind, lambda s: per_step_ms(s, "wait_seconds"))
+        print(f"| {name} | {rate(kind):.0f} | {rate(kind) / rate('rust'):.2f} | {compute:.3f} | {rest:.3f} |")
     print(f"binding cost per step: {(per_call - inside) * 1e6:.1f} µs (a call through it {per_call * 1e6:.1f} µs, "
           f"the function alone {inside * 1e6:.2f} µs)")
 

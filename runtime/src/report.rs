@@ -229,6 +229,8 @@ mod tests {
             updates_lost: 0,
             diverged: None,
             bytes: rudra_actors::BytesMoved::default(),
+            learner_time: Vec::new(),
+            goodput: f64::NAN,
         };
         let mut run = RecordedRun::of(&PathBuf::from("runs").join(label), &config, &report);
         (run.summary.protocol, run.summary.n) = (protocol.to_owned(), n);

@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
+use rudra_actors::goodput::LearnerTime;
 use rudra_actors::report::nan_if_null;
 use rudra_actors::{BytesMoved, Diverged, ElasticSpec, MetricsRow, RunReport};
 use rudra_proto::StalenessSummary;
@@ -116,6 +117,18 @@ pub struct Summary {
     pub payload_bytes_down_per_step: f64,
     /// Frame bytes on the wire per gradient step of one learner, sent and received.
     pub wire_bytes_per_step: f64,
+    /// The learners' compute time that ended in applied contributions over all their time in
+    /// the run (`null` where not measured).
+    #[serde(default = "nan", deserialize_with = "nan_if_null")]
+    pub goodput: f64,
+    /// Each learner's compute and waiting seconds, and its contributions applied and dropped,
+    /// by learner id.
+    #[serde(default)]
+    pub learner_time: Vec<LearnerTime>,
+}
+
+fn nan() -> f64 {
+    f64::NAN
 }
 
 /// How a run that stopped without an error ended. Hardsync's backup learners are cut off by
@@ -172,6 +185,8 @@ impl Summary {
             payload_bytes_up_per_step: report.bytes.payload_up_per_step(),
             payload_bytes_down_per_step: report.bytes.payload_down_per_step(),
             wire_bytes_per_step: report.bytes.wire_per_step(),
+            goodput: report.goodput,
+            learner_time: report.learner_time.clone(),
         }
     }
 }
@@ -397,6 +412,8 @@ mod tests {
             final_test_accuracy: 0.9,
             final_train_loss: 0.5,
             bytes,
+            learner_time: Vec::new(),
+            goodput: f64::NAN,
         };
         run.record(&config, &report).unwrap();
         let text = std::fs::read_to_string(dir.path().join("metrics.csv")).unwrap();

@@ -100,6 +100,8 @@ pub enum Msg {
         payload_down: u64,
         /// Frame bytes sent and received.
         wire_bytes: u64,
+        /// Seconds spent computing gradients.
+        compute_seconds: f64,
     },
     /// Learner → scheduler: all steps done, or failed.
     LearnerDone {
@@ -304,6 +306,7 @@ pub fn samples() -> Vec<Msg> {
             loss_sum: 3.5,
             payload_up: 1 << 18,
             payload_down: 1 << 20,
+            compute_seconds: 1.25,
             wire_bytes: 1 << 21,
         },
         Msg::LearnerDone { error: Some("out of memory".into()) },

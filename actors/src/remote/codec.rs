@@ -80,8 +80,28 @@ impl ToWire for Heartbeat {
 
 impl ToWire for Progress {
     fn to_wire(self) -> Msg {
-        let Self { learner, session, samples, steps, loss_sum, payload_up, payload_down, wire_bytes } = self;
-        Msg::Progress { learner, session, samples, steps, loss_sum, payload_up, payload_down, wire_bytes }
+        let Self {
+            learner,
+            session,
+            samples,
+            steps,
+            loss_sum,
+            payload_up,
+            payload_down,
+            wire_bytes,
+            compute_seconds,
+        } = self;
+        Msg::Progress {
+            learner,
+            session,
+            samples,
+            steps,
+            loss_sum,
+            payload_up,
+            payload_down,
+            wire_bytes,
+            compute_seconds,
+        }
     }
 }
 
@@ -200,6 +220,7 @@ pub fn from_learner(learner: LearnerId, m: Inbound) -> Result<FromLearner, Unexp
             payload_up,
             payload_down,
             wire_bytes,
+            compute_seconds,
         }) if l == learner => Ok(FromLearner::Progress(Progress {
             learner,
             session,
@@ -209,6 +230,7 @@ pub fn from_learner(learner: LearnerId, m: Inbound) -> Result<FromLearner, Unexp
             payload_up,
             payload_down,
             wire_bytes,
+            compute_seconds,
         })),
         Inbound::Control(Msg::Progress { learner: l, .. }) => {
             Err(Unexpected { what: format!("{learner} reported the progress of {l}") })
@@ -483,6 +505,7 @@ mod tests {
             payload_up: 0,
             payload_down: 0,
             wire_bytes: 0,
+            compute_seconds: 0.0,
         };
         assert!(from_learner(me, over_the_wire(progress)).is_err(), "someone else's progress");
         assert!(matches!(to_learner(over_the_wire(Msg::Start)), Ok(ToLearner::Start)));

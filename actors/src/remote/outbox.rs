@@ -182,6 +182,7 @@ mod tests {
             loss_sum: 0.5,
             payload_up: 4,
             payload_down: 6,
+            compute_seconds: 0.5,
             wire_bytes: 20,
         }
     }

@@ -99,7 +99,7 @@ impl JobState {
 
     /// What the run had recorded when the state was written.
     fn so_far(&self) -> RunReport {
-        self.scheduler.report_so_far(self.tracker.staleness.clone(), self.tracker.updates)
+        self.scheduler.report_so_far(&self.tracker)
     }
 }
 
@@ -233,9 +233,10 @@ impl Invitation {
 
 #[cfg(test)]
 mod tests {
+    use rudra_actors::goodput::LearnerClocks;
     use rudra_actors::messages::TrackerReport;
     use rudra_actors::{BytesMoved, SchedulerState};
-    use rudra_proto::{SchedulerCore, StalenessSummary};
+    use rudra_proto::SchedulerCore;
 
     use super::*;
 
@@ -260,12 +261,9 @@ mod tests {
             timeline: Vec::new(),
             updates_lost: 0,
             bytes: BytesMoved::default(),
+            clocks: LearnerClocks::new(2),
         };
-        JobState {
-            invitation,
-            scheduler,
-            tracker: TrackerReport { staleness: StalenessSummary::default(), updates: 0 },
-        }
+        JobState { invitation, scheduler, tracker: TrackerReport::default() }
     }
 
     #[test]

@@ -124,6 +124,10 @@ pub struct LearnerReport {
     pub wait_seconds: f64,
     /// `compute / (compute + wait)`.
     pub utilisation: f64,
+    /// Its contributions the shards applied (once per shard a step reached).
+    pub applied: u64,
+    /// Its contributions the shards dropped.
+    pub dropped: u64,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -131,6 +135,8 @@ struct LearnerTime {
     busy: Nanos,
     since: Option<Nanos>,
     gradients: u64,
+    applied: u64,
+    dropped: u64,
 }
 
 /// Shared machinery of a simulation: the clock, the queue, the models, the random generator,
@@ -235,6 +241,10 @@ impl<M: Message> Engine<M> {
                 self.counts.dropped += 1;
             }
         }
+        if let Some(t) = self.learners.get_mut(g.learner.index()) {
+            let applied = matches!(g.outcome, Outcome::Applied { .. });
+            (t.applied, t.dropped) = (t.applied + u64::from(applied), t.dropped + u64::from(!applied));
+        }
     }
 
     /// A shard applied an update.
@@ -277,6 +287,8 @@ impl<M: Message> Engine<M> {
                     compute_seconds: compute,
                     wait_seconds: (total - compute).max(0.0),
                     utilisation: if end == 0 { 0.0 } else { compute / total },
+                    applied: t.applied,
+                    dropped: t.dropped,
                 }
             })
             .collect()

@@ -4,6 +4,7 @@
 
 use std::fmt::Write as _;
 
+use rudra_actors::goodput::{LearnerTime, goodput};
 use rudra_actors::{Diverged, ElasticMethod, RunReport};
 use rudra_proto::StalenessSummary;
 use rudra_proto::{DIVERGENCE_FACTOR, sync_easgd_is_stable};
@@ -176,6 +177,14 @@ impl SimSummary {
         let c = &config.cluster;
         let samples = report.counts.gradients * c.batch_size as u64;
         let (initial_loss, final_loss) = report.loss_span();
+        let learner_time: Vec<LearnerTime> = (report.learners.iter())
+            .map(|l| LearnerTime {
+                compute_seconds: l.compute_seconds,
+                wait_seconds: l.wait_seconds,
+                applied: l.applied,
+                dropped: l.dropped,
+            })
+            .collect();
         let run = RunReport {
             timeline: Vec::new(),
             updates_lost: 0,
@@ -197,6 +206,8 @@ impl SimSummary {
                 payload_down: report.counts.payload_down_bytes,
                 wire: report.counts.bytes,
             },
+            goodput: goodput(&learner_time),
+            learner_time,
         };
         let mut run = Summary::new(config, &run);
         run.protocol.clone_from(&report.protocol);
