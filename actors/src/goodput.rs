@@ -5,8 +5,19 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::messages::LearnerCounts;
 use rudra_transport::LearnerId;
+
+/// One learner's contributions the shards applied and dropped (a step counts once per shard
+/// it reached).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LearnerCounts {
+    /// The learner.
+    pub learner: LearnerId,
+    /// Applied.
+    pub applied: u64,
+    /// Dropped.
+    pub dropped: u64,
+}
 
 /// One learner's time over a run.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -9,6 +9,7 @@ use actix::prelude::*;
 use rudra_transport::{Clock, LearnerId, Payload, ShardId};
 
 use crate::ActorError;
+use crate::goodput::LearnerCounts;
 pub use crate::report::Progress;
 use rudra_proto::{GradientRecord, StalenessSummary, UpdateRecord, Weights};
 
@@ -304,16 +305,4 @@ pub struct TrackerReport {
     /// Each learner's contributions the shards applied and dropped, by learner id.
     #[serde(default)]
     pub by_learner: Vec<LearnerCounts>,
-}
-
-/// One learner's contributions the shards applied and dropped (a step counts once per shard
-/// it reached).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct LearnerCounts {
-    /// The learner.
-    pub learner: LearnerId,
-    /// Applied.
-    pub applied: u64,
-    /// Dropped.
-    pub dropped: u64,
 }

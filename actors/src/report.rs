@@ -5,8 +5,7 @@ use actix::Message;
 use rudra_transport::LearnerId;
 use serde::{Deserialize, Serialize};
 
-use crate::goodput::{LearnerClocks, LearnerTime, goodput};
-use crate::messages::TrackerReport;
+use crate::goodput::{LearnerClocks, LearnerCounts, LearnerTime, goodput};
 use rudra_proto::{SchedulerCore, StalenessSummary};
 
 /// One evaluation of the model during a run (a row of `metrics.csv`).
@@ -297,18 +296,29 @@ pub struct SchedulerState {
 }
 
 impl SchedulerState {
+    /// Seconds since the Unix epoch, by the system clock: what `taken_at` counts.
+    #[must_use]
+    pub fn now() -> f64 {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+    }
+
     /// What the run had recorded when this state was taken, as a report with no parameters:
     /// a run that stopped on an error keeps what it measured. `staleness` and `updates` are
     /// the tracker's.
     #[must_use]
-    pub fn report_so_far(&self, tracker: &TrackerReport) -> RunReport {
+    pub fn report_so_far(
+        &self,
+        staleness: StalenessSummary,
+        updates: u64,
+        by_learner: &[LearnerCounts],
+    ) -> RunReport {
         let last = self.rows.last();
-        let learner_time = self.clocks.times(self.wall_seconds, &tracker.by_learner);
+        let learner_time = self.clocks.times(self.wall_seconds, by_learner);
         RunReport {
             metrics: self.rows.clone(),
             params: Vec::new(),
-            staleness: tracker.staleness.clone(),
-            updates: tracker.updates,
+            staleness,
+            updates,
             samples: self.learner_samples.iter().sum(),
             samples_expected: self.core.samples_expected(),
             learner_samples: self.learner_samples.clone(),

@@ -149,7 +149,7 @@ impl SchedulerActor {
     /// while no scheduler was there).
     #[must_use]
     pub fn resumed(mut self, state: SchedulerState) -> Self {
-        let since = (unix_seconds() - state.taken_at).max(0.0);
+        let since = (SchedulerState::now() - state.taken_at).max(0.0);
         let ago = |s: f64| Instant::now().checked_sub(Duration::from_secs_f64((s + since).max(0.0)));
         self.born = ago(state.born_seconds).unwrap_or(self.born);
         self.started = state.core.started().then(|| ago(state.wall_seconds)).flatten();
@@ -389,7 +389,7 @@ impl Handler<GetState> for SchedulerActor {
             core: self.core.clone(),
             born_seconds: self.born.elapsed().as_secs_f64(),
             wall_seconds: self.elapsed(),
-            taken_at: unix_seconds(),
+            taken_at: SchedulerState::now(),
             learner_samples: self.learner_samples.clone(),
             reported: self.reported.clone(),
             rows: self.rows.clone(),
@@ -595,9 +595,4 @@ impl Handler<LearnerDone> for SchedulerActor {
         self.count_alive();
         self.carry_out(events, ctx);
     }
-}
-
-/// Seconds since the Unix epoch, by the system clock.
-fn unix_seconds() -> f64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
 }

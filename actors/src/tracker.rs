@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 
-use crate::messages::{GetStats, LearnerCounts, Records, TrackerReport};
+use crate::goodput::LearnerCounts;
+use crate::messages::{GetStats, Records, TrackerReport};
 use crate::metrics::Metrics;
 use rudra_proto::{LearnerId, Outcome, StalenessStats};
 

@@ -99,7 +99,8 @@ impl JobState {
 
     /// What the run had recorded when the state was written.
     fn so_far(&self) -> RunReport {
-        self.scheduler.report_so_far(&self.tracker)
+        let t = &self.tracker;
+        self.scheduler.report_so_far(t.staleness.clone(), t.updates, &t.by_learner)
     }
 }
 
