@@ -177,7 +177,7 @@ pub(crate) fn run_learner(
     let weights = outcome.weights.lock().unwrap_or_else(PoisonError::into_inner).take();
     let weights = weights.ok_or_else(|| missing("final weights"))?;
     let summary = summary.ok_or_else(|| missing("summary"))?;
-    Ok(RunResult { weights: vec_to_numpy(py, &weights), summary: summary_dict(py, &summary)?, run_dir: None })
+    Ok(RunResult { weights: vec_to_numpy(py, &weights), summary: dict_of(py, &summary)?, run_dir: None })
 }
 
 /// Run the whole cluster of `config` (a TOML file; `set` overrides keys as `section.key=value`)
@@ -218,14 +218,16 @@ pub(crate) fn local(
     };
     Ok(RunResult {
         weights: vec_to_numpy(py, &report.params),
-        summary: summary_dict(py, &summary)?,
+        summary: dict_of(
+            py,
+            &serde_json::to_string(&summary).map_err(|e| PyRuntimeError::new_err(e.to_string()))?,
+        )?,
         run_dir: dir.map(|d| d.path().to_owned()),
     })
 }
 
-/// `summary` as the dict `json.loads` makes of its `summary.json`.
-fn summary_dict(py: Python<'_>, summary: &Summary) -> PyResult<Py<PyDict>> {
-    let json = serde_json::to_string(summary).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+/// The dict `json.loads` makes of `json`, a run's `summary.json`.
+fn dict_of(py: Python<'_>, json: &str) -> PyResult<Py<PyDict>> {
     Ok(py.import("json")?.call_method1("loads", (json,))?.cast_into::<PyDict>()?.unbind())
 }
 

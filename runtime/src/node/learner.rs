@@ -35,12 +35,13 @@ pub type MakeModels<'a> = &'a (dyn Fn(&Config) -> Result<Models, RuntimeError> +
 /// makes when given, else the configured network on the configured device. A learner that restarted
 /// and rejoins the running job starts at once, its step numbers after every earlier
 /// incarnation's. A learner that fails tells the scheduler why as it goes. Returns the run's
-/// summary, as the scheduler gave it (none from a learner that crashed by fault injection).
+/// `summary.json` as the scheduler gave it, checked to be one (none from a learner that crashed
+/// by fault injection).
 pub fn run_learner(
     opts: &NodeOptions,
     data: Option<TrainingData>,
     models: Option<MakeModels<'_>>,
-) -> Result<Option<Summary>, RuntimeError> {
+) -> Result<Option<String>, RuntimeError> {
     let opts = opts.clone();
     let exporter = MetricsEndpoint::bind_if(opts.metrics_addr)?;
     actix::System::new().block_on(async move {
@@ -64,7 +65,7 @@ pub fn run_learner(
 /// How a learner's run ended without an error.
 enum Exit {
     /// The scheduler stopped it, with the run's summary if it gave one.
-    Stopped(Option<Summary>),
+    Stopped(Option<String>),
     /// It crashed by fault injection: nothing is said to anyone.
     Crashed,
 }
@@ -154,8 +155,8 @@ async fn learn(
                         reports.do_send(AnswerEvaluate { request, measured });
                     });
                 }
-                Ok(Ok(ToLearner::Summary(json))) => match serde_json::from_str(&json) {
-                    Ok(s) => summary = Some(s),
+                Ok(Ok(ToLearner::Summary(json))) => match serde_json::from_str::<Summary>(&json) {
+                    Ok(_) => summary = Some(json),
                     Err(e) => tracing::warn!("the scheduler's summary of the run is not one: {e}"),
                 },
                 Ok(Ok(ToLearner::Stop)) => break Ok(Exit::Stopped(summary)),
