@@ -68,7 +68,7 @@ pub(super) fn encode(values: &[f32], block: u32, keep: u32, mut feedback: Option
     let (mut y, mut order) = (vec![0.0_f32; b], Vec::with_capacity(b));
     for (k, chunk) in values.chunks(b).enumerate() {
         let y = &mut y[..chunk.len()];
-        let mut e = feedback.as_deref_mut().map(|f| &mut f[k * b..k * b + chunk.len()]);
+        let e = feedback.as_deref_mut().map(|f| &mut f[k * b..k * b + chunk.len()]);
         match &e {
             Some(e) => y.iter_mut().zip(chunk.iter().zip(e.iter())).for_each(|(y, (v, e))| *y = v + e),
             None => y.copy_from_slice(chunk),
@@ -92,7 +92,7 @@ pub(super) fn encode(values: &[f32], block: u32, keep: u32, mut feedback: Option
             // What the code does not carry of a value sent; a value not sent stays whole.
             y[usize::from(i)] -= s * LEVELS[usize::from(c)];
         }
-        if let Some(e) = e.as_deref_mut() {
+        if let Some(e) = e {
             e.copy_from_slice(y);
         }
         out.scales.push(s);
