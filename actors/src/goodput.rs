@@ -3,6 +3,8 @@
 //! its contributions applied, and over all learners the compute time that ended in applied
 //! contributions divided by their time in the run.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use rudra_transport::LearnerId;
@@ -93,11 +95,11 @@ impl LearnerClocks {
     /// shards applied and dropped of it, `counts`.
     #[must_use]
     pub fn times(&self, now: f64, counts: &[LearnerCounts]) -> Vec<LearnerTime> {
+        let by_learner: BTreeMap<usize, (u64, u64)> =
+            counts.iter().map(|c| (c.learner.index(), (c.applied, c.dropped))).collect();
         (self.compute.iter().zip(&self.ended).enumerate())
             .map(|(l, (&compute_seconds, ended))| {
-                let (applied, dropped) = (counts.iter())
-                    .find(|c| c.learner.index() == l)
-                    .map_or((0, 0), |c| (c.applied, c.dropped));
+                let (applied, dropped) = by_learner.get(&l).copied().unwrap_or_default();
                 let wall = ended.unwrap_or(now).min(now);
                 LearnerTime {
                     compute_seconds,
