@@ -156,6 +156,7 @@ fn main() -> anyhow::Result<()> {
             modulation: LrModulation::PerGradient,
             max_staleness: None,
             backups: 0,
+            prefetch: 0,
         }),
         batch_size: 32,
         epochs: 3,

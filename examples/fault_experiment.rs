@@ -26,6 +26,7 @@ fn spec() -> ClusterSpec {
             modulation: LrModulation::PerGradient,
             max_staleness: Some(6),
             backups: 0,
+            prefetch: 0,
         }),
         batch_size: 32,
         epochs: 3,

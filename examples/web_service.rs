@@ -49,6 +49,7 @@ async fn main() -> anyhow::Result<()> {
             modulation: LrModulation::None,
             max_staleness: None,
             backups: 0,
+            prefetch: 0,
         }),
         batch_size: 32,
         epochs: 3,

@@ -36,6 +36,7 @@ fn spec(learners: u32, shards: u32, rule: SyncRule, batch_size: usize) -> Cluste
             modulation: LrModulation::PerGradient,
             max_staleness: None,
             backups: 0,
+            prefetch: 0,
         }),
         batch_size,
         epochs: 1,
@@ -101,6 +102,28 @@ fn softsync_over_actors_applies_every_gradient_and_counts_updates() -> anyhow::R
         let gradients = (learners * steps) as u64;
         assert_eq!(report.staleness.applied + report.staleness.dropped, 3 * gradients, "n = {n}");
         assert_eq!(report.updates, gradients / c as u64, "n = {n}: one update per c = {c} gradients");
+    }
+    Ok(())
+}
+
+#[test]
+fn prefetch_over_actors_applies_every_gradient_once() -> anyhow::Result<()> {
+    let (learners, mu, steps) = (3usize, 8usize, 40usize);
+    let (train, test) = mnist();
+    for (rule, k, c) in [(SyncRule::Async, 1u32, 1u64), (SyncRule::Softsync { n: 1 }, 2, 3)] {
+        let mut spec = spec(learners as u32, 2, rule, mu);
+        if let ProtocolSpec::Sgd(p) = &mut spec.protocol {
+            p.prefetch = k;
+        }
+        let data = TrainingData {
+            train: Arc::new(train.head(learners * mu * steps)),
+            test: Arc::new(test.head(100)),
+        };
+        let report = run(&spec, data)?;
+        let gradients = (learners * steps) as u64;
+        let s = &report.staleness;
+        assert_eq!((s.applied, s.dropped), (2 * gradients, 0), "{rule:?}, prefetch {k}: each gradient once");
+        assert_eq!(report.updates, gradients / c, "{rule:?}, prefetch {k}: one update per {c} gradients");
     }
     Ok(())
 }

@@ -3,7 +3,9 @@
 //!
 //! Tensors: `values` (F32 `[len]`: the parameters or the center) and, for MDOWNPOUR,
 //! `velocity`. String metadata: `shard`, `job` (the run it belongs to), `clock`, `received`,
-//! `last_pushed` (each learner's last applied push, as `learner:seq` pairs joined by commas)
+//! `last_pushed` (the pushes each learner had applied: `learner:seq` pairs joined by commas,
+//! `seq` the newest, followed by `/bits` when some of the 64 steps before it were applied too,
+//! bit d − 1 for step seq − d)
 //! and `checksum`, an FNV-1a hash of the tensors' bytes and every other metadata entry.
 //!
 //! A checkpoint is trusted only when it is whole: a damaged file (its checksum), one of another
@@ -22,7 +24,7 @@ use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 
 use crate::ActorError;
-use rudra_proto::ShardState;
+use rudra_proto::{PushWindow, ShardState};
 
 /// Where a shard keeps its checkpoints and how often it writes one, and the run they belong to.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -99,7 +101,12 @@ impl Checkpoints {
         if !state.velocity.is_empty() {
             views.push(("velocity", view(&velocity, state.velocity.len()).map_err(&error)?));
         }
-        let pushed: Vec<String> = state.last_pushed.iter().map(|(l, s)| format!("{}:{s}", l.0)).collect();
+        let pushed: Vec<String> = (state.last_pushed.iter())
+            .map(|(l, w)| match w.below {
+                0 => format!("{}:{}", l.0, w.newest),
+                bits => format!("{}:{}/{bits}", l.0, w.newest),
+            })
+            .collect();
         let mut metadata = BTreeMap::from([
             ("shard".to_owned(), shard.0.to_string()),
             ("job".to_owned(), self.job.clone()),
@@ -185,9 +192,13 @@ fn parse(bytes: &[u8], shard: ShardId, expected: &Checkpoints) -> Result<ShardSt
         .split(',')
         .filter(|p| !p.is_empty())
         .map(|pair| {
+            let window = |w: &str| -> Option<PushWindow> {
+                let (newest, below) = w.split_once('/').unwrap_or((w, "0"));
+                Some(PushWindow { newest: newest.parse().ok()?, below: below.parse().ok()? })
+            };
             let parsed =
-                pair.split_once(':').and_then(|(l, s)| Some((LearnerId(l.parse().ok()?), s.parse().ok()?)));
-            parsed.ok_or_else(|| format!("`last_pushed` has {pair:?}, not learner:seq"))
+                pair.split_once(':').and_then(|(l, w)| Some((LearnerId(l.parse().ok()?), window(w)?)));
+            parsed.ok_or_else(|| format!("`last_pushed` has {pair:?}, not learner:seq or learner:seq/bits"))
         })
         .collect::<Result<_, _>>()?;
     let values = floats("values")?;
@@ -198,7 +209,7 @@ fn parse(bytes: &[u8], shard: ShardId, expected: &Checkpoints) -> Result<ShardSt
     if !(rudra_compute::cpu::all_finite(&values) && rudra_compute::cpu::all_finite(&velocity)) {
         return Err("holds NaN or ±Inf values; a shard never keeps them".into());
     }
-    let last_pushed: BTreeMap<LearnerId, u64> = last_pushed;
+    let last_pushed: BTreeMap<LearnerId, PushWindow> = last_pushed;
     if let Some(l) = last_pushed.keys().find(|l| l.0 >= expected.learners) {
         return Err(format!("names {l}, but the run has {} learners", expected.learners));
     }
@@ -221,7 +232,10 @@ mod tests {
             values: vec![1.5, -2.0, 3.25],
             velocity: vec![0.5, 0.0, -0.5],
             received: 3250,
-            last_pushed: BTreeMap::from([(LearnerId(0), 17), (LearnerId(3), 1 << 40)]),
+            last_pushed: BTreeMap::from([
+                (LearnerId(0), PushWindow { newest: 17, below: 0b101 }),
+                (LearnerId(3), PushWindow { newest: 1 << 40, below: 0 }),
+            ]),
         }
     }
 
@@ -247,7 +261,7 @@ mod tests {
         c.write(ShardId(0), &ShardState { values: vec![1.0, f32::NAN, 3.0], ..state() }).unwrap();
         refused("a NaN value", "NaN");
         let mut stray = state();
-        stray.last_pushed.insert(LearnerId(99), 3);
+        stray.last_pushed.insert(LearnerId(99), PushWindow { newest: 3, below: 0 });
         c.write(ShardId(0), &stray).unwrap();
         refused("an unknown learner", "learner-99");
         c.write(ShardId(0), &state()).unwrap();

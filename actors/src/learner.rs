@@ -4,6 +4,7 @@
 //! [`GradientModel`] (a [`rudra_compute::Model`], or a model of your own) on its own partition
 //! of the training set.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use actix::prelude::*;
@@ -51,7 +52,7 @@ pub struct LearnerActor<B: Behaviour> {
     /// Where each shard sends its answers: this learner, maybe through a faulty link.
     answers: Vec<Recipient<B::Answer>>,
     scheduler: SchedulerLink,
-    grad: Arc<Vec<f32>>,
+    grads: Gradients,
     /// With a single shard, its weights are computed on in place rather than copied.
     shared: Option<Arc<Vec<f32>>>,
     /// What this learner has done, as last reported and since.
@@ -78,9 +79,10 @@ struct WireState {
     /// What compression below 16 bits left out of the gradients sent so far (empty unless the
     /// gradients codec needs it).
     feedback: Vec<f32>,
-    /// Per shard, the last compressed push and its step: a retry sends it again as it was
-    /// (the feedback already counts it as sent).
-    sent: Vec<Option<(u64, Payload)>>,
+    /// Per shard, the pushes not answered yet, with their steps: a retry sends each again as
+    /// it was (the feedback already counts it as sent). An `f32` push is a view of its
+    /// gradient buffer, which is not reused while the push is kept.
+    sent: Vec<VecDeque<(u64, Payload)>>,
     /// Where this learner's connections count their bytes (none in one process).
     traffic: Option<Arc<Traffic>>,
     /// Traffic already reported.
@@ -98,7 +100,8 @@ impl WireState {
         let traffic = parts.traffic.clone();
         let traffic_reported = traffic.as_ref().map_or(0, |t| t.sent() + t.received());
         let exchanges_gradients = parts.exchanges_gradients;
-        Self { codecs, exchanges_gradients, feedback, sent: vec![None; shards], traffic, traffic_reported }
+        let sent = vec![VecDeque::new(); shards];
+        Self { codecs, exchanges_gradients, feedback, sent, traffic, traffic_reported }
     }
 
     /// `values` (the range `range` of a gradient-like vector) encoded with the gradients codec,
@@ -113,6 +116,39 @@ impl WireState {
         let Some(t) = &self.traffic else { return 0 };
         let now = t.sent() + t.received();
         std::mem::replace(&mut self.traffic_reported, now).abs_diff(now)
+    }
+}
+
+/// Gradient buffers: the newest gradient, and earlier ones that pushes still hold, reused once
+/// nothing holds them.
+struct Gradients {
+    newest: Arc<Vec<f32>>,
+    spare: Vec<Arc<Vec<f32>>>,
+}
+
+impl Gradients {
+    /// Buffers kept for reuse, beyond which a released one is dropped.
+    const SPARE: usize = 4;
+
+    fn new(len: usize) -> Self {
+        Self { newest: Arc::new(vec![0.0; len]), spare: Vec::new() }
+    }
+
+    /// A buffer for the next gradient, which becomes the newest: the newest itself when
+    /// nothing else holds it (always, without prefetch), else one no push holds any more, else
+    /// a new one.
+    fn next(&mut self) -> &mut Vec<f32> {
+        if Arc::get_mut(&mut self.newest).is_none() {
+            let free = self.spare.iter_mut().position(|b| Arc::get_mut(b).is_some());
+            let fresh = match free {
+                Some(i) => self.spare.swap_remove(i),
+                None => Arc::new(vec![0.0; self.newest.len()]),
+            };
+            self.spare.push(std::mem::replace(&mut self.newest, fresh));
+            self.spare.truncate(Self::SPARE);
+        }
+        // Unshared by now: this never copies.
+        Arc::make_mut(&mut self.newest)
     }
 }
 
@@ -149,7 +185,7 @@ impl<B: Behaviour> LearnerActor<B> {
     pub fn new(core: B, parts: LearnerParts, answers: Vec<Recipient<B::Answer>>) -> Self {
         let wire = WireState::new(&parts, parts.shards.len());
         let LearnerParts { model, batches, shards, scheduler, liveness, slowdown, .. } = parts;
-        let grad = Arc::new(vec![0.0; model.param_count()]);
+        let grads = Gradients::new(model.param_count());
         let totals = Progress::start(core.id());
         Self {
             core,
@@ -158,7 +194,7 @@ impl<B: Behaviour> LearnerActor<B> {
             shards,
             answers,
             scheduler,
-            grad,
+            grads,
             shared: None,
             totals,
             reported_steps: 0,
@@ -209,15 +245,14 @@ impl<B: Behaviour> LearnerActor<B> {
     }
 
     /// One gradient on the next minibatch, at `at` or at the model's own parameters, into
-    /// `self.grad`; progress is reported every few steps.
+    /// the newest gradient buffer; progress is reported every few steps.
     fn gradient(&mut self, at: Option<&Arc<Vec<f32>>>) -> Result<(), ActorError> {
         let started = std::time::Instant::now();
         let batch = self.batches.next_batch();
         let samples = batch.len() as u64;
         let loss = self.model.gradient_on(at, batch)?;
-        // The shards dropped last step's gradient before answering this step's pulls, so the
-        // buffer is normally unshared: it is swapped with the model's, not copied.
-        self.model.take_gradient(Arc::make_mut(&mut self.grad))?;
+        // The buffer is swapped with the model's, not copied.
+        self.model.take_gradient(self.grads.next())?;
         if self.slowdown > 1.0 {
             // Each learner has a thread of its own: only this learner slows down.
             std::thread::sleep(started.elapsed().mul_f64(self.slowdown - 1.0));
@@ -234,7 +269,7 @@ impl<B: Behaviour> LearnerActor<B> {
                 self.id()
             )));
         }
-        if !cpu::all_finite(&self.grad) {
+        if !cpu::all_finite(&self.grads.newest) {
             return Err(ActorError::NonFiniteGradient(format!("{}: step {step}, loss {loss}", self.id())));
         }
         // The first step is reported at once: its loss is the run's baseline for divergence.
@@ -306,7 +341,9 @@ impl LearnerActor<LearnerCore> {
                     self.batches.prepare();
                 }
                 LearnerEvent::Compute => {
-                    let at = self.shared.take();
+                    // Without prefetch the next gradient is always on new weights: the shard
+                    // gets its buffer back unshared.
+                    let at = if self.core.prefetch() == 0 { self.shared.take() } else { self.shared.clone() };
                     let next = self.gradient(at.as_ref()).and_then(|()| Ok(self.core.on_computed()?));
                     match next {
                         Ok(more) => self.carry_out(more, ctx),
@@ -318,20 +355,17 @@ impl LearnerActor<LearnerCore> {
         }
     }
 
-    /// Shard `s`'s part of the gradient of step `seq`, encoded: the compressed payload sent
-    /// before when this is a retry of it, else fresh from the gradient buffer (with error
-    /// feedback). An `f32` push is a view of the buffer and is not kept, so the buffer can be
-    /// reused.
+    /// Shard `s`'s part of the gradient of step `seq`, encoded: the payload sent before when
+    /// this is a retry of it, else fresh from the newest gradient (with error feedback), kept
+    /// until the push is answered.
     fn push_payload(&mut self, s: usize, seq: u64) -> Option<Payload> {
-        if let Some((sent, p)) = &self.wire.sent[s]
-            && *sent == seq
-        {
+        if let Some((_, p)) = self.wire.sent[s].iter().find(|(sent, _)| *sent == seq) {
             return Some(p.clone());
         }
         let range = self.shards[s].range.clone();
-        let values = Floats::from(Arc::clone(&self.grad)).slice(range.clone())?;
+        let values = Floats::from(Arc::clone(&self.grads.newest)).slice(range.clone())?;
         let payload = self.wire.gradient(&values, range);
-        self.wire.sent[s] = (payload.codec() != rudra_transport::Codec::F32).then(|| (seq, payload.clone()));
+        self.wire.sent[s].push_back((seq, payload.clone()));
         Some(payload)
     }
 
@@ -394,7 +428,7 @@ impl LearnerActor<ElasticWorker> {
                 WorkerEvent::Compute(point) => {
                     let computed = self.gradient(Some(&point));
                     drop(point);
-                    let next = computed.and_then(|()| Ok(self.core.on_gradient(&self.grad)?));
+                    let next = computed.and_then(|()| Ok(self.core.on_gradient(&self.grads.newest)?));
                     match next {
                         Ok(more) => self.carry_out(more, ctx),
                         Err(e) => self.halt(&e, ctx),
@@ -468,13 +502,17 @@ impl Handler<Served> for LearnerActor<LearnerCore> {
         // The core decides first: a late or repeated answer must not overwrite weights the
         // learner already holds for this step.
         match self.core.on_weights(shard, clock, seq) {
-            Ok(events) => {
+            Ok(answered) => {
                 self.totals.payload_down += bytes;
-                let taken = decoded(values).and_then(|v| self.take_weights(shard.index(), &v));
-                if let Err(e) = taken {
-                    return self.fail(&e, ctx);
+                let core = &self.core;
+                self.wire.sent[shard.index()].retain(|(seq, _)| core.awaits(shard, *seq));
+                if answered.newer {
+                    let taken = decoded(values).and_then(|v| self.take_weights(shard.index(), &v));
+                    if let Err(e) = taken {
+                        return self.fail(&e, ctx);
+                    }
                 }
-                self.carry_out(events, ctx);
+                self.carry_out(answered.events, ctx);
             }
             Err(e) => refused(self.id(), &e.into()),
         }

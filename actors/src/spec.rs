@@ -13,8 +13,8 @@ use serde::{Deserialize, Serialize};
 use crate::{InvalidSetting, Models};
 use rudra_proto::{
     CenterRule, CenterShard, DownpourLearner, ElasticLearner, ElasticSettings, ElasticWorker, LearnerCore,
-    LearnerLoop, LocalRule, LrModulation, LrSchedule, OptimizerSpec, SchedulerCore, SgdShard, SgdShardConfig,
-    ShardCore, SyncRule, shard_ranges,
+    LearnerLoop, LocalRule, LrModulation, LrSchedule, MAX_PREFETCH, OptimizerSpec, SchedulerCore, SgdShard,
+    SgdShardConfig, ShardCore, SyncRule, shard_ranges,
 };
 
 /// Which protocol the shards run: one of two families, each with its own settings only
@@ -40,6 +40,10 @@ pub struct SgdSpec {
     /// Hardsync's backup learners b (0 ≤ b < λ): a round completes with the first λ − b
     /// gradients on the current weights; the late ones are dropped and counted.
     pub backups: u32,
+    /// Gradients a learner may push ahead of its answers, computing the next on the newest
+    /// weights it holds (`docs/src/algorithms.md §4.1`; 0 for hardsync).
+    #[serde(default)]
+    pub prefetch: u32,
 }
 
 impl ProtocolSpec {
@@ -388,6 +392,21 @@ impl ClusterSpec {
             }) => {
                 return Err(InvalidSetting::new("protocol.backups", backups_belong_to_hardsync(*b)));
             }
+            ProtocolSpec::Sgd(SgdSpec { rule: SyncRule::Hardsync, prefetch: k @ 1.., .. }) => {
+                return Err(InvalidSetting::new(
+                    "protocol.prefetch",
+                    format!(
+                        "is {k}; hardsync needs every gradient on the current weights (σ = 0), so it computes \
+                         nothing ahead: use 0, or softsync/async"
+                    ),
+                ));
+            }
+            ProtocolSpec::Sgd(SgdSpec { prefetch: k, .. }) if *k > MAX_PREFETCH => {
+                return Err(InvalidSetting::new(
+                    "protocol.prefetch",
+                    format!("is {k}; at most {MAX_PREFETCH} gradients may be in flight"),
+                ));
+            }
             ProtocolSpec::Sgd(_) => {}
         }
         let backups = self.protocol.backups();
@@ -440,6 +459,7 @@ impl ClusterSpec {
             schedule: self.schedule,
             gradients_per_epoch: self.steps_per_learner(train_len) / u64::from(self.epochs)
                 * u64::from(self.learners),
+            prefetch: p.prefetch,
         }
     }
 
@@ -482,8 +502,12 @@ impl ClusterSpec {
         let part = Partition::split(train.len(), self.learners as usize, self.seed).swap_remove(l);
         let batches = Minibatches::new(train, BatchStream::new(part, self.batch_size, self.seed, l as u64));
         let id = LearnerId(l as u32);
-        let ProtocolSpec::Elastic(e) = &self.protocol else {
-            return (LearnerLoop::Sgd(LearnerCore::new(id, self.shards as usize, steps)), batches);
+        let e = match &self.protocol {
+            ProtocolSpec::Sgd(p) => {
+                let core = LearnerCore::new(id, self.shards as usize, steps).with_prefetch(p.prefetch);
+                return (LearnerLoop::Sgd(core), batches);
+            }
+            ProtocolSpec::Elastic(e) => e,
         };
         let worker = ElasticWorker::new(
             id,

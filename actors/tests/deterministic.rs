@@ -19,6 +19,7 @@ fn run(
     let setup = SgdSetup {
         rule,
         max_staleness: bound,
+        prefetch: 0,
         modulation: LrModulation::None,
         learners: compute_ticks.len() as u32,
         shards,
@@ -164,4 +165,46 @@ fn hardsync_is_sequential_sgd_with_batch_mu_lambda() {
     let moved = init.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
     assert!(moved > 1e-2, "training moved the parameters (by {moved})");
     assert!(worst < 1e-5, "hardsync and sequential SGD differ by {worst} after {steps} updates");
+}
+
+/// A gradient that depends on where it is taken: θ − b, with b fixed.
+fn pull_towards_b(_: rudra_proto::LearnerId, _: u64, p: &[f32]) -> Vec<f32> {
+    p.iter().enumerate().map(|(i, &x)| x - (i as f32 * 0.25 - 1.0)).collect()
+}
+
+#[test]
+fn prefetch_one_is_delayed_sgd_exactly() {
+    // One learner, one shard, async, compute and each link one tick: with prefetch 1 the
+    // learner computes gradient t on θ_{t−2} while gradient t − 1 travels (algorithms §4.1).
+    let (steps, lr) = (30u64, 0.05f32);
+    let init: Vec<f32> = (0..8).map(|i| i as f32 * 0.5).collect();
+    let setup = SgdSetup {
+        rule: SyncRule::Async,
+        max_staleness: None,
+        prefetch: 1,
+        modulation: LrModulation::None,
+        learners: 1,
+        shards: 1,
+        init: init.clone(),
+        compute_ticks: vec![1],
+        steps,
+        lr,
+        retry_every: 1_000_000,
+        horizon: 1_000_000,
+    };
+    let out =
+        run_sgd(&setup, FaultSchedule { max_delay: 1, ..FaultSchedule::default() }, 0, &mut pull_towards_b)
+            .expect("the run finishes");
+    let mut thetas = vec![init];
+    for t in 1..=steps as usize {
+        let g = pull_towards_b(rudra_proto::LearnerId(0), 0, &thetas[t.saturating_sub(2)]);
+        let mut next = thetas[t - 1].clone();
+        rudra_compute::cpu::axpy(-lr, &g, &mut next);
+        thetas.push(next);
+    }
+    assert_eq!(out.params, thetas[steps as usize], "θ_t = θ_(t−1) − α·g(θ_(t−2))");
+    let sigmas = applied_sigmas(&out);
+    assert_eq!(sigmas[..2], [0, 1]);
+    assert!(sigmas.iter().skip(1).all(|&s| s == 1), "σ = 1 after the first: {sigmas:?}");
+    assert_eq!(sigmas.len(), steps as usize);
 }

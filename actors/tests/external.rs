@@ -77,6 +77,7 @@ fn spec(rule: SyncRule) -> ClusterSpec {
             modulation: LrModulation::None,
             max_staleness: None,
             backups: 0,
+            prefetch: 0,
         }),
         batch_size: 4,
         epochs: 1,

@@ -121,6 +121,7 @@ fn a_duplicated_answer_changes_neither_the_model_nor_the_clock_the_gradient_is_c
             modulation: LrModulation::None,
             max_staleness: None,
             backups: 0,
+            prefetch: 0,
         }),
         batch_size: 1,
         epochs: 1,

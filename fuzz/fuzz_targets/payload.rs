@@ -102,6 +102,7 @@ fuzz_target!(|input: Input| {
                 backups: 0,
                 schedule: LrSchedule { base: 0.1, decay: 1.0 },
                 gradients_per_epoch: 10,
+                prefetch: 0,
             };
             let mut shard = SgdShard::new(cfg, vec![1.0; RANGE], one);
             let _ = shard.on_pull(LearnerId(0), seq);

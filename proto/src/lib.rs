@@ -26,6 +26,7 @@
 //!   AdamW).
 //! - [`harness`]: the deterministic harness: the cores on seeded faulty links, in virtual
 //!   time, with their invariants checked.
+//! - `window`: which of a learner's pushes a shard has taken ([`PushWindow`]).
 //! - `error`: why a core refuses an input.
 
 mod cores;
@@ -43,6 +44,7 @@ mod records;
 mod scheduler;
 mod shard;
 mod staleness;
+mod window;
 
 pub use cores::{LearnerLoop, ShardCore};
 pub use elastic::{
@@ -52,7 +54,7 @@ pub use elastic_worker::{ElasticWorker, LocalRule, WorkerEvent};
 pub use error::CoreError;
 pub use floats::Floats;
 pub use ids::{Clock, LearnerId, Role, ShardId, Staleness};
-pub use learner::{LearnerCore, LearnerEvent, NextPull};
+pub use learner::{Answered, LearnerCore, LearnerEvent, MAX_PREFETCH, NextPull};
 pub use modulation::LrModulation;
 pub use optimizer::{LocalOptimizer, OptimizerSpec};
 pub use outcome::{DropReason, Outcome};
@@ -60,3 +62,4 @@ pub use records::{GradientRecord, ShardEvent, ShardState, UpdateRecord, Weights}
 pub use scheduler::{DIVERGENCE_FACTOR, Divergence, LrSchedule, SchedulerCore, SchedulerEvent};
 pub use shard::{SgdShard, SgdShardConfig, SyncRule, shard_ranges};
 pub use staleness::{StalenessStats, StalenessSummary};
+pub use window::PushWindow;

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::{Clock, Floats, LearnerId, Outcome, ShardId, Staleness};
+use crate::{Clock, Floats, LearnerId, Outcome, PushWindow, ShardId, Staleness};
 use serde::Serialize;
 
 use super::CoreError;
@@ -33,9 +33,9 @@ pub struct ShardState {
     pub velocity: Vec<f32>,
     /// Gradients received so far: where the learning-rate schedule is.
     pub received: u64,
-    /// Each learner's last accepted push, so a push applied before the checkpoint is never
+    /// The pushes accepted from each learner, so a push applied before the checkpoint is never
     /// applied again.
-    pub last_pushed: BTreeMap<LearnerId, u64>,
+    pub last_pushed: BTreeMap<LearnerId, PushWindow>,
 }
 
 impl ShardState {

@@ -318,6 +318,7 @@ fn downpour_with_tau_one_is_async_sgd_without_modulation() {
         backups: 0,
         schedule: crate::LrSchedule { base: lr, decay: 1.0 },
         gradients_per_epoch: u64::MAX,
+        prefetch: 0,
     };
     let mut sgd = SgdShard::new(cfg, init.clone(), both());
     let mut center = CenterShard::new(ShardId(0), CenterRule::Downpour, init.clone(), both());

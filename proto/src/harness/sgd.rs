@@ -21,6 +21,8 @@ pub struct SgdSetup {
     pub rule: SyncRule,
     /// The staleness bound.
     pub max_staleness: Option<u64>,
+    /// Gradients a learner may push ahead of its answers.
+    pub prefetch: u32,
     /// `α(σ)`.
     pub modulation: LrModulation,
     /// λ.
@@ -99,6 +101,8 @@ struct Learner {
     core: Option<LearnerCore>,
     incarnation: u32,
     params: Vec<f32>,
+    /// The weights of the gradient being computed, as they were when it began.
+    computing_on: Vec<f32>,
     grad: Arc<Vec<f32>>,
     /// Steps taken by earlier incarnations.
     offset: u64,
@@ -161,6 +165,7 @@ impl<'a, 'g> Run<'a, 'g> {
                     backups: 0,
                     schedule: LrSchedule { base: setup.lr, decay: 1.0 },
                     gradients_per_epoch: u64::MAX,
+                    prefetch: setup.prefetch,
                 };
                 let core = SgdShard::new(cfg, init[r.clone()].to_vec(), active.clone());
                 let checkpoint = (core.state(), BTreeSet::new());
@@ -176,9 +181,12 @@ impl<'a, 'g> Run<'a, 'g> {
         let mut dice = Dice::new(seed ^ 0xc0ffee);
         let learners = (0..setup.learners)
             .map(|l| Learner {
-                core: Some(LearnerCore::new(LearnerId(l), ranges.len(), setup.steps)),
+                core: Some(
+                    LearnerCore::new(LearnerId(l), ranges.len(), setup.steps).with_prefetch(setup.prefetch),
+                ),
                 incarnation: 0,
                 params: init.clone(),
+                computing_on: Vec::new(),
                 grad: Arc::default(),
                 offset: 0,
                 compute_ticks: setup
@@ -284,8 +292,11 @@ impl<'a, 'g> Run<'a, 'g> {
                 let Some(core) = slot.core.as_mut().filter(|_| slot.incarnation == incarnation) else {
                     return Ok(());
                 };
-                slot.grad =
-                    Arc::new((self.grad)(LearnerId(learner), slot.offset + core.steps_done(), &slot.params));
+                slot.grad = Arc::new((self.grad)(
+                    LearnerId(learner),
+                    slot.offset + core.steps_done(),
+                    &slot.computing_on,
+                ));
                 let events = core.on_computed().map_err(|e| self.violation(e.to_string()))?;
                 self.learner_events(l, events)?;
             }
@@ -317,7 +328,9 @@ impl<'a, 'g> Run<'a, 'g> {
                 slot.incarnation += 1;
                 let remaining = self.setup.steps - slot.offset;
                 let base = LearnerCore::incarnation_base(slot.incarnation);
-                let mut core = LearnerCore::new(learner, self.ranges.len(), remaining).with_seq_base(base);
+                let mut core = LearnerCore::new(learner, self.ranges.len(), remaining)
+                    .with_seq_base(base)
+                    .with_prefetch(self.setup.prefetch);
                 let events = core.on_start();
                 slot.core = Some(core);
                 self.learner_events(learner.index(), events)?;
@@ -361,9 +374,11 @@ impl<'a, 'g> Run<'a, 'g> {
                     );
                 }
                 LearnerEvent::Compute => {
-                    let slot = &self.learners[l];
+                    let slot = &mut self.learners[l];
+                    slot.computing_on.clone_from(&slot.params);
                     let timer = Timer::Computed { learner: learner.0, incarnation: slot.incarnation };
-                    self.arm(self.now + slot.compute_ticks, timer);
+                    let at = self.now + slot.compute_ticks;
+                    self.arm(at, timer);
                 }
                 LearnerEvent::Finished => self.learners[l].done = true,
             }
@@ -393,9 +408,12 @@ impl<'a, 'g> Run<'a, 'g> {
                 let l = learner.index();
                 let Some(core) = self.learners[l].core.as_mut() else { return Ok(()) };
                 match core.on_weights(shard, clock, seq) {
-                    Ok(events) => {
-                        self.learners[l].params[self.ranges[shard.index()].clone()].copy_from_slice(&values);
-                        self.learner_events(l, events)
+                    Ok(answered) => {
+                        if answered.newer {
+                            self.learners[l].params[self.ranges[shard.index()].clone()]
+                                .copy_from_slice(&values);
+                        }
+                        self.learner_events(l, answered.events)
                     }
                     Err(e) if e.is_duplicate() => Ok(()),
                     Err(e) => Err(self.violation(e.to_string())),

@@ -16,6 +16,7 @@ fn sgd(rule: SyncRule, max_staleness: Option<u64>) -> SgdSetup {
     SgdSetup {
         rule,
         max_staleness,
+        prefetch: 0,
         modulation: LrModulation::PerGradient,
         learners: 4,
         shards: 2,
@@ -79,6 +80,47 @@ fn every_sgd_rule_keeps_its_invariants_through_node_failures() {
             }
         }
     }
+}
+
+#[test]
+fn prefetch_keeps_every_invariant_under_link_faults_and_node_failures() {
+    let rules = [
+        (SyncRule::Async, None),
+        (SyncRule::Softsync { n: 2 }, Some(4)),
+        (SyncRule::Softsync { n: 4 }, Some(3)),
+    ];
+    for k in [1, 2] {
+        for (rule, bound) in rules {
+            let setup = SgdSetup { prefetch: k, ..sgd(rule, bound) };
+            for seed in 0..SCHEDULES / 4 {
+                let links = FaultSchedule::links(seed, setup.learners, 200);
+                let nodes = FaultSchedule::nodes(seed, setup.learners, setup.shards, 150);
+                for faults in [links, nodes] {
+                    if let Err(v) = run_sgd(&setup, faults.clone(), seed, &mut quadratic_gradient) {
+                        panic!("prefetch {k}, {rule:?}, bound {bound:?}, seed {seed} ({faults:?}): {v}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn prefetch_overlaps_the_round_trip() {
+    let setup = SgdSetup { compute_ticks: vec![4; 4], ..sgd(SyncRule::Async, None) };
+    let slow_links = FaultSchedule { max_delay: 1, ..FaultSchedule::default() };
+    let ticks = |k| {
+        let out = run_sgd(
+            &SgdSetup { prefetch: k, ..setup.clone() },
+            slow_links.clone(),
+            0,
+            &mut quadratic_gradient,
+        );
+        out.unwrap().ticks
+    };
+    let (k0, k1) = (ticks(0), ticks(1));
+    // A step is 4 ticks of compute and 2 of round trip; with prefetch the trip is hidden.
+    assert_eq!((k0, k1), (2 + 8 * 6, 2 + 8 * 4 + 2), "prefetch 0: {k0} ticks, prefetch 1: {k1}");
 }
 
 #[test]

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::ops::Range;
 use std::sync::Arc;
 
-use crate::{Clock, DropReason, LearnerId, Outcome, ShardId, Staleness};
+use crate::{Clock, DropReason, LearnerId, Outcome, PushWindow, ShardId, Staleness};
 use outstanding::Outstanding;
 use rudra_compute::cpu;
 use serde::{Deserialize, Serialize};
@@ -80,6 +80,10 @@ pub struct SgdShardConfig {
     /// Gradients (from all learners) per epoch: the epoch of a gradient is the number received
     /// before it divided by this, so the schedule is exact and the same in every deployment.
     pub gradients_per_epoch: u64,
+    /// Steps a learner may push ahead of its answers (`docs/src/algorithms.md §4.1`): with
+    /// k > 0 the staleness gate counts what a learner owes at the weights its last push was
+    /// computed on, which it may compute on again.
+    pub prefetch: u32,
 }
 
 /// The SGD shard core. Owns the shard's parameter range, its clock, the gradients held for the
@@ -102,12 +106,15 @@ pub struct SgdShard {
     spare: Vec<Vec<f32>>,
     /// Learners served weights whose gradient has not arrived yet, with the clock served.
     outstanding: Outstanding,
-    /// The sequence number of each learner's last accepted push: a push or pull at or below
-    /// it is a duplicate or a late copy and is ignored.
-    last_pushed: BTreeMap<LearnerId, u64>,
-    /// Active learners whose last pull was served: they send no more gradients, so no update
-    /// waits for them.
-    finished: BTreeSet<LearnerId>,
+    /// The pushes accepted from each learner: a push taken before is a duplicate or a late
+    /// copy and is ignored, and a pull for a step already pushed is answered again.
+    last_pushed: BTreeMap<LearnerId, PushWindow>,
+    /// With prefetch: the clock each learner's newest push was computed on.
+    used: BTreeMap<LearnerId, Clock>,
+    /// Active learners whose last pull was served, with its step: they send no more
+    /// gradients, so no update waits for them, and a late copy of an earlier pull does not
+    /// open them again (only a later incarnation's pull does).
+    finished: BTreeMap<LearnerId, u64>,
     /// Pulls waiting for the gate, first come first served.
     deferred: VecDeque<Deferred>,
     /// The learners in `deferred`.
@@ -142,9 +149,10 @@ impl SgdShard {
             spare: Vec::new(),
             outstanding: Outstanding::default(),
             last_pushed: BTreeMap::new(),
+            used: BTreeMap::new(),
             deferred: VecDeque::new(),
             deferred_set: BTreeSet::new(),
-            finished: BTreeSet::new(),
+            finished: BTreeMap::new(),
             stats: StalenessStats::default(),
             received: 0,
             removed_at: BTreeMap::new(),
@@ -208,6 +216,7 @@ impl SgdShard {
         self.spare.extend(std::mem::take(&mut self.round).into_values().map(|(_, g)| g));
         self.voided.clear();
         self.outstanding = Outstanding::default();
+        self.used.clear();
         self.deferred.clear();
         self.deferred_set.clear();
         self.events.clear();
@@ -236,7 +245,7 @@ impl SgdShard {
                 // A round waits for no learner that has finished, unless its last gradient is
                 // part of the round.
                 let waiting = |l: LearnerId| self.round.contains_key(&l) || self.voided.contains(&l);
-                let finished = self.finished.iter().filter(|&&l| !waiting(l)).count();
+                let finished = self.finished.keys().filter(|&&l| !waiting(l)).count();
                 let lambda = self.active.len().saturating_sub(finished).max(1);
                 lambda.saturating_sub(self.cfg.backups as usize).max(1)
             }
@@ -251,18 +260,23 @@ impl SgdShard {
         self.cfg.schedule.rate(self.received / self.cfg.gradients_per_epoch.max(1))
     }
 
-    /// The sequence number of `learner`'s last accepted push (0 before any).
+    /// The sequence number of `learner`'s newest accepted push (0 before any).
     #[must_use]
     pub fn last_pushed(&self, learner: LearnerId) -> u64 {
-        self.last_pushed.get(&learner).copied().unwrap_or(0)
+        self.window(learner).newest
+    }
+
+    fn window(&self, learner: LearnerId) -> PushWindow {
+        self.last_pushed.get(&learner).copied().unwrap_or_default()
     }
 
     /// A learner asks for the current weights for its step `seq`. They are served now, or
     /// deferred while the hardsync barrier or the staleness bound says wait, or while the
     /// learner's push of its previous step is still on its way (a pull can overtake it; a
     /// learner that retries sends that push again first). Asking again for a step already
-    /// answered (a retry) is answered again. A pull for a step already pushed, or older than
-    /// the one outstanding, is a late copy: [`CoreError::Duplicate`].
+    /// answered, already pushed, or older than the one outstanding (a retry, or a late copy)
+    /// is answered again with the current weights and changes nothing: the answer tells a
+    /// learner that the push this pull rode on was taken.
     pub fn on_pull(&mut self, learner: LearnerId, seq: u64) -> Result<Vec<ShardEvent>, CoreError> {
         self.pull(learner, seq, false)
     }
@@ -275,18 +289,17 @@ impl SgdShard {
 
     fn pull(&mut self, learner: LearnerId, seq: u64, last: bool) -> Result<Vec<ShardEvent>, CoreError> {
         self.check_member(learner)?;
-        self.check_fresh(learner, seq, "pull")?;
         // A learner that restarted never pushes what its earlier incarnation was served.
         if self.outstanding.seq(learner).is_some_and(|s| incarnation(s) < incarnation(seq)) {
             self.outstanding.remove(learner);
         }
-        match self.outstanding.seq(learner) {
-            Some(s) if s > seq => return Err(self.duplicate(learner, seq, "pull")),
-            Some(s) if s == seq => {
-                self.events.push(ShardEvent::Serve { learner, seq, weights: self.snapshot() });
-                return Ok(self.take_events());
-            }
-            _ => {}
+        let old = |s: u64| s >= seq;
+        if seq <= self.last_pushed(learner)
+            || self.outstanding.seq(learner).is_some_and(old)
+            || self.finished.get(&learner).copied().is_some_and(old)
+        {
+            self.events.push(ShardEvent::Serve { learner, seq, weights: self.snapshot() });
+            return Ok(self.take_events());
         }
         if self.deferred_set.insert(learner) {
             self.deferred.push_back(Deferred { learner, seq, last });
@@ -308,7 +321,9 @@ impl SgdShard {
         grad: &[f32],
     ) -> Result<Vec<ShardEvent>, CoreError> {
         self.check_member(learner)?;
-        self.check_fresh(learner, seq, "push")?;
+        if self.window(learner).contains(seq) && !broken::accepts_duplicates() {
+            return Err(self.duplicate(learner, seq, "push"));
+        }
         if grad.len() != self.params.len() {
             return Err(CoreError::Protocol(format!(
                 "{} pushed {} gradient values to {}, which holds {}",
@@ -332,7 +347,10 @@ impl SgdShard {
         if self.outstanding.seq(learner).is_some_and(|s| s <= seq) {
             self.outstanding.remove(learner);
         }
-        self.last_pushed.insert(learner, seq);
+        self.last_pushed.entry(learner).or_default().insert(seq);
+        if self.cfg.prefetch > 0 {
+            self.used.insert(learner, computed_on.min(self.clock));
+        }
         let lr = self.learning_rate();
         self.received += 1;
         let staleness = self.clock.staleness_of(computed_on).unwrap_or_default();
@@ -368,7 +386,8 @@ impl SgdShard {
             let alpha = self.cfg.modulation.alpha(lr, staleness, self.stats.mean());
             let weight = if self.cfg.modulation.is_per_gradient() { alpha } else { 1.0 };
             self.held.push(Held { learner, computed_on, staleness, alpha, lr });
-            let complete = self.round_complete();
+            // A push overtaken by its learner's last pull is applied rather than left held.
+            let complete = self.round_complete() || self.all_finished();
             if self.cfg.rule == SyncRule::Hardsync {
                 let mut buf = self.spare.pop().unwrap_or_default();
                 buf.clear();
@@ -396,9 +415,10 @@ impl SgdShard {
             self.removed_at.insert(gone, self.clock);
         }
         self.outstanding.retain(&active);
+        self.used.retain(|l, _| active.contains(l));
         self.deferred.retain(|d| active.contains(&d.learner));
         self.deferred_set.retain(|l| active.contains(l));
-        self.finished.retain(|l| active.contains(l));
+        self.finished.retain(|l, _| active.contains(l));
         self.active = active;
         self.voided.retain(|l| self.active.contains(l));
         if !(self.held.is_empty() && self.voided.is_empty()) && self.round_complete() {
@@ -413,6 +433,11 @@ impl SgdShard {
         self.held.len() + self.voided.len() >= self.gradients_per_update()
     }
 
+    /// Whether every active learner has had its last pull served.
+    fn all_finished(&self) -> bool {
+        self.active.iter().all(|l| self.finished.contains_key(l))
+    }
+
     /// Hardsync: whether `learner` already took its turn in the open round.
     fn in_round(&self, learner: LearnerId) -> bool {
         self.round.contains_key(&learner) || self.voided.contains(&learner)
@@ -421,14 +446,6 @@ impl SgdShard {
     /// The effects of the input just handled, in order.
     fn take_events(&mut self) -> Vec<ShardEvent> {
         std::mem::take(&mut self.events)
-    }
-
-    fn check_fresh(&self, learner: LearnerId, seq: u64, what: &str) -> Result<(), CoreError> {
-        if seq <= self.last_pushed(learner) && !broken::accepts_duplicates() {
-            Err(self.duplicate(learner, seq, what))
-        } else {
-            Ok(())
-        }
     }
 
     fn duplicate(&self, learner: LearnerId, seq: u64, what: &str) -> CoreError {
@@ -459,7 +476,10 @@ impl SgdShard {
     }
 
     fn serve(&mut self, learner: LearnerId, seq: u64) {
-        self.outstanding.insert(learner, self.clock, seq);
+        // With prefetch the learner may compute its next gradient on the weights of its last
+        // push rather than on these: the gate counts the older.
+        let owed = self.used.get(&learner).map_or(self.clock, |&j| j.min(self.clock));
+        self.outstanding.insert(learner, owed, seq);
         self.events.push(ShardEvent::Serve { learner, seq, weights: self.snapshot() });
     }
 
@@ -474,12 +494,11 @@ impl SgdShard {
             if d.last {
                 let weights = self.snapshot();
                 self.events.push(ShardEvent::Serve { learner: d.learner, seq: d.seq, weights });
-                self.finished.insert(d.learner);
+                self.finished.insert(d.learner, d.seq);
                 // A round may have waited only for this learner; and once every learner has
                 // finished, what is held is applied rather than left out.
-                let all_finished = self.active.iter().all(|l| self.finished.contains(l));
                 if !(self.held.is_empty() && self.voided.is_empty())
-                    && (self.round_complete() || all_finished)
+                    && (self.round_complete() || self.all_finished())
                 {
                     self.apply(None);
                 }

@@ -57,6 +57,7 @@ fn shard(rule: SyncRule, modulation: LrModulation, bound: Option<u64>, learners:
         backups: 0,
         schedule,
         gradients_per_epoch: 1,
+        prefetch: 0,
     };
     let core = SgdShard::new(cfg, vec![1.0, 2.0, 3.0], L[..learners].iter().copied().collect());
     Logged { core, log: VecDeque::new() }
@@ -272,7 +273,10 @@ fn retried_duplicated_and_reordered_messages_apply_each_gradient_once() {
     s.on_pull(L[0], 2).unwrap();
     s.on_push(L[0], 1, Clock(0), &[1.0, 0.0, 0.0]).unwrap();
     assert!(matches!(s.on_push(L[0], 1, Clock(0), &[1.0; 3]), Err(CoreError::Duplicate(_))));
-    assert!(matches!(s.on_pull(L[0], 1), Err(CoreError::Duplicate(_))), "a late copy of a pull");
+    drain(&mut s);
+    s.on_pull(L[0], 1).unwrap();
+    let (served, _, _) = drain(&mut s);
+    assert_eq!(served, vec![(L[0], Clock(1))], "a late copy of a pull is answered again, nothing changes");
     s.on_push(L[0], 2, Clock(0), &[1.0, 0.0, 0.0]).unwrap();
     assert!(matches!(s.on_push(L[0], 2, Clock(0), &[1.0; 3]), Err(CoreError::Duplicate(_))));
     assert_eq!(s.clock(), Clock(2));
@@ -495,4 +499,49 @@ fn hardsync_with_backups_applies_the_first_lambda_minus_b_gradients_of_every_rou
         assert_eq!(records[0].outcome, Outcome::Dropped(DropReason::StaleRound), "late");
     }
     assert_eq!(s.stats().summary().dropped, 3);
+}
+
+#[test]
+fn prefetched_pushes_are_taken_once_in_any_order_and_every_riding_pull_is_answered() {
+    let mut s = shard(SyncRule::Async, LrModulation::None, None, 2);
+    s.core.cfg.prefetch = 1;
+    s.on_pull(L[0], 1).unwrap();
+    drain(&mut s);
+    // Steps 1 and 2, both on clock 0, arrive in reverse order: each is taken once.
+    s.on_push(L[0], 2, Clock(0), &[0.0, 2.0, 0.0]).unwrap();
+    s.on_pull(L[0], 3).unwrap();
+    s.on_push(L[0], 1, Clock(0), &[2.0, 0.0, 0.0]).unwrap();
+    s.on_pull(L[0], 2).unwrap();
+    let (served, records, _) = drain(&mut s);
+    assert_eq!(served, vec![(L[0], Clock(1)), (L[0], Clock(2))], "step 1's pull answered again at once");
+    assert_eq!(records.iter().map(|r| r.staleness.0).collect::<Vec<_>>(), [0, 1]);
+    close(&values(&s), &[0.0, 1.0, 3.0]);
+    for seq in [1, 2] {
+        assert!(matches!(s.on_push(L[0], seq, Clock(0), &[9.0; 3]), Err(CoreError::Duplicate(_))));
+    }
+    assert_eq!(s.clock(), Clock(2));
+    // The gate counts what learner 0 owes at the weights of its last push (clock 0), which it
+    // may compute on again, not at those served for step 3 (clock 1).
+    assert_eq!(s.core.outstanding.get(L[0]), Some(Clock(0)));
+    s.on_push(L[0], 3, Clock(1), &[0.0; 3]).unwrap();
+    s.on_pull(L[0], 4).unwrap();
+    assert_eq!(s.core.outstanding.get(L[0]), Some(Clock(1)), "step 3 was computed on clock 1");
+}
+
+#[test]
+fn a_late_copy_of_an_earlier_pull_does_not_reopen_a_finished_learner() {
+    let mut s = shard(SyncRule::Softsync { n: 2 }, LrModulation::None, Some(1), 2);
+    s.on_pull(L[0], 1).unwrap();
+    s.on_push(L[0], 1, Clock(0), &[0.0; 3]).unwrap();
+    let events = s.core.on_last_pull(L[0], 2).unwrap();
+    s.log.extend(events);
+    drain(&mut s);
+    s.on_pull(L[0], 1).unwrap();
+    assert_eq!(drain(&mut s).0, vec![(L[0], Clock(1))], "answered again");
+    // Learner 0 owes nothing: learner 1 is never held back for it.
+    for step in 1..=3 {
+        s.on_pull(L[1], step).unwrap();
+        assert_eq!(drain(&mut s).0.len(), 1, "step {step}");
+        s.on_push(L[1], step, s.clock(), &[0.0; 3]).unwrap();
+    }
 }

@@ -1,8 +1,9 @@
 //! The distributed path against the in-memory run, on the peers' workload: MNIST, the MLP
 //! 784-256-10, μ = 32, plain SGD at 0.1 (no modulation), async with λ = 2 and one shard, two
 //! epochs. The same settings run in one process (in memory) and as four `rudra-node` processes
-//! (scheduler, shard, two learners) over loopback QUIC with mutual TLS, once per payload codec;
-//! each reports samples/s, its ratio to the in-memory run, and the time to 96% test accuracy.
+//! (scheduler, shard, two learners) over loopback QUIC with mutual TLS, once per payload codec
+//! and once with `f32` and prefetch 1; each reports samples/s, its ratio to the in-memory run,
+//! and the time to 96% test accuracy.
 
 use std::path::Path;
 use std::time::Duration;
@@ -38,23 +39,25 @@ const WORKLOAD: [&str; 13] = [
 const CODECS: [(&str, &str); 4] = [("f32", "f32"), ("bf16", "bf16"), ("int8", "bf16"), ("topk", "bf16")];
 
 /// A run's throughput and its time to the target accuracy (NaN if never reached).
-type Measured = (f64, f64);
+type Measured = [f64; 2];
 
 fn bench_error(what: impl std::fmt::Display) -> RuntimeError {
     RuntimeError::Config(format!("cluster benchmark: {what}"))
 }
 
-/// The workload's settings, then the caller's `base` (`--set` flags), then `codec`'s.
-pub(super) fn workload(base: &[String], codec: (&str, &str)) -> Vec<String> {
+/// The workload's settings, then the caller's `base` (`--set` flags), then `codec`'s and
+/// `prefetch`.
+pub(super) fn workload(base: &[String], codec: (&str, &str), prefetch: u32) -> Vec<String> {
     let mut sets: Vec<String> = WORKLOAD.iter().map(|s| (*s).to_owned()).collect();
     sets.extend(base.iter().cloned());
     sets.push(format!("transport.gradient_codec={}", codec.0));
     sets.push(format!("transport.weight_codec={}", codec.1));
+    sets.push(format!("protocol.prefetch={prefetch}"));
     sets
 }
 
 fn measured(run: &RecordedRun) -> Measured {
-    (run.summary.samples_per_second, run.summary.time_to_target.unwrap_or(f64::NAN))
+    [run.summary.samples_per_second, run.summary.time_to_target.unwrap_or(f64::NAN)]
 }
 
 /// The workload in one process, in memory.
@@ -88,27 +91,31 @@ pub(super) fn processes(
 
 /// Measure the in-memory run and the process runs `repeats` times, interleaved.
 pub fn run(file: Option<&Path>, base: &[String], repeats: usize) -> Result<Vec<BenchRow>, RuntimeError> {
-    let memory_config = Config::load(file, &workload(base, ("f32", "f32")))?;
+    let memory_config = Config::load(file, &workload(base, ("f32", "f32"), 0))?;
     let data = memory_config.data.load()?;
     let tmp = tempfile::tempdir().map_err(bench_error)?;
     let cert_dir = tmp.path().join("certs");
     issue_certs(&cert_dir, &names(1, 2))?;
-    let settings: Vec<(String, Option<(&str, &str)>)> = std::iter::once(("in memory, f32".to_owned(), None))
-        .chain(
-            CODECS
-                .iter()
-                .map(|&(g, w)| (format!("4 processes over QUIC, gradients {g}, weights {w}"), Some((g, w)))),
-        )
-        .collect();
+    let over_quic = CODECS
+        .iter()
+        .map(|&(g, w)| (format!("4 processes over QUIC, gradients {g}, weights {w}"), Some(((g, w), 0))))
+        .chain(std::iter::once((
+            "4 processes over QUIC, f32, prefetch 1".to_owned(),
+            Some((("f32", "f32"), 1)),
+        )));
+    let settings: Vec<(String, Option<((&str, &str), u32)>)> =
+        std::iter::once(("in memory, f32".to_owned(), None)).chain(over_quic).collect();
     let measured = interleaved(settings.len(), repeats, tmp.path(), |i, dir| {
-        let (name, codec) = &settings[i];
-        let (sps, to_target) = match codec {
+        let (name, setting) = &settings[i];
+        let [sps, to_target] = match setting {
             None => in_memory(&memory_config, &data, dir)?,
-            Some(c) => measured(&processes((file, &workload(base, *c)), &cert_dir, dir, None)?),
+            Some((codec, k)) => {
+                measured(&processes((file, &workload(base, *codec, *k)), &cert_dir, dir, None)?)
+            }
         };
         tracing::info!("{name}: {sps:.0} samples/s, {to_target:.2} s to 96%");
-        Ok((sps, to_target))
+        Ok([sps, to_target])
     })?;
     let names = settings.into_iter().map(|(name, _)| name).collect();
-    Ok(throughput_rows(names, measured, "in memory", ("time to 96%", "s")))
+    Ok(throughput_rows(names, measured, "in memory", &[("time to 96%", "s")]))
 }

@@ -36,60 +36,63 @@ pub struct BenchRow {
     pub ratio: Option<(f64, String)>,
 }
 
-/// Two measures of every run of each setting, by setting.
-pub type Measures = Vec<(Vec<f64>, Vec<f64>)>;
+/// The measures of every run of each setting: by setting, by measure, by run.
+pub type Measures = Vec<Vec<Vec<f64>>>;
 
 /// Run `measure(i, dir)` for every one of `settings` settings, `repeats` times interleaved,
-/// each run in a directory of its own under `tmp`.
-pub fn interleaved(
+/// each run in a directory of its own under `tmp`; each run gives the same measures, in order.
+pub fn interleaved<const N: usize>(
     settings: usize,
     repeats: usize,
     tmp: &std::path::Path,
-    mut measure: impl FnMut(usize, &std::path::Path) -> Result<(f64, f64), crate::RuntimeError>,
+    mut measure: impl FnMut(usize, &std::path::Path) -> Result<[f64; N], crate::RuntimeError>,
 ) -> Result<Measures, crate::RuntimeError> {
-    let mut measured: Measures = vec![(Vec::new(), Vec::new()); settings];
+    let mut measured: Measures = vec![vec![Vec::new(); N]; settings];
     for round in 0..repeats.max(1) {
         for (i, m) in measured.iter_mut().enumerate() {
             let dir = tmp.join(format!("r{round}-{i}"));
             std::fs::create_dir_all(&dir)
                 .map_err(|source| crate::RuntimeError::Io { path: dir.clone(), source })?;
-            let (a, b) = measure(i, &dir)?;
-            m.0.push(a);
-            m.1.push(b);
+            for (runs, value) in m.iter_mut().zip(measure(i, &dir)?) {
+                runs.push(value);
+            }
         }
     }
     Ok(measured)
 }
 
 /// For each of `names`: its median samples/s (the first measure) as a ratio to the first
-/// setting's, named `baseline`, and the median of its second measure, `(what, unit)`.
+/// setting's, named `baseline`, and the medians of its further measures, each `(what, unit)`.
 #[must_use]
 pub fn throughput_rows(
     names: Vec<String>,
     measured: Measures,
     baseline: &str,
-    (what, unit): (&str, &'static str),
+    further: &[(&str, &'static str)],
 ) -> Vec<BenchRow> {
-    let base = median(measured[0].0.clone());
+    let base = measured.first().and_then(|m| m.first()).map_or(f64::NAN, |v| median(v.clone()));
     let mut rows = Vec::new();
-    for (name, (sps, second)) in names.into_iter().zip(measured) {
-        let sps = median(sps);
+    for (name, measures) in names.into_iter().zip(measured) {
+        let mut measures = measures.into_iter();
+        let sps = median(measures.next().unwrap_or_default());
         rows.push(BenchRow {
             name: format!("{name}: samples/s"),
             value: sps,
             unit: "samples/s",
             ratio: Some((sps / base, baseline.to_owned())),
         });
-        rows.push(BenchRow { name: format!("{name}: {what}"), value: median(second), unit, ratio: None });
+        for (&(what, unit), runs) in further.iter().zip(measures) {
+            rows.push(BenchRow { name: format!("{name}: {what}"), value: median(runs), unit, ratio: None });
+        }
     }
     rows
 }
 
-/// The median of `v` (which must not be empty).
+/// The median of `v` (NaN when it is empty).
 #[must_use]
 pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 /// Print rows as a table.

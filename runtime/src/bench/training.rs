@@ -90,8 +90,9 @@ fn cluster(
     c.cluster.shards = shards;
     match protocol {
         Protocol::Sgd(rule) => {
-            let (modulation, max_staleness, backups) = (LrModulation::None, None, 0);
-            c.cluster.protocol = ProtocolSpec::Sgd(SgdSpec { rule, modulation, max_staleness, backups });
+            let (modulation, max_staleness, backups, prefetch) = (LrModulation::None, None, 0, 0);
+            c.cluster.protocol =
+                ProtocolSpec::Sgd(SgdSpec { rule, modulation, max_staleness, backups, prefetch });
         }
         Protocol::Elastic(method, tau) => {
             let beta = 0.9;

@@ -249,6 +249,7 @@ impl TryFrom<RawConfig> for Config {
                 modulation,
                 max_staleness: p.max_staleness,
                 backups: p.backups,
+                prefetch: p.prefetch,
             })
         };
         let protocol = match kind {
@@ -261,10 +262,20 @@ impl TryFrom<RawConfig> for Config {
             ProtocolKind::Downpour => elastic(ElasticMethod::Downpour),
             ProtocolKind::MDownpour => elastic(ElasticMethod::MDownpour),
         };
-        if let ProtocolSpec::Elastic(_) = protocol
-            && p.backups > 0
-        {
-            return Err(invalid("protocol.backups", backups_belong_to_hardsync(p.backups)));
+        if let ProtocolSpec::Elastic(_) = protocol {
+            if p.backups > 0 {
+                return Err(invalid("protocol.backups", backups_belong_to_hardsync(p.backups)));
+            }
+            if p.prefetch > 0 {
+                return Err(invalid(
+                    "protocol.prefetch",
+                    format!(
+                        "is {}; it is for hardsync, softsync and async, whose learners wait on every step \
+                         (the EASGD family already exchanges only every τ steps)",
+                        p.prefetch
+                    ),
+                ));
+            }
         }
         if let ProtocolSpec::Sgd(_) = protocol
             && optimizer != OptimizerSpec::Sgd

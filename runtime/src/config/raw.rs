@@ -112,6 +112,9 @@ pub struct RawProtocol {
     /// Hardsync: backup learners (default 0).
     #[serde(default)]
     pub backups: u32,
+    /// Softsync and async: gradients a learner may push ahead of its answers (default 0).
+    #[serde(default)]
+    pub prefetch: u32,
     /// EASGD and DiLoCo: synchronous rounds (default false for EASGD, true for DiLoCo).
     pub sync: Option<bool>,
     /// EASGD family: communication period τ (default 10 for EASGD/EAMSGD/DiLoCo, 1 for

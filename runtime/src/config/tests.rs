@@ -295,3 +295,20 @@ fn topk_keeps_its_fraction_of_each_block_of_gradients_only() {
     refused(&["transport.gradient_codec=topk", "transport.codec_block=100000"], "transport.codec_block");
     assert!(load(&["transport.gradient_codec=int8", "transport.codec_block=100000"]).is_ok());
 }
+
+#[test]
+fn prefetch_is_for_softsync_and_async_and_at_most_eight() {
+    let prefetch = |c: &Config| match &c.cluster.protocol {
+        ProtocolSpec::Sgd(s) => s.prefetch,
+        ProtocolSpec::Elastic(_) => unreachable!("an SGD protocol"),
+    };
+    assert_eq!(prefetch(&load(&[]).unwrap()), 0, "off by default");
+    assert_eq!(prefetch(&load(&["protocol.kind=async", "protocol.prefetch=2"]).unwrap()), 2);
+    let refused = |sets: &[&str], want: &str| {
+        let e = load(sets).unwrap_err().to_string();
+        assert!(e.contains("protocol.prefetch") && e.contains(want), "{sets:?}: {e}");
+    };
+    refused(&["protocol.kind=hardsync", "protocol.prefetch=1"], "hardsync");
+    refused(&["protocol.kind=easgd", "protocol.prefetch=1"], "τ");
+    refused(&["protocol.kind=async", "protocol.prefetch=9"], "at most 8");
+}

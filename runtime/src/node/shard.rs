@@ -339,6 +339,7 @@ mod tests {
                 backups: 0,
                 schedule: LrSchedule { base: 0.5, decay: 1.0 },
                 gradients_per_epoch: 100,
+                prefetch: 0,
             };
             let core = ShardCore::Sgd(SgdShard::new(cfg, vec![1.0; 4], learners()));
             let (ep, addr, shard, tracker) = serve(&certs, core);

@@ -248,7 +248,10 @@ fn synthetic_cores(
             SgdShard::new(cfg, init[r.clone()].to_vec(), active.clone())
         })
         .collect();
-    let learners = active.iter().map(|&l| LearnerCore::new(l, ranges.len(), u64::MAX)).collect();
+    let learners = active
+        .iter()
+        .map(|&l| LearnerCore::new(l, ranges.len(), u64::MAX).with_prefetch(sgd.prefetch))
+        .collect();
     (shards, learners)
 }
 

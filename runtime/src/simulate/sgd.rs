@@ -78,9 +78,9 @@ impl Message for SgdMsg {
 
 struct Learner {
     core: LearnerCore,
-    /// Weights received for the current step, per shard.
+    /// The newest weights received, per shard.
     weights: Vec<Option<Floats>>,
-    /// The gradient being computed.
+    /// The gradient being computed, or the last one computed.
     grad: Option<Arc<Vec<f32>>>,
 }
 
@@ -120,7 +120,7 @@ impl SgdWorld {
                     eng.send(SgdMsg::Push { learner, shard, computed_on, seq, grad, pull });
                 }
                 LearnerEvent::Compute => {
-                    let weights: Vec<Floats> = me.weights.iter_mut().filter_map(Option::take).collect();
+                    let weights: Vec<Floats> = me.weights.iter().flatten().cloned().collect();
                     let parts: Vec<Part<'_>> =
                         self.ranges.iter().zip(&weights).map(|(r, w)| (r.start, &w[..])).collect();
                     me.grad = Some(Arc::new(eng.start_compute(learner, &parts)?));
@@ -185,9 +185,11 @@ impl World for SgdWorld {
             SgdMsg::Weights { learner, weights, seq } => {
                 let me = &mut self.learners[learner.index()];
                 // The core decides first, as in the learner actor: a refused answer is not kept.
-                let events = me.core.on_weights(weights.shard, weights.clock, seq)?;
-                me.weights[weights.shard.index()] = Some(weights.values);
-                self.carry_out(eng, learner, events)?;
+                let answered = me.core.on_weights(weights.shard, weights.clock, seq)?;
+                if answered.newer {
+                    me.weights[weights.shard.index()] = Some(weights.values);
+                }
+                self.carry_out(eng, learner, answered.events)?;
             }
         }
         Ok(())
@@ -195,9 +197,7 @@ impl World for SgdWorld {
 
     fn computed(&mut self, eng: &mut Engine<SgdMsg>, learner: LearnerId) -> Result<(), RuntimeError> {
         let events = self.learners[learner.index()].core.on_computed()?;
-        self.carry_out(eng, learner, events)?;
-        self.learners[learner.index()].grad = None;
-        Ok(())
+        self.carry_out(eng, learner, events)
     }
 
     fn updates(&self) -> u64 {
