@@ -36,6 +36,12 @@ pub struct LearnerTime {
 }
 
 impl LearnerTime {
+    /// Its seconds computing and the rest, as a row of `metrics.csv` keeps them.
+    #[must_use]
+    pub fn seconds(&self) -> LearnerSeconds {
+        LearnerSeconds { compute: self.compute_seconds, wait: self.wait_seconds }
+    }
+
     /// Its compute seconds that ended in applied contributions: its compute time in the share
     /// of its contributions the shards applied.
     #[must_use]
@@ -45,6 +51,16 @@ impl LearnerTime {
             n => self.compute_seconds * self.applied as f64 / n as f64,
         }
     }
+}
+
+/// One learner's seconds in the run so far: computing gradients, and the rest (waiting for
+/// weights, for the network, for its turn).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LearnerSeconds {
+    /// Computing.
+    pub compute: f64,
+    /// The rest.
+    pub wait: f64,
 }
 
 /// The compute seconds of `learners` that ended in applied contributions over all their

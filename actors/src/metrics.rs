@@ -34,6 +34,7 @@ use prometheus_client::registry::Registry;
 use rudra_transport::quic::Traffic;
 use rudra_transport::{Clock, LearnerId, ShardId};
 
+use crate::goodput::{LearnerTime, goodput};
 use rudra_proto::{DropReason, GradientRecord, Outcome, UpdateRecord};
 
 /// Upper bounds (`le`) of the staleness histogram's buckets, in updates; `+Inf` follows.
@@ -107,8 +108,8 @@ pub struct Metrics {
     series: DashMap<(Family, u32), Arc<AtomicU64>>,
     staleness: Histogram,
     learners_alive: AtomicU64,
-    /// The run's goodput at its last evaluation, as f64 bits (NaN before the first).
-    goodput: AtomicU64,
+    /// Each learner's time and the run's goodput at the last evaluation.
+    learner_time: Mutex<Vec<LearnerTime>>,
     /// When the first update was recorded, and the clock it brought.
     first_update: OnceLock<(Instant, u64)>,
     /// The node's QUIC endpoints, read only when rendering.
@@ -131,7 +132,7 @@ impl Metrics {
             series: DashMap::new(),
             staleness: Histogram::default(),
             learners_alive: AtomicU64::new(0),
-            goodput: AtomicU64::new(f64::NAN.to_bits()),
+            learner_time: Mutex::new(Vec::new()),
             first_update: OnceLock::new(),
             traffic: Mutex::new(Vec::new()),
             payload: [AtomicU64::new(0), AtomicU64::new(0)],
@@ -184,9 +185,9 @@ impl Metrics {
         self.series(Family::LearnerSamples, learner.0).fetch_add(samples, Ordering::Relaxed);
     }
 
-    /// The run's goodput at its latest evaluation.
-    pub fn set_goodput(&self, goodput: f64) {
-        self.goodput.store(goodput.to_bits(), Ordering::Relaxed);
+    /// Each learner's time at the latest evaluation, by learner id (goodput follows from it).
+    pub fn set_learner_time(&self, learners: &[LearnerTime]) {
+        learners.clone_into(&mut self.learner_time.lock().unwrap_or_else(PoisonError::into_inner));
     }
 
     /// The learners sent `up` and received `down` more payload bytes (values and scales, as
@@ -241,7 +242,7 @@ impl Metrics {
             sum,
             updates_per_second,
             learners_alive: self.learners_alive.load(Ordering::Relaxed),
-            goodput: f64::from_bits(self.goodput.load(Ordering::Relaxed)),
+            learner_time: self.learner_time.lock().unwrap_or_else(PoisonError::into_inner).clone(),
             traffic,
             payload: self.payload.each_ref().map(|p| p.load(Ordering::Relaxed)),
         }
@@ -261,7 +262,7 @@ struct Reading {
     sum: u64,
     updates_per_second: f64,
     learners_alive: u64,
-    goodput: f64,
+    learner_time: Vec<LearnerTime>,
     /// Frame bytes sent and received.
     traffic: (u64, u64),
     /// Payload bytes the learners reported sending and receiving.
@@ -330,11 +331,29 @@ impl Collector for Reading {
             self.learners_alive,
         )?;
         self.labelled(e, Family::LearnerSamples)?;
+        let seconds: [(&str, &str, fn(&LearnerTime) -> f64); 2] = [
+            (
+                "rudra_learner_compute_seconds",
+                "Seconds the learner spent computing gradients, at the latest evaluation (local, scheduler).",
+                |t| t.compute_seconds,
+            ),
+            (
+                "rudra_learner_wait_seconds",
+                "The learner's other seconds in the run (waiting for weights, the network, its turn), at the latest evaluation (local, scheduler).",
+                |t| t.wait_seconds,
+            ),
+        ];
+        for (name, help, value) in seconds {
+            let mut metric = e.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for (l, t) in self.learner_time.iter().enumerate() {
+                ConstGauge::new(value(t)).encode(metric.encode_family(&[("learner", l.to_string())])?)?;
+            }
+        }
         gauge(
             e,
             "rudra_goodput",
             "Learners' compute time that ended in applied contributions over all their time in the run, at the latest evaluation (local, scheduler).",
-            self.goodput,
+            goodput(&self.learner_time),
         )?;
         counter(e, "rudra_transport_sent_bytes", "Frame bytes this node sent over QUIC.", self.traffic.0)?;
         counter(
@@ -447,6 +466,13 @@ mod tests {
         let guard = m.learner_connected();
         m.add_learner_samples(LearnerId(1), 64);
         m.add_learner_samples(LearnerId(1), 32);
+        let time = |compute_seconds, wait_seconds, applied| LearnerTime {
+            compute_seconds,
+            wait_seconds,
+            applied,
+            dropped: 0,
+        };
+        m.set_learner_time(&[time(3.0, 1.0, 4), time(1.5, 2.5, 0)]);
         let text = m.render();
         for line in [
             "# TYPE rudra_shard_clock gauge",
@@ -466,6 +492,9 @@ mod tests {
             "rudra_learners_alive 4",
             "rudra_learner_samples_total{learner=\"1\"} 96",
             "rudra_transport_sent_bytes_total 0",
+            "rudra_learner_compute_seconds{learner=\"0\"} 3.0",
+            "rudra_learner_wait_seconds{learner=\"1\"} 2.5",
+            "rudra_goodput 0.375",
         ] {
             assert!(text.lines().any(|l| l == line), "no line {line:?} in\n{text}");
         }

@@ -5,7 +5,7 @@ use actix::Message;
 use rudra_transport::LearnerId;
 use serde::{Deserialize, Serialize};
 
-use crate::goodput::{LearnerClocks, LearnerCounts, LearnerTime, goodput};
+use crate::goodput::{LearnerClocks, LearnerCounts, LearnerSeconds, LearnerTime, goodput};
 use rudra_proto::{SchedulerCore, StalenessSummary};
 
 /// One evaluation of the model during a run (a row of `metrics.csv`).
@@ -34,6 +34,16 @@ pub struct MetricsRow {
     pub learner_samples: Vec<u64>,
     /// What the learners' messages carried so far.
     pub bytes: BytesMoved,
+    /// Each learner's seconds so far, by learner id: computing, and the rest.
+    #[serde(default)]
+    pub learner_seconds: Vec<LearnerSeconds>,
+    /// Goodput so far ([`goodput`]; NaN before any learner time).
+    #[serde(default = "no_goodput", deserialize_with = "nan_if_null")]
+    pub goodput: f64,
+}
+
+fn no_goodput() -> f64 {
+    f64::NAN
 }
 
 /// What the learners' messages carried, summed over learners: payload bytes as encoded, in

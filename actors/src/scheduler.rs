@@ -11,7 +11,7 @@ use rudra_transport::ShardId;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::evaluation::{Ask, Evaluation};
-use crate::goodput::{LearnerClocks, goodput};
+use crate::goodput::{LearnerClocks, LearnerTime, goodput};
 use crate::links::Members;
 use crate::messages::{
     Disconnected, GetState, GetStats, Heartbeat, IsAlive, Joined, LearnerDone, Membership, Note, Progress,
@@ -298,6 +298,7 @@ impl SchedulerActor {
         final_: bool,
         ctx: &mut Context<Self>,
     ) {
+        let learner_time = self.clocks.times(wall, &eval.tracker.by_learner);
         let row = MetricsRow {
             wall_seconds: wall,
             epoch: epochs,
@@ -310,6 +311,8 @@ impl SchedulerActor {
             samples_per_second: if wall > 0.0 { samples as f64 / wall } else { 0.0 },
             learner_samples,
             bytes,
+            learner_seconds: learner_time.iter().map(LearnerTime::seconds).collect(),
+            goodput: goodput(&learner_time),
         };
         tracing::info!(
             epoch = format!("{:.2}", row.epoch),
@@ -322,9 +325,8 @@ impl SchedulerActor {
         );
         self.emit(RunEvent::Evaluated(row.clone()));
         self.rows.push(row.clone());
-        let learner_time = self.clocks.times(wall, &eval.tracker.by_learner);
         if let Some(m) = &self.metrics {
-            m.set_goodput(goodput(&learner_time));
+            m.set_learner_time(&learner_time);
         }
         if final_ {
             let report = RunReport {
@@ -346,7 +348,7 @@ impl SchedulerActor {
                     first_loss: d.first_loss,
                 }),
                 bytes,
-                goodput: goodput(&learner_time),
+                goodput: row.goodput,
                 learner_time,
             };
             self.finish(Ok(report), ctx);

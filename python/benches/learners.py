@@ -6,7 +6,7 @@ binding's cost per step.
 
     pip install ./python                      # a release build (what users get)
     cargo build --release --bin rudra-node
-    python python/benches/learners.py --repeats 3 --learners 2 --epochs 1
+    python python/benches/learners.py --repeats 3 --learners 2 --epochs 1 [--set protocol.prefetch=1]
 """
 
 from __future__ import annotations
@@ -83,6 +83,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--learners", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a setting for both kinds of run, e.g. protocol.prefetch=1")
     args = ap.parse_args()
     node = Path(args.rudra_node)
     d = Path(tempfile.mkdtemp(prefix="rudra-bench-"))
@@ -93,7 +95,7 @@ def main() -> None:
     common = [
         "protocol.kind=async", "cluster.shards=1", f"cluster.learners={args.learners}",
         f"training.epochs={args.epochs}", "training.batch_size=32", "training.learning_rate=0.1",
-        "training.evals_per_epoch=1",
+        "training.evals_per_epoch=1", *args.set,
     ]
     rust = common + ["training.model=mlp", "training.hidden=[256]"]
     python = common + [
@@ -116,7 +118,8 @@ def main() -> None:
     per_call = rudra._rudra._binding_cost(lambda w, b: (0.0, grad), params, 32, 2000)
     median = lambda kind, f: statistics.median(f(s) for s in runs[kind])  # noqa: E731
     rate = lambda kind: median(kind, lambda s: s["samples_per_second"])  # noqa: E731
-    print(f"CPU: {cpu()}, {len(runs['rust'])} runs each, λ = {args.learners}, μ = 32, {params} parameters")
+    extra = f", {', '.join(args.set)}" if args.set else ""
+    print(f"CPU: {cpu()}, {len(runs['rust'])} runs each, λ = {args.learners}, μ = 32, {params} parameters{extra}")
     print("| learners | samples/s (median) | ratio | computing, ms/step | the rest, ms/step |")
     print("|---|---|---|---|---|")
     for kind, name in (("rust", "Rust (rudra-node)"), ("python", "Python (numpy)")):

@@ -371,6 +371,8 @@ mod tests {
             samples_per_second: 0.0,
             learner_samples,
             bytes: rudra_actors::BytesMoved::default(),
+            learner_seconds: Vec::new(),
+            goodput: f64::NAN,
         };
         let rows = [row(1.0, vec![100, 50]), row(1.0, vec![100, 50]), row(3.0, vec![300, 60])];
         assert_eq!(rate_between(&rows, |m| m.learner_samples[0]), [(1.0, 100.0), (3.0, 100.0)]);

@@ -207,6 +207,8 @@ mod tests {
                 samples_per_second: 2133.3,
                 learner_samples: vec![u64::from(i) * 800; 4],
                 bytes: rudra_actors::BytesMoved::default(),
+                learner_seconds: Vec::new(),
+                goodput: f64::NAN,
             })
             .collect();
         let config = crate::Config::load(None, &[]).expect("the default configuration");

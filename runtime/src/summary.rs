@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-use rudra_actors::goodput::LearnerTime;
+use rudra_actors::goodput::{LearnerSeconds, LearnerTime};
 use rudra_actors::report::nan_if_null;
 use rudra_actors::{BytesMoved, Diverged, ElasticSpec, MetricsRow, RunReport};
 use rudra_proto::StalenessSummary;
@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::{Config, RuntimeError};
 
 /// The first columns of `metrics.csv`, in order: the fields of [`MetricsRow`]. One column
-/// per learner follows, [`LEARNER_COLUMN`]`L`: examples learner `L` processed so far.
+/// per learner and measure follows ([`LEARNER_COLUMNS`]).
 const METRICS_COLUMNS: [&str; 9] = [
     "wall_seconds",
     "epoch",
@@ -33,8 +33,12 @@ const METRICS_COLUMNS: [&str; 9] = [
 const BYTES_COLUMNS: [&str; 5] =
     ["steps", "payload_bytes", "payload_bytes_up", "payload_bytes_down", "wire_bytes"];
 
-/// The prefix of the per-learner columns of `metrics.csv`.
-const LEARNER_COLUMN: &str = "samples_learner_";
+/// The run's goodput so far, after [`BYTES_COLUMNS`]; NaN where a file lacks it.
+const GOODPUT_COLUMN: &str = "goodput";
+
+/// The prefixes of the per-learner columns of `metrics.csv`, each followed by the learner's id:
+/// examples processed, seconds computing, and the rest of its seconds.
+const LEARNER_COLUMNS: [&str; 3] = ["samples_learner_", "compute_seconds_learner_", "wait_seconds_learner_"];
 
 /// `summary.json`, written by every run and read back by reports, in one schema.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -194,16 +198,19 @@ impl Summary {
 /// `metrics.csv` of `rows`: one column per field of [`MetricsRow`], then one per learner.
 #[must_use]
 pub fn metrics_csv(rows: &[MetricsRow]) -> String {
-    let learners = rows.iter().map(|r| r.learner_samples.len()).max().unwrap_or(0);
-    let mut csv = METRICS_COLUMNS.join(",") + "," + &BYTES_COLUMNS.join(",");
-    for l in 0..learners {
-        let _ = write!(csv, ",{LEARNER_COLUMN}{l}");
+    let learners =
+        rows.iter().map(|r| r.learner_samples.len().max(r.learner_seconds.len())).max().unwrap_or(0);
+    let mut csv = METRICS_COLUMNS.join(",") + "," + &BYTES_COLUMNS.join(",") + "," + GOODPUT_COLUMN;
+    for prefix in LEARNER_COLUMNS {
+        for l in 0..learners {
+            let _ = write!(csv, ",{prefix}{l}");
+        }
     }
     csv.push('\n');
     for r in rows {
         let _ = write!(
             csv,
-            "{:.3},{:.4},{},{},{:.6},{:.6},{:.6},{:.4},{:.1},{},{},{},{},{}",
+            "{:.3},{:.4},{},{},{:.6},{:.6},{:.6},{:.4},{:.1},{},{},{},{},{},{:.6}",
             r.wall_seconds,
             r.epoch,
             r.updates,
@@ -218,9 +225,15 @@ pub fn metrics_csv(rows: &[MetricsRow]) -> String {
             r.bytes.payload_up,
             r.bytes.payload_down,
             r.bytes.wire,
+            r.goodput,
         );
         for l in 0..learners {
             let _ = write!(csv, ",{}", r.learner_samples.get(l).copied().unwrap_or(0));
+        }
+        for seconds in [|s: &LearnerSeconds| s.compute, |s: &LearnerSeconds| s.wait] {
+            for l in 0..learners {
+                let _ = write!(csv, ",{:.3}", r.learner_seconds.get(l).map_or(0.0, seconds));
+            }
         }
         csv.push('\n');
     }
@@ -285,12 +298,15 @@ pub fn parse_metrics(path: &Path, text: &str) -> Result<Vec<MetricsRow>, Runtime
     let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty());
     let header: Vec<&str> =
         lines.next().map(|(_, l)| l.split(',').map(str::trim).collect()).unwrap_or_default();
-    let mut learner_columns: Vec<(u32, usize, &str)> = header
-        .iter()
-        .enumerate()
-        .filter_map(|(i, h)| Some((h.strip_prefix(LEARNER_COLUMN)?.parse().ok()?, i, *h)))
-        .collect();
-    learner_columns.sort_unstable();
+    // Per prefix, the (learner, index, name) of its columns in learner order.
+    let learner_columns = LEARNER_COLUMNS.map(|prefix| {
+        let mut columns: Vec<(u32, usize, &str)> = (header.iter().enumerate())
+            .filter_map(|(i, h)| Some((h.strip_prefix(prefix)?.parse().ok()?, i, *h)))
+            .collect();
+        columns.sort_unstable();
+        columns
+    });
+    let goodput_at = header.iter().position(|h| *h == GOODPUT_COLUMN);
     let mut at = [0; METRICS_COLUMNS.len()];
     for (slot, name) in at.iter_mut().zip(METRICS_COLUMNS) {
         *slot = header.iter().position(|h| *h == name).ok_or_else(|| {
@@ -322,10 +338,16 @@ pub fn parse_metrics(path: &Path, text: &str) -> Result<Vec<MetricsRow>, Runtime
                     payload_down: row.count(3)?,
                     wire: row.count(4)?,
                 },
-                learner_samples: learner_columns
+                learner_samples: learner_columns[0]
                     .iter()
                     .map(|&(_, i, name)| row.parse(i, name))
                     .collect::<Result<_, _>>()?,
+                learner_seconds: (learner_columns[1].iter().zip(&learner_columns[2]))
+                    .map(|(&(_, c, compute), &(_, w, wait))| {
+                        Ok(LearnerSeconds { compute: row.parse(c, compute)?, wait: row.parse(w, wait)? })
+                    })
+                    .collect::<Result<_, RuntimeError>>()?,
+                goodput: goodput_at.map_or(Ok(f64::NAN), |i| row.parse(i, GOODPUT_COLUMN))?,
             })
         })
         .collect::<Result<Vec<_>, RuntimeError>>()?;
@@ -392,8 +414,12 @@ mod tests {
             test_accuracy: 0.9,
             mean_staleness: 1.5,
             samples_per_second: 100.0,
+            learner_seconds: (0..learner_samples.len())
+                .map(|l| LearnerSeconds { compute: t * 0.25 * l as f64, wait: 1.5 })
+                .collect(),
             learner_samples,
             bytes,
+            goodput: 0.125,
         };
         let rows = vec![row(1.0, vec![64, 32, 0]), row(2.0, vec![128, 96, 32])];
         let config = Config::load(None, &[]).unwrap();
@@ -420,7 +446,7 @@ mod tests {
         let header = text.lines().next().unwrap();
         assert!(
             header.ends_with(
-                ",samples_per_second,steps,payload_bytes,payload_bytes_up,payload_bytes_down,wire_bytes,samples_learner_0,samples_learner_1,samples_learner_2"
+                ",samples_per_second,steps,payload_bytes,payload_bytes_up,payload_bytes_down,wire_bytes,goodput,samples_learner_0,samples_learner_1,samples_learner_2,compute_seconds_learner_0,compute_seconds_learner_1,compute_seconds_learner_2,wait_seconds_learner_0,wait_seconds_learner_1,wait_seconds_learner_2"
             )
         );
         assert_eq!(parse_metrics(Path::new("m.csv"), &text).unwrap(), rows);

@@ -65,12 +65,22 @@ fn a_short_local_run_learns_mnist_and_writes_its_run_directory() {
     let mut lines = csv.lines();
     let header = lines.next().unwrap();
     assert!(header.starts_with("wall_seconds,epoch,updates,samples,train_loss"));
-    assert!(header.ends_with(",samples_learner_0,samples_learner_1,samples_learner_2,samples_learner_3"));
+    assert!(
+        header.contains(",goodput,samples_learner_0,samples_learner_1,samples_learner_2,samples_learner_3,")
+    );
+    assert!(header.ends_with(",wait_seconds_learner_2,wait_seconds_learner_3"));
     let rows: Vec<&str> = lines.collect();
     assert_eq!(rows.len(), 2, "one evaluation per epoch");
-    // Each learner took 250 steps of 32 examples.
+    // Each learner took 250 steps of 32 examples, computing for some of its time.
+    let column = |name: &str| header.split(',').position(|h| h == name).unwrap();
     let last: Vec<&str> = rows[1].split(',').collect();
-    assert_eq!(last[last.len() - 4..], ["8000"; 4]);
+    for l in 0..4 {
+        assert_eq!(last[column(&format!("samples_learner_{l}"))], "8000");
+        let seconds: f64 = last[column(&format!("compute_seconds_learner_{l}"))].parse().unwrap();
+        assert!(seconds > 0.0, "learner {l} computed");
+    }
+    let goodput: f64 = last[column("goodput")].parse().unwrap();
+    assert!(goodput > 0.0 && goodput <= 1.0, "goodput {goodput}");
     let config: toml::Table =
         toml::from_str(&std::fs::read_to_string(dir.join("config.toml")).unwrap()).unwrap();
     assert_eq!(config["training"]["train_examples"].as_integer(), Some(16000));
