@@ -48,7 +48,7 @@ pub struct Point {
     pub mean_staleness: f64,
     /// Max σ.
     pub max_staleness: u64,
-    /// Samples per wall-clock second.
+    /// Samples per second (virtual seconds in the simulator).
     pub samples_per_second: f64,
     /// Payload bytes the learners' messages carried.
     pub payload_bytes: u64,
@@ -236,6 +236,8 @@ fn run_point(runs: StudyRuns, config: &Config, sets: &[String], dir: &RunDir) ->
         StudyRuns::Simulate => {
             let report = simulate::simulate(config, ProgressMode::Quiet)?;
             let mut s = simulate::write_run(dir, config, &report)?.run;
+            // The simulated cluster's rate, not the simulator's own.
+            s.samples_per_second = s.samples as f64 / report.virtual_seconds.max(1e-12);
             if config.simulation.gradients != GradientSource::Model {
                 s.final_test_accuracy = f64::NAN; // the quadratic has no test set
             }
