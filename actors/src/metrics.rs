@@ -331,7 +331,8 @@ impl Collector for Reading {
             self.learners_alive,
         )?;
         self.labelled(e, Family::LearnerSamples)?;
-        let seconds: [(&str, &str, fn(&LearnerTime) -> f64); 2] = [
+        type Seconds = fn(&LearnerTime) -> f64;
+        let seconds: [(&str, &str, Seconds); 2] = [
             (
                 "rudra_learner_compute_seconds",
                 "Seconds the learner spent computing gradients, at the latest evaluation (local, scheduler).",

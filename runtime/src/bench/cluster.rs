@@ -103,7 +103,9 @@ pub fn run(file: Option<&Path>, base: &[String], repeats: usize) -> Result<Vec<B
             "4 processes over QUIC, f32, prefetch 1".to_owned(),
             Some((("f32", "f32"), 1)),
         )));
-    let settings: Vec<(String, Option<((&str, &str), u32)>)> =
+    // None: the in-memory run; Some((codecs, prefetch)): processes over QUIC.
+    type Setting<'a> = Option<((&'a str, &'a str), u32)>;
+    let settings: Vec<(String, Setting)> =
         std::iter::once(("in memory, f32".to_owned(), None)).chain(over_quic).collect();
     let measured = interleaved(settings.len(), repeats, tmp.path(), |i, dir| {
         let (name, setting) = &settings[i];

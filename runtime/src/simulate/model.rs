@@ -102,7 +102,8 @@ pub struct Route {
 
 /// Message times on every learner–shard link, both directions.
 pub struct Network {
-    /// Latency plus size over bandwidth, per shard: (pull, values up, values down).
+    /// Latency plus size over bandwidth, per learner and shard (`learner * shards + shard`):
+    /// (pull, values up, values down).
     transit: Vec<(Nanos, Nanos, Nanos)>,
     /// Frame bytes of the same three messages, per shard.
     sizes: Vec<(u64, u64, u64)>,
@@ -132,7 +133,11 @@ impl Network {
     /// The network of `spec` between `learners` learners and shards holding `ranges` values
     /// each; message sizes are those of the encoded wire frames.
     pub fn new(spec: &NetworkSpec, learners: usize, ranges: &[usize]) -> Result<Self, RuntimeError> {
-        let time = |bytes: u64| nanos(spec.latency + bytes as f64 / spec.bandwidth);
+        let latency = |l: usize| match spec.learner_latency.as_slice() {
+            [] => spec.latency,
+            each => each[l % each.len()],
+        };
+        let time = |l: usize, bytes: u64| nanos(latency(l) + bytes as f64 / spec.bandwidth);
         let pull = Msg::Pull { learner: LearnerId(0), seq: 1, last: false }.encode()?.len() as u64;
         let sizes: Vec<(u64, u64, u64)> = ranges
             .iter()
@@ -159,7 +164,9 @@ impl Network {
             })
             .collect::<Result<_, RuntimeError>>()?;
         Ok(Self {
-            transit: sizes.iter().map(|&(p, u, d)| (time(p), time(u), time(d))).collect(),
+            transit: (0..learners)
+                .flat_map(|l| sizes.iter().map(move |&(p, u, d)| (time(l, p), time(l, u), time(l, d))))
+                .collect(),
             sizes,
             values: ranges.iter().map(|&len| 4 * len as u64).collect(),
             jitter: spec.jitter * 1e9,
@@ -184,7 +191,7 @@ impl Network {
             Payload::Up => up,
             Payload::Down => down,
         };
-        let mut at = now + pick(self.transit[s]);
+        let mut at = now + pick(self.transit[route.learner.index() * self.shards + s]);
         let size = pick(self.sizes[s]);
         match route.payload {
             Payload::Pull => {}
@@ -278,6 +285,7 @@ mod tests {
     fn messages_take_latency_plus_size_over_bandwidth_and_links_stay_in_order() {
         let spec = NetworkSpec {
             latency: 0.001,
+            learner_latency: Vec::new(),
             bandwidth: 1e6,
             jitter: 0.0,
             drop_probability: 0.0,
@@ -306,7 +314,7 @@ mod tests {
         assert_eq!(net.flying, up_bytes);
         assert_eq!(net.payload, [2 * 4000, 0], "the values of the two pushes");
 
-        let lossy = NetworkSpec { drop_probability: 0.5, ..spec };
+        let lossy = NetworkSpec { drop_probability: 0.5, ..spec.clone() };
         let mut net = Network::new(&lossy, 1000, &[1]).unwrap();
         let late = (0..1000)
             .filter(|&l| {
@@ -316,5 +324,17 @@ mod tests {
             .count();
         assert!((400..600).contains(&late), "about half the messages are resent: {late}");
         assert!(net.resent >= late as u64);
+
+        // Per learner, cycled: learner 1 and 3 are 20 ms away, 0 and 2 at 1 ms.
+        let sites = NetworkSpec { learner_latency: vec![0.001, 0.020], ..spec };
+        let mut net = Network::new(&sites, 4, &[1000]).unwrap();
+        let mut pull = |net: &mut Network, l| {
+            net.arrival(0, Route { learner: LearnerId(l), ..route(Payload::Pull) }, &mut rng)
+        };
+        let (near, far) = (pull(&mut net, 2), pull(&mut net, 3));
+        assert!(
+            (1_000_000..1_200_000).contains(&near) && (20_000_000..20_200_000).contains(&far),
+            "{near} {far}"
+        );
     }
 }

@@ -24,6 +24,9 @@ pub struct RawSimulation {
     pub straggler_factor: f64,
     /// Seconds from send to arrival of any message, before its size is added.
     pub latency: f64,
+    /// Per learner instead of `latency`, cycled over learner ids (empty: `latency` for all).
+    #[serde(default)]
+    pub learner_latency: Vec<f64>,
     /// Bytes per second of every learner–shard link.
     pub bandwidth: f64,
     /// Extra delay of every message, uniform in `[0, jitter)` seconds.
@@ -121,10 +124,13 @@ pub struct ComputeSpec {
 }
 
 /// How long messages travel.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct NetworkSpec {
     /// Seconds per message.
     pub latency: f64,
+    /// Seconds per message on learner l's links: `learner_latency[l % len]`, or `latency` when
+    /// empty.
+    pub learner_latency: Vec<f64>,
     /// Bytes per second.
     pub bandwidth: f64,
     /// Uniform extra delay bound, seconds.
@@ -269,6 +275,9 @@ impl Simulation {
         };
         let network = NetworkSpec {
             latency: check("simulation.latency", s.latency, s.latency >= 0.0, "0 or more")?,
+            learner_latency: (s.learner_latency.iter())
+                .map(|&l| check("simulation.learner_latency", l, l >= 0.0, "a list of 0 or more"))
+                .collect::<Result<_, _>>()?,
             bandwidth: check("simulation.bandwidth", s.bandwidth, s.bandwidth > 0.0, "positive")?,
             jitter: check("simulation.jitter", s.jitter, s.jitter >= 0.0, "0 or more")?,
             drop_probability: check(

@@ -1,7 +1,7 @@
 //! The scheduler actor: a thin shell over [`SchedulerCore`] that also evaluates the model at
 //! epoch boundaries and assembles the [`RunReport`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,7 +15,7 @@ use crate::goodput::{LearnerClocks, LearnerTime, goodput};
 use crate::links::Members;
 use crate::messages::{
     Disconnected, GetState, GetStats, Heartbeat, IsAlive, Joined, LearnerDone, Membership, Note, Progress,
-    ShardAlive, ShardFailed, ShardLost, ShardRestarted, StartLearner, StopLearner, StopShard,
+    StartLearner, StopLearner, StopShard,
 };
 use crate::metrics::Metrics;
 use crate::report::{
@@ -23,6 +23,8 @@ use crate::report::{
 };
 use crate::{ActorError, Models};
 use rudra_proto::{Divergence, SchedulerCore, SchedulerEvent};
+
+mod shards;
 
 /// Where the run's report goes.
 pub type ReportSender = oneshot::Sender<Result<RunReport, ActorError>>;
@@ -49,6 +51,9 @@ pub struct SchedulerActor {
     loss_window: (f64, u64),
     last_progress: Instant,
     rows: Vec<MetricsRow>,
+    /// Whether an evaluation is under way, and those asked for meanwhile (whether each is the
+    /// final one), run in turn.
+    evaluations: (bool, VecDeque<bool>),
     observer: Option<mpsc::UnboundedSender<RunEvent>>,
     report: Option<ReportSender>,
     /// When the scheduler was made: the failure detector's and the timeline's clock.
@@ -128,6 +133,7 @@ impl SchedulerActor {
             loss_window: (0.0, 0),
             last_progress: Instant::now(),
             rows: Vec::new(),
+            evaluations: (false, VecDeque::new()),
             observer,
             report: Some(report),
             born: Instant::now(),
@@ -260,7 +266,14 @@ impl SchedulerActor {
         }
     }
 
+    /// Evaluate the weights now, or after the evaluation under way. Evaluations run beside the
+    /// scheduler's other work: a shard lost meanwhile is noted when its connection ends, not
+    /// once the evaluation waiting for its weights gives up.
     fn evaluate(&mut self, final_: bool, ctx: &mut Context<Self>) {
+        if std::mem::replace(&mut self.evaluations.0, true) {
+            self.evaluations.1.push_back(final_);
+            return;
+        }
         let ask = Ask {
             shards: self.members.shards.clone(),
             stats: self.members.stats.clone(),
@@ -283,10 +296,15 @@ impl SchedulerActor {
             self.learner_samples.clone(),
             self.bytes,
         );
-        // `wait` keeps evaluations in order: the next message is handled after this one ends.
-        ctx.wait(ask.run().into_actor(self).map(move |result, act, ctx| match result {
-            Ok(eval) => act.on_evaluated(eval, window, at, final_, ctx),
-            Err(e) => act.finish(Err(e), ctx),
+        ctx.spawn(ask.run().into_actor(self).map(move |result, act, ctx| {
+            act.evaluations.0 = false;
+            match result {
+                Ok(eval) => act.on_evaluated(eval, window, at, final_, ctx),
+                Err(e) => act.finish(Err(e), ctx),
+            }
+            if let Some(next) = act.evaluations.1.pop_front() {
+                act.evaluate(next, ctx);
+            }
         }));
     }
 
@@ -447,82 +465,6 @@ impl Handler<Note> for SchedulerActor {
     fn handle(&mut self, Note(what): Note, _: &mut Context<Self>) {
         tracing::info!("fault injected: {what}");
         self.note("injected", what);
-    }
-}
-
-impl Handler<ShardLost> for SchedulerActor {
-    type Result = ();
-    fn handle(&mut self, ShardLost(shard): ShardLost, ctx: &mut Context<Self>) {
-        self.shard_lost(shard, "its connection ended", ctx);
-    }
-}
-
-impl Handler<ShardAlive> for SchedulerActor {
-    type Result = ();
-    fn handle(&mut self, ShardAlive(shard): ShardAlive, ctx: &mut Context<Self>) {
-        let events = self.core.on_shard_heard(shard, self.born.elapsed());
-        self.carry_out(events, ctx);
-    }
-}
-
-impl Handler<ShardFailed> for SchedulerActor {
-    type Result = ();
-    fn handle(&mut self, msg: ShardFailed, ctx: &mut Context<Self>) {
-        if self.report.is_some() {
-            tracing::error!(shard = %msg.shard, "shard failed: {}", msg.reason);
-            self.note("detected", format!("{} failed: {}", msg.shard, msg.reason));
-            self.finish(Err(ActorError::ShardFailed(msg.shard, msg.reason)), ctx);
-        }
-    }
-}
-
-impl SchedulerActor {
-    /// `shard` is gone (`why`): unless it is back within the shard timeout, the run stops.
-    fn shard_lost(&mut self, shard: ShardId, why: &str, ctx: &mut Context<Self>) {
-        if self.report.is_none() || self.shards_down.contains_key(&shard) {
-            return; // The run is over and the shards are hanging up, or it is known.
-        }
-        tracing::warn!(%shard, "shard lost ({why}); waiting {:?} for it to come back", self.shard_timeout);
-        self.note("detected", format!("{shard} lost"));
-        self.shard_losses += 1;
-        let loss = self.shard_losses;
-        self.shards_down.insert(shard, loss);
-        ctx.run_later(self.shard_timeout, move |act, ctx| {
-            if act.shards_down.get(&shard) == Some(&loss) {
-                let why = format!(
-                    "not back within {:?}; restart it (`rudra-node --role shard --resume DIR`) and the run",
-                    act.shard_timeout
-                );
-                act.finish(Err(ActorError::ShardFailed(shard, why)), ctx);
-            }
-        });
-    }
-}
-
-impl Handler<ShardRestarted> for SchedulerActor {
-    type Result = ();
-    fn handle(&mut self, msg: ShardRestarted, ctx: &mut Context<Self>) {
-        match msg.resumed {
-            Ok(resumed) => {
-                self.shards_down.remove(&msg.shard);
-                // The restarted shard learns who is active now.
-                if let Some(s) = self.members.shards.get(msg.shard.index()) {
-                    s.membership.do_send(Membership { active: self.core.active() });
-                }
-                let lost = msg.crashed_at.0.saturating_sub(resumed.0);
-                self.updates_lost += lost;
-                let what = format!(
-                    "{} restarted from its checkpoint at clock {resumed}: {lost} updates lost",
-                    msg.shard
-                );
-                tracing::info!("{what}");
-                self.note("recovered", what);
-            }
-            Err(error) => {
-                tracing::error!(shard = %msg.shard, "could not restart: {error}");
-                self.finish(Err(ActorError::ShardFailed(msg.shard, error)), ctx);
-            }
-        }
     }
 }
 
