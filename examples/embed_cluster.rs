@@ -25,6 +25,7 @@ fn main() -> anyhow::Result<()> {
             max_staleness: None,
             backups: 0,
             prefetch: 0,
+            quorum: None,
         }),
         batch_size: 16,
         epochs: 3,

@@ -27,6 +27,7 @@ fn spec() -> ClusterSpec {
             max_staleness: Some(6),
             backups: 0,
             prefetch: 0,
+            quorum: None,
         }),
         batch_size: 32,
         epochs: 3,

@@ -50,6 +50,7 @@ async fn main() -> anyhow::Result<()> {
             max_staleness: None,
             backups: 0,
             prefetch: 0,
+            quorum: None,
         }),
         batch_size: 32,
         epochs: 3,

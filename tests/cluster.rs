@@ -37,6 +37,7 @@ fn spec(learners: u32, shards: u32, rule: SyncRule, batch_size: usize) -> Cluste
             max_staleness: None,
             backups: 0,
             prefetch: 0,
+            quorum: None,
         }),
         batch_size,
         epochs: 1,

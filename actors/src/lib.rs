@@ -47,4 +47,6 @@ pub use models::Models;
 pub use report::{
     BytesMoved, Diverged, MetricsRow, ProgressSnapshot, RunEvent, RunReport, SchedulerState, TimelineEntry,
 };
-pub use spec::{ClusterSpec, ElasticMethod, ElasticSpec, ProtocolSpec, SgdSpec, TrainingData};
+pub use spec::{
+    ClusterSpec, ElasticMethod, ElasticSpec, MAX_GRACE_MS, ProtocolSpec, QuorumSpec, SgdSpec, TrainingData,
+};

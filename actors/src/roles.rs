@@ -87,9 +87,9 @@ pub fn start_shard(
         }
     };
     let counters = metrics.map(|m| m.shard(id));
-    let weights = spec.codecs.weights;
+    let (weights, grace) = (spec.codecs.weights, spec.grace_window());
     let addr = ShardActor::start_in_arbiter(arbiter, move |_| {
-        ShardActor::new(core, tracker, counters, checkpoints, weights)
+        ShardActor::new(core, tracker, counters, checkpoints, weights).with_grace(grace)
     });
     Ok((addr, resumed))
 }

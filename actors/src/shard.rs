@@ -15,7 +15,7 @@ use crate::messages::{
     StopShard,
 };
 use crate::metrics::ShardMetrics;
-use rudra_proto::{CoreError, DropReason, Outcome, ShardCore, ShardEvent, Weights};
+use rudra_proto::{CoreError, DropReason, GraceWindow, Outcome, ShardCore, ShardEvent, Weights};
 
 /// Records are sent to the tracker in batches of this many (and on every snapshot and stop) …
 const REPORT_BATCH: usize = 256;
@@ -43,6 +43,8 @@ pub struct ShardActor {
     /// learner pulling the same clock gets the same payload, encoded once.
     weights: Encoding,
     encoded: Option<(Clock, Payload)>,
+    /// Hardsync with a quorum: chooses each round's grace window, on the actor's own clock.
+    grace: Option<(GraceWindow, std::time::Instant)>,
 }
 
 impl ShardActor {
@@ -69,7 +71,15 @@ impl ShardActor {
             non_finite: std::collections::BTreeSet::new(),
             weights,
             encoded: None,
+            grace: None,
         }
+    }
+
+    /// Quorum rounds close at the end of grace windows that `window` chooses.
+    #[must_use]
+    pub fn with_grace(mut self, window: Option<GraceWindow>) -> Self {
+        self.grace = window.map(|w| (w, std::time::Instant::now()));
+        self
     }
 
     /// Write a checkpoint if one is due (or `now`); whether one was written. A checkpoint that
@@ -93,7 +103,7 @@ impl ShardActor {
     }
 
     /// Carry out the effects of an input the core took, or log why it refused it.
-    fn carry_out(&mut self, events: Result<Vec<ShardEvent>, CoreError>, what: &str) {
+    fn carry_out(&mut self, events: Result<Vec<ShardEvent>, CoreError>, what: &str, ctx: &mut Context<Self>) {
         let events = match events {
             Ok(events) => events,
             Err(e) if e.is_duplicate() => {
@@ -128,6 +138,7 @@ impl ShardActor {
                     }
                     self.pending.updates.push(u);
                 }
+                ShardEvent::Quorum { clock, missing } => self.open_grace(clock, missing, ctx),
             }
         }
         if self.pending.gradients.len() + self.pending.updates.len() >= REPORT_BATCH {
@@ -164,10 +175,22 @@ impl ShardActor {
         }
     }
 
-    fn pull(&mut self, msg: Pull) {
+    /// The round on `clock` holds its quorum: it closes when its grace window is over.
+    fn open_grace(&mut self, clock: Clock, missing: usize, ctx: &mut Context<Self>) {
+        let Some((window, born)) = &mut self.grace else { return };
+        let wait = window.quorum(clock, missing, born.elapsed());
+        ctx.run_later(wait, move |act, ctx| {
+            if !act.down {
+                let events = act.core.on_grace_over(clock);
+                act.carry_out(Ok(events), "the end of a grace window", ctx);
+            }
+        });
+    }
+
+    fn pull(&mut self, msg: Pull, ctx: &mut Context<Self>) {
         self.replies.insert(msg.learner, msg.reply_to);
         let events = self.core.on_pull(msg.learner, msg.seq, msg.last);
-        self.carry_out(events, "pull");
+        self.carry_out(events, "pull", ctx);
     }
 
     fn flush(&mut self) {
@@ -188,36 +211,39 @@ impl Actor for ShardActor {
 
 impl Handler<Pull> for ShardActor {
     type Result = ();
-    fn handle(&mut self, msg: Pull, _: &mut Context<Self>) {
+    fn handle(&mut self, msg: Pull, ctx: &mut Context<Self>) {
         if self.down {
             return;
         }
-        self.pull(msg);
+        self.pull(msg, ctx);
     }
 }
 
 impl Handler<Push> for ShardActor {
     type Result = ();
-    fn handle(&mut self, msg: Push, _: &mut Context<Self>) {
+    fn handle(&mut self, msg: Push, ctx: &mut Context<Self>) {
         if self.down {
             return;
         }
         let Push { learner, seq, computed_on, values, then } = msg;
+        if let Some((window, born)) = &mut self.grace {
+            window.arrived(computed_on, born.elapsed());
+        }
         match values.decode() {
             Ok(values) => {
                 let events = self.core.on_push(learner, seq, computed_on, &values);
                 drop(values);
-                self.carry_out(events, "push");
+                self.carry_out(events, "push", ctx);
             }
             Err(e) => tracing::warn!(shard = %self.core.id(), "rejected a push from {learner}: {e}"),
         }
-        self.pull(then);
+        self.pull(then, ctx);
     }
 }
 
 impl Handler<Exchange> for ShardActor {
     type Result = ();
-    fn handle(&mut self, msg: Exchange, _: &mut Context<Self>) {
+    fn handle(&mut self, msg: Exchange, ctx: &mut Context<Self>) {
         if self.down {
             return;
         }
@@ -225,7 +251,7 @@ impl Handler<Exchange> for ShardActor {
         match msg.values.decode() {
             Ok(values) => {
                 let events = self.core.on_exchange(msg.learner, &values);
-                self.carry_out(events, "exchange");
+                self.carry_out(events, "exchange", ctx);
             }
             Err(e) => {
                 tracing::warn!(shard = %self.core.id(), "rejected an exchange from {}: {e}", msg.learner)
@@ -236,10 +262,10 @@ impl Handler<Exchange> for ShardActor {
 
 impl Handler<Membership> for ShardActor {
     type Result = ();
-    fn handle(&mut self, msg: Membership, _: &mut Context<Self>) {
+    fn handle(&mut self, msg: Membership, ctx: &mut Context<Self>) {
         tracing::info!(shard = %self.core.id(), "λ = {}", msg.active.len());
         let events = self.core.on_membership(msg.active);
-        self.carry_out(Ok(events), "membership");
+        self.carry_out(Ok(events), "membership", ctx);
     }
 }
 

@@ -12,10 +12,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::{InvalidSetting, Models};
 use rudra_proto::{
-    CenterRule, CenterShard, DownpourLearner, ElasticLearner, ElasticSettings, ElasticWorker, LearnerCore,
-    LearnerLoop, LocalRule, LrModulation, LrSchedule, MAX_PREFETCH, OptimizerSpec, SchedulerCore, SgdShard,
-    SgdShardConfig, ShardCore, SyncRule, shard_ranges,
+    CenterRule, CenterShard, DownpourLearner, ElasticLearner, ElasticSettings, ElasticWorker, GraceWindow,
+    LateRule, LearnerCore, LearnerLoop, LocalRule, LrModulation, LrSchedule, MAX_PREFETCH, OptimizerSpec,
+    SchedulerCore, SgdShard, SgdShardConfig, ShardCore, SyncRule, shard_ranges,
 };
+
+/// The longest grace window a quorum round may be given, in milliseconds.
+pub const MAX_GRACE_MS: u64 = 60_000;
 
 /// Which protocol the shards run: one of two families, each with its own settings only
 /// (`docs/src/algorithms.md` §1–§3 and §4–§6).
@@ -44,6 +47,21 @@ pub struct SgdSpec {
     /// weights it holds (`docs/src/algorithms.md §4.1`; 0 for hardsync).
     #[serde(default)]
     pub prefetch: u32,
+    /// Hardsync's quorum rounds, if any.
+    #[serde(default)]
+    pub quorum: Option<QuorumSpec>,
+}
+
+/// Hardsync's quorum rounds (`docs/src/algorithms.md` §5.2): a round closes once q
+/// contributions on its weights are in and the grace window has passed, or once all are in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuorumSpec {
+    /// q, at most λ.
+    pub size: u32,
+    /// What a contribution on older weights comes to.
+    pub late: LateRule,
+    /// The grace window's cap w_max, in milliseconds (0: a round closes at its quorum).
+    pub grace_max_ms: u64,
 }
 
 impl ProtocolSpec {
@@ -401,6 +419,7 @@ impl ClusterSpec {
                     ),
                 ));
             }
+            ProtocolSpec::Sgd(p @ SgdSpec { quorum: Some(q), .. }) => self.check_quorum(p, q)?,
             ProtocolSpec::Sgd(SgdSpec { prefetch: k, .. }) if *k > MAX_PREFETCH => {
                 return Err(InvalidSetting::new(
                     "protocol.prefetch",
@@ -440,6 +459,49 @@ impl ClusterSpec {
         Ok(())
     }
 
+    /// A quorum belongs to hardsync, within λ, without backups, with a bounded window.
+    fn check_quorum(&self, p: &SgdSpec, q: &QuorumSpec) -> Result<(), InvalidSetting> {
+        let why = if p.rule != SyncRule::Hardsync {
+            "quorum rounds are hardsync's (softsync and async never wait for all)".to_owned()
+        } else if !(1..=self.learners).contains(&q.size) {
+            format!("it must be between 1 and λ = {}", self.learners)
+        } else if p.backups > 0 {
+            format!(
+                "and protocol.backups is {}: backups = b is a quorum of λ − b that drops the late with no grace \
+                 window; set one of the two",
+                p.backups
+            )
+        } else if q.grace_max_ms > MAX_GRACE_MS {
+            return Err(InvalidSetting::new(
+                "protocol.grace_max_ms",
+                format!("is {}; at most {MAX_GRACE_MS} ms", q.grace_max_ms),
+            ));
+        } else {
+            return Ok(());
+        };
+        Err(InvalidSetting::new("protocol.quorum", format!("is {}; {why}", q.size)))
+    }
+
+    /// Hardsync with a quorum: the rule of its shards' grace windows.
+    #[must_use]
+    pub fn grace_window(&self) -> Option<GraceWindow> {
+        match &self.protocol {
+            ProtocolSpec::Sgd(SgdSpec { quorum: Some(q), .. }) => {
+                Some(GraceWindow::new(std::time::Duration::from_millis(q.grace_max_ms)))
+            }
+            _ => None,
+        }
+    }
+
+    /// Learners the run may end without: hardsync's backups b, or λ − q with a quorum.
+    #[must_use]
+    pub fn not_waited_for(&self) -> u32 {
+        match &self.protocol {
+            ProtocolSpec::Sgd(SgdSpec { quorum: Some(q), .. }) => self.learners.saturating_sub(q.size),
+            p => p.backups(),
+        }
+    }
+
     /// The parameter range of every shard over a parameter vector of `len` values.
     #[must_use]
     pub fn shard_ranges(&self, len: usize) -> Vec<Range<usize>> {
@@ -456,6 +518,8 @@ impl ClusterSpec {
             modulation: p.modulation,
             max_staleness: p.max_staleness,
             backups: p.backups,
+            quorum: p.quorum.map_or(0, |q| q.size),
+            late: p.quorum.map_or(LateRule::Drop, |q| q.late),
             schedule: self.schedule,
             gradients_per_epoch: self.steps_per_learner(train_len) / u64::from(self.epochs)
                 * u64::from(self.learners),
@@ -527,7 +591,7 @@ impl ClusterSpec {
             * u64::from(self.learners);
         SchedulerCore::new(self.learners, self.shards, per_epoch, u64::from(self.epochs))
             .with_evals_per_epoch(u64::from(self.evals_per_epoch))
-            .with_backups(self.protocol.backups())
+            .with_backups(self.not_waited_for())
     }
 
     /// Examples all learners process over the run, for a training set of `train_len`.

@@ -78,6 +78,7 @@ fn spec(rule: SyncRule) -> ClusterSpec {
             max_staleness: None,
             backups: 0,
             prefetch: 0,
+            quorum: None,
         }),
         batch_size: 4,
         epochs: 1,

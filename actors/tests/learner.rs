@@ -122,6 +122,7 @@ fn a_duplicated_answer_changes_neither_the_model_nor_the_clock_the_gradient_is_c
             max_staleness: None,
             backups: 0,
             prefetch: 0,
+            quorum: None,
         }),
         batch_size: 1,
         epochs: 1,

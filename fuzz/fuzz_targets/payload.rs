@@ -100,6 +100,8 @@ fuzz_target!(|input: Input| {
                 modulation: LrModulation::PerGradient,
                 max_staleness: Some(4),
                 backups: 0,
+                quorum: 0,
+                late: rudra_proto::LateRule::Drop,
                 schedule: LrSchedule { base: 0.1, decay: 1.0 },
                 gradients_per_epoch: 10,
                 prefetch: 0,

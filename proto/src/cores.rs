@@ -100,6 +100,14 @@ impl ShardCore {
         }
     }
 
+    /// A quorum round's grace window is over (see [`ShardEvent::Quorum`]); nothing for a center.
+    pub fn on_grace_over(&mut self, clock: Clock) -> Vec<ShardEvent> {
+        match self {
+            Self::Sgd(c) => c.on_grace_over(clock),
+            Self::Center(_) => Vec::new(),
+        }
+    }
+
     /// The active learners changed.
     pub fn on_membership(&mut self, active: BTreeSet<LearnerId>) -> Vec<ShardEvent> {
         match self {

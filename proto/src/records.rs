@@ -108,4 +108,12 @@ pub enum ShardEvent {
     Gradient(GradientRecord),
     /// Report an applied update.
     Update(UpdateRecord),
+    /// A hardsync round with a quorum holds it, `missing` contributions short of all: start
+    /// its grace window, then call [`SgdShard::on_grace_over`](crate::SgdShard::on_grace_over).
+    Quorum {
+        /// The round's clock.
+        clock: Clock,
+        /// Contributions on its weights still to come.
+        missing: usize,
+    },
 }

@@ -137,10 +137,10 @@ fn nan() -> f64 {
 
 /// How a run that stopped without an error ended. Hardsync's backup learners are cut off by
 /// design: their unprocessed examples do not make a run incomplete.
-fn outcome(report: &RunReport, backups: u32) -> &'static str {
+fn outcome(report: &RunReport, not_waited_for: u32) -> &'static str {
     if report.diverged.is_some() {
         "diverged"
-    } else if backups == 0 && report.samples < report.samples_expected {
+    } else if not_waited_for == 0 && report.samples < report.samples_expected {
         "incomplete"
     } else {
         "completed"
@@ -173,7 +173,7 @@ impl Summary {
             samples_expected: report.samples_expected,
             wall_seconds: report.wall_seconds,
             samples_per_second: report.samples as f64 / report.wall_seconds.max(1e-9),
-            outcome: outcome(report, c.protocol.backups()).to_owned(),
+            outcome: outcome(report, c.not_waited_for()).to_owned(),
             diverged: report.diverged,
             error: None,
             final_test_accuracy: report.final_test_accuracy,

@@ -15,7 +15,9 @@ fn replies(events: Vec<ShardEvent>) -> Vec<(LearnerId, Vec<f32>)> {
     (events.into_iter())
         .filter_map(|e| match e {
             ShardEvent::Center { learner, weights } => Some((learner, weights.values.to_vec())),
-            ShardEvent::Serve { .. } => panic!("a center shard answered with weights"),
+            ShardEvent::Serve { .. } | ShardEvent::Quorum { .. } => {
+                panic!("a center shard answered as an SGD one")
+            }
             ShardEvent::Gradient(_) | ShardEvent::Update(_) => None,
         })
         .collect()
@@ -316,6 +318,8 @@ fn downpour_with_tau_one_is_async_sgd_without_modulation() {
         modulation: LrModulation::None,
         max_staleness: None,
         backups: 0,
+        quorum: 0,
+        late: crate::LateRule::Drop,
         schedule: crate::LrSchedule { base: lr, decay: 1.0 },
         gradients_per_epoch: u64::MAX,
         prefetch: 0,

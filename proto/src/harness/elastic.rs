@@ -270,6 +270,9 @@ impl<'a, 'g> Run<'a, 'g> {
                 ShardEvent::Serve { learner, .. } => {
                     return Err(self.violation(format!("a center shard answered {learner} with weights")));
                 }
+                ShardEvent::Quorum { clock, .. } => {
+                    return Err(self.violation(format!("a center shard announced a quorum at {clock}")));
+                }
                 ShardEvent::Gradient(r) => {
                     let count = self.recorded.entry((r.learner, s)).or_default();
                     *count += 1;

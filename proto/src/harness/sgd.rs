@@ -163,6 +163,8 @@ impl<'a, 'g> Run<'a, 'g> {
                     modulation: setup.modulation,
                     max_staleness: setup.max_staleness,
                     backups: 0,
+                    quorum: 0,
+                    late: crate::LateRule::Drop,
                     schedule: LrSchedule { base: setup.lr, decay: 1.0 },
                     gradients_per_epoch: u64::MAX,
                     prefetch: setup.prefetch,
@@ -455,6 +457,9 @@ impl<'a, 'g> Run<'a, 'g> {
                 }
                 ShardEvent::Center { learner, .. } => {
                     return Err(self.violation(format!("an SGD shard answered {learner} with a center")));
+                }
+                ShardEvent::Quorum { clock, .. } => {
+                    return Err(self.violation(format!("a shard without a quorum announced one at {clock}")));
                 }
                 ShardEvent::Gradient(r) => {
                     let bound = self.setup.max_staleness.unwrap_or(u64::MAX);

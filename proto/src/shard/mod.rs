@@ -47,6 +47,15 @@ struct Held {
     lr: f32,
 }
 
+/// What a quorum round does with a contribution computed on an earlier round's weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LateRule {
+    /// Apply it in the open round with α(σ), σ the rounds it missed.
+    Fold,
+    /// Drop it and count it (`stale-round`), as backup learners do.
+    Drop,
+}
+
 /// The incarnation a learner's step number belongs to (see
 /// [`LearnerCore::incarnation_base`](super::LearnerCore::incarnation_base)).
 fn incarnation(seq: u64) -> u64 {
@@ -75,6 +84,13 @@ pub struct SgdShardConfig {
     /// Hardsync: backup learners b; a round completes with the first λ − b gradients on the
     /// current weights, and the rest arrive late (dropped as `stale-round`).
     pub backups: u32,
+    /// Hardsync: the quorum q (0: none). A round holding q contributions on the current
+    /// weights may close before the rest arrive: the shard says [`ShardEvent::Quorum`], and
+    /// closes it when told the grace window is over ([`SgdShard::on_grace_over`]) unless all
+    /// arrived first (`docs/src/algorithms.md` §5.2).
+    pub quorum: u32,
+    /// Hardsync with a quorum: what a contribution on older weights comes to.
+    pub late: LateRule,
     /// The base learning rate `α0` per epoch.
     pub schedule: LrSchedule,
     /// Gradients (from all learners) per epoch: the epoch of a gradient is the number received
@@ -96,9 +112,10 @@ pub struct SgdShard {
     active: BTreeSet<LearnerId>,
     acc: Vec<f32>,
     held: Vec<Held>,
-    /// Hardsync: the round's gradients with their weights, summed in learner order when the
+    /// Hardsync: the round's gradients with their weights, by learner and the clock they were
+    /// computed on (older ones folded in from earlier rounds), summed in that order when the
     /// round completes, so the result never depends on arrival order.
-    round: BTreeMap<LearnerId, (f32, Vec<f32>)>,
+    round: BTreeMap<(LearnerId, Clock), (f32, Vec<f32>)>,
     /// Hardsync: learners whose gradient of this round was dropped as non-finite; the round
     /// completes without them.
     voided: BTreeSet<LearnerId>,
@@ -128,6 +145,8 @@ pub struct SgdShard {
     /// Restarted from a checkpoint: learners may still push gradients computed on the
     /// newer weights that were lost; they are dropped as [`DropReason::RolledBack`].
     restored: bool,
+    /// The clock of the last round whose quorum was announced.
+    quorum_said: Option<Clock>,
     /// Effects of the input being handled, returned when it is done.
     events: Vec<ShardEvent>,
 }
@@ -157,6 +176,7 @@ impl SgdShard {
             received: 0,
             removed_at: BTreeMap::new(),
             restored: false,
+            quorum_said: None,
             events: Vec::new(),
         }
     }
@@ -219,6 +239,7 @@ impl SgdShard {
         self.used.clear();
         self.deferred.clear();
         self.deferred_set.clear();
+        self.quorum_said = None;
         self.events.clear();
         Ok(())
     }
@@ -244,8 +265,7 @@ impl SgdShard {
             SyncRule::Hardsync => {
                 // A round waits for no learner that has finished, unless its last gradient is
                 // part of the round.
-                let waiting = |l: LearnerId| self.round.contains_key(&l) || self.voided.contains(&l);
-                let finished = self.finished.keys().filter(|&&l| !waiting(l)).count();
+                let finished = self.finished.keys().filter(|&&l| !self.in_round(l)).count();
                 let lambda = self.active.len().saturating_sub(finished).max(1);
                 lambda.saturating_sub(self.cfg.backups as usize).max(1)
             }
@@ -340,8 +360,13 @@ impl SgdShard {
             )));
         }
         // A gradient on weights a restart lost is no part of the open round: it is dropped
-        // below as rolled back, not refused as a second turn.
-        if self.cfg.rule == SyncRule::Hardsync && self.in_round(learner) && computed_on <= self.clock {
+        // below as rolled back, not refused as a second turn; nor is a late one folded in.
+        let folded = self.folds() && computed_on < self.clock;
+        if self.cfg.rule == SyncRule::Hardsync
+            && self.in_round(learner)
+            && computed_on <= self.clock
+            && !folded
+        {
             return Err(self.duplicate(learner, seq, "push in a round it already pushed to"));
         }
         if self.outstanding.seq(learner).is_some_and(|s| s <= seq) {
@@ -358,7 +383,7 @@ impl SgdShard {
             _ if !cpu::all_finite(grad) => Some(DropReason::NonFinite),
             _ if computed_on > self.clock => Some(DropReason::RolledBack),
             _ if self.removed_at.get(&learner).is_some_and(|&c| computed_on < c) => Some(DropReason::Lapsed),
-            (SyncRule::Hardsync, _) if staleness.0 > 0 => Some(DropReason::StaleRound),
+            (SyncRule::Hardsync, _) if staleness.0 > 0 && !folded => Some(DropReason::StaleRound),
             (_, Some(bound)) if staleness.0 > bound => Some(DropReason::TooStale),
             _ => None,
         };
@@ -392,7 +417,7 @@ impl SgdShard {
                 let mut buf = self.spare.pop().unwrap_or_default();
                 buf.clear();
                 buf.extend_from_slice(grad);
-                self.round.insert(learner, (weight, buf));
+                self.round.insert((learner, computed_on), (weight, buf));
                 if complete {
                     self.apply(None);
                 }
@@ -428,9 +453,41 @@ impl SgdShard {
         self.take_events()
     }
 
-    /// Whether the gradients held (and, for hardsync, those voided) make an update.
+    /// The quorum's round is over its grace window: it closes if it is still open and holds
+    /// its quorum (an update since, or a quorum lost to a membership change, leaves it).
+    pub fn on_grace_over(&mut self, clock: Clock) -> Vec<ShardEvent> {
+        if clock == self.clock && self.quorum().is_some_and(|q| self.contributions() >= q) {
+            self.apply(None);
+            self.release_deferred();
+        }
+        self.take_events()
+    }
+
+    /// Whether late contributions are folded into the open round.
+    fn folds(&self) -> bool {
+        self.cfg.rule == SyncRule::Hardsync && self.cfg.quorum > 0 && self.cfg.late == LateRule::Fold
+    }
+
+    /// The contributions that count towards the update: for hardsync, those on the current
+    /// weights and those voided (folded ones ride along); otherwise every one held.
+    fn contributions(&self) -> usize {
+        match self.cfg.rule {
+            SyncRule::Hardsync => {
+                self.held.iter().filter(|h| h.computed_on == self.clock).count() + self.voided.len()
+            }
+            _ => self.held.len(),
+        }
+    }
+
+    /// Whether the contributions held make an update.
     fn round_complete(&self) -> bool {
-        self.held.len() + self.voided.len() >= self.gradients_per_update()
+        self.contributions() >= self.gradients_per_update()
+    }
+
+    /// Hardsync with a quorum: q, or all the round waits for if fewer.
+    fn quorum(&self) -> Option<usize> {
+        (self.cfg.rule == SyncRule::Hardsync && self.cfg.quorum > 0)
+            .then(|| (self.cfg.quorum as usize).min(self.gradients_per_update()))
     }
 
     /// Whether every active learner has had its last pull served.
@@ -440,11 +497,20 @@ impl SgdShard {
 
     /// Hardsync: whether `learner` already took its turn in the open round.
     fn in_round(&self, learner: LearnerId) -> bool {
-        self.round.contains_key(&learner) || self.voided.contains(&learner)
+        self.round.contains_key(&(learner, self.clock)) || self.voided.contains(&learner)
     }
 
-    /// The effects of the input just handled, in order.
+    /// The effects of the input just handled, in order; the open round's quorum is announced
+    /// once, when first reached.
     fn take_events(&mut self) -> Vec<ShardEvent> {
+        if let Some(q) = self.quorum() {
+            let have = self.contributions();
+            if have >= q && self.quorum_said != Some(self.clock) {
+                self.quorum_said = Some(self.clock);
+                let missing = self.gradients_per_update().saturating_sub(have);
+                self.events.push(ShardEvent::Quorum { clock: self.clock, missing });
+            }
+        }
         std::mem::take(&mut self.events)
     }
 

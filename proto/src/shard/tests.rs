@@ -55,6 +55,8 @@ fn shard(rule: SyncRule, modulation: LrModulation, bound: Option<u64>, learners:
         modulation,
         max_staleness: bound,
         backups: 0,
+        quorum: 0,
+        late: crate::LateRule::Drop,
         schedule,
         gradients_per_epoch: 1,
         prefetch: 0,
@@ -82,6 +84,7 @@ fn drain(s: &mut Logged) -> (Vec<(LearnerId, Clock)>, Vec<GradientRecord>, Vec<U
             ShardEvent::Center { .. } => panic!("an SGD shard answered with a center"),
             ShardEvent::Gradient(g) => grads.push(g),
             ShardEvent::Update(u) => updates.push(u),
+            ShardEvent::Quorum { .. } => {}
         }
     }
     (served, grads, updates)
@@ -499,6 +502,82 @@ fn hardsync_with_backups_applies_the_first_lambda_minus_b_gradients_of_every_rou
         assert_eq!(records[0].outcome, Outcome::Dropped(DropReason::StaleRound), "late");
     }
     assert_eq!(s.stats().summary().dropped, 3);
+}
+
+/// Hardsync with a quorum of 2 of 3: the round is announced at its second contribution and
+/// closes at the end of its grace window, or at once if the third comes first. A late gradient
+/// is folded into the open round with its σ and counted in its mean (`late = "fold"`), or
+/// dropped (`"drop"`).
+#[test]
+fn a_quorum_round_closes_after_its_grace_window_and_folds_or_drops_the_late() {
+    let quorum = |late| {
+        let mut s = shard(SyncRule::Hardsync, LrModulation::None, None, 3);
+        (s.core.cfg.quorum, s.core.cfg.late) = (2, late);
+        s
+    };
+    let quorum_said = |s: &mut Logged| {
+        let said: Vec<_> = s
+            .log
+            .iter()
+            .filter_map(|e| match e {
+                ShardEvent::Quorum { clock, missing } => Some((*clock, *missing)),
+                _ => None,
+            })
+            .collect();
+        drain(s);
+        said
+    };
+    let mut s = quorum(LateRule::Fold);
+    for l in &L[..3] {
+        pull(&mut s, *l).unwrap();
+    }
+    drain(&mut s);
+    push(&mut s, L[0], Clock(0), &[2.0, 0.0, 0.0]).unwrap();
+    assert!(quorum_said(&mut s).is_empty(), "one of two");
+    push(&mut s, L[1], Clock(0), &[0.0, 2.0, 0.0]).unwrap();
+    assert_eq!(quorum_said(&mut s), [(Clock(0), 1)], "the quorum, one short of all");
+    assert!(s.on_grace_over(Clock(1)).is_empty(), "a window of another round changes nothing");
+    assert_eq!(s.clock(), Clock(0));
+    let events = s.on_grace_over(Clock(0));
+    assert!(events.iter().any(|e| matches!(e, ShardEvent::Update(u) if u.gradients == 2)));
+    close(&values(&s), &[0.5, 1.5, 3.0]);
+    assert!(s.on_grace_over(Clock(0)).is_empty(), "closed once");
+
+    // Round 1: learner 2's gradient of round 0 arrives late and is folded in with σ = 1; the
+    // round still waits for its quorum on the current weights.
+    for l in &L[..2] {
+        pull(&mut s, *l).unwrap();
+    }
+    push(&mut s, L[2], Clock(0), &[0.0, 0.0, 3.0]).unwrap();
+    pull(&mut s, L[2]).unwrap();
+    let (served, _, updates) = drain(&mut s);
+    assert_eq!(served, [(L[0], Clock(1)), (L[1], Clock(1)), (L[2], Clock(1))], "the late one at once too");
+    assert!(updates.is_empty(), "a folded gradient is no part of the quorum");
+    for l in &L[..3] {
+        push(&mut s, *l, Clock(1), &[0.0, 0.0, 1.0]).unwrap();
+    }
+    let (_, records, updates) = drain(&mut s);
+    assert_eq!(updates.len(), 1, "all three arrived: closed without waiting for the window");
+    assert_eq!(updates[0].gradients, 4, "three on the weights and one folded");
+    let sigmas: Vec<_> = records.iter().map(|r| (r.learner, r.staleness.0, r.outcome)).collect();
+    let applied = Outcome::Applied { alpha: 0.5 };
+    assert_eq!(sigmas, [(L[2], 1, applied), (L[0], 0, applied), (L[1], 0, applied), (L[2], 0, applied)]);
+    // (3 + 1 + 1 + 1) / 4 · 0.5 off the last value.
+    close(&values(&s), &[0.5, 1.5, 3.0 - 0.75]);
+
+    // Dropping instead: the late gradient is counted, not applied.
+    let mut s = quorum(LateRule::Drop);
+    for l in &L[..3] {
+        pull(&mut s, *l).unwrap();
+    }
+    push(&mut s, L[0], Clock(0), &[2.0, 0.0, 0.0]).unwrap();
+    push(&mut s, L[1], Clock(0), &[0.0, 2.0, 0.0]).unwrap();
+    s.on_grace_over(Clock(0));
+    drain(&mut s);
+    push(&mut s, L[2], Clock(0), &[0.0, 0.0, 3.0]).unwrap();
+    let (_, records, _) = drain(&mut s);
+    assert_eq!(records[0].outcome, Outcome::Dropped(DropReason::StaleRound));
+    close(&values(&s), &[0.5, 1.5, 3.0]);
 }
 
 #[test]

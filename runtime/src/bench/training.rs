@@ -90,9 +90,10 @@ fn cluster(
     c.cluster.shards = shards;
     match protocol {
         Protocol::Sgd(rule) => {
-            let (modulation, max_staleness, backups, prefetch) = (LrModulation::None, None, 0, 0);
+            let (modulation, max_staleness, backups, prefetch, quorum) =
+                (LrModulation::None, None, 0, 0, None);
             c.cluster.protocol =
-                ProtocolSpec::Sgd(SgdSpec { rule, modulation, max_staleness, backups, prefetch });
+                ProtocolSpec::Sgd(SgdSpec { rule, modulation, max_staleness, backups, prefetch, quorum });
         }
         Protocol::Elastic(method, tau) => {
             let beta = 0.9;

@@ -1,7 +1,8 @@
 //! The checks of `[protocol]`, `[training]`'s optimizer and `[transport]` that need no other
 //! section: every key is checked whatever the protocol reads.
 
-use rudra_proto::OptimizerSpec;
+use rudra_actors::QuorumSpec;
+use rudra_proto::{LateRule, OptimizerSpec};
 use rudra_transport::payload::{MAX_BLOCK, topk};
 use rudra_transport::{Codec, Codecs, Encoding};
 
@@ -54,6 +55,22 @@ pub(super) fn check_every_protocol_key(raw: &RawConfig) -> Result<(), RuntimeErr
         return Err(invalid("training.lr_decay_gamma", format!("is {gamma}; it must be 0 or more")));
     }
     Ok(())
+}
+
+/// The grace window's cap when `protocol.grace_max_ms` is not set.
+const DEFAULT_GRACE_MS: u64 = 50;
+
+/// `protocol.quorum` with `late` and `grace_max_ms` (checked always, read only with a quorum,
+/// so that a study may hold them fixed along an axis of quorums that includes 0).
+pub(super) fn quorum(raw: &RawConfig) -> Result<Option<QuorumSpec>, RuntimeError> {
+    let p = &raw.protocol;
+    let late = match p.late.as_deref().unwrap_or("fold") {
+        "fold" => LateRule::Fold,
+        "drop" => LateRule::Drop,
+        other => return Err(invalid("protocol.late", format!("{other:?} is not one of fold, drop"))),
+    };
+    let grace_max_ms = p.grace_max_ms.unwrap_or(DEFAULT_GRACE_MS);
+    Ok((p.quorum > 0).then_some(QuorumSpec { size: p.quorum, late, grace_max_ms }))
 }
 
 /// `training.optimizer` with its settings.

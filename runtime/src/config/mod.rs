@@ -207,6 +207,7 @@ impl TryFrom<RawConfig> for Config {
         let kind = ProtocolKind::parse(&p.kind)?;
         keys::check_every_protocol_key(&raw)?;
         let optimizer = keys::optimizer(&raw.training)?;
+        let quorum = keys::quorum(&raw)?;
         let modulation = match p.lr_modulation.as_str() {
             "none" => LrModulation::None,
             "per-gradient" => LrModulation::PerGradient,
@@ -250,6 +251,7 @@ impl TryFrom<RawConfig> for Config {
                 max_staleness: p.max_staleness,
                 backups: p.backups,
                 prefetch: p.prefetch,
+                quorum,
             })
         };
         let protocol = match kind {
@@ -265,6 +267,16 @@ impl TryFrom<RawConfig> for Config {
         if let ProtocolSpec::Elastic(_) = protocol {
             if p.backups > 0 {
                 return Err(invalid("protocol.backups", backups_belong_to_hardsync(p.backups)));
+            }
+            if p.quorum > 0 {
+                return Err(invalid(
+                    "protocol.quorum",
+                    format!(
+                        "is {}; quorum rounds are built for hardsync only (sync EASGD and sync DiLoCo wait for \
+                         every learner)",
+                        p.quorum
+                    ),
+                ));
             }
             if p.prefetch > 0 {
                 return Err(invalid(
@@ -496,6 +508,9 @@ impl Config {
                     e.outer_momentum
                 ),
             },
+            ProtocolSpec::Sgd(SgdSpec { rule: SyncRule::Hardsync, quorum: Some(q), .. }) => {
+                format!("hardsync quorum={}", q.size)
+            }
             ProtocolSpec::Sgd(SgdSpec { rule: SyncRule::Hardsync, .. }) => "hardsync".into(),
             ProtocolSpec::Sgd(SgdSpec { rule: SyncRule::Softsync { n }, .. }) => format!("softsync n={n}"),
             ProtocolSpec::Sgd(SgdSpec { rule: SyncRule::Async, .. }) => {

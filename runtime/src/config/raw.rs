@@ -115,6 +115,13 @@ pub struct RawProtocol {
     /// Softsync and async: gradients a learner may push ahead of its answers (default 0).
     #[serde(default)]
     pub prefetch: u32,
+    /// Hardsync: the quorum q that may close a round (default 0: none).
+    #[serde(default)]
+    pub quorum: u32,
+    /// Hardsync with a quorum: `fold | drop` what arrives on older weights (default fold).
+    pub late: Option<String>,
+    /// Hardsync with a quorum: the grace window's cap in milliseconds (default 50).
+    pub grace_max_ms: Option<u64>,
     /// EASGD and DiLoCo: synchronous rounds (default false for EASGD, true for DiLoCo).
     pub sync: Option<bool>,
     /// EASGD family: communication period τ (default 10 for EASGD/EAMSGD/DiLoCo, 1 for

@@ -312,3 +312,39 @@ fn prefetch_is_for_softsync_and_async_and_at_most_eight() {
     refused(&["protocol.kind=easgd", "protocol.prefetch=1"], "τ");
     refused(&["protocol.kind=async", "protocol.prefetch=9"], "at most 8");
 }
+
+#[test]
+fn a_quorum_is_hardsyncs_within_lambda_without_backups() {
+    let quorum = |c: &Config| match &c.cluster.protocol {
+        ProtocolSpec::Sgd(s) => s.quorum,
+        ProtocolSpec::Elastic(_) => unreachable!("an SGD protocol"),
+    };
+    assert_eq!(quorum(&load(&["protocol.kind=hardsync"]).unwrap()), None, "off by default");
+    let q = quorum(&load(&["protocol.kind=hardsync", "protocol.quorum=3"]).unwrap()).unwrap();
+    assert_eq!((q.size, q.late, q.grace_max_ms), (3, rudra_proto::LateRule::Fold, 50), "fold, 50 ms");
+    let q = load(&[
+        "protocol.kind=hardsync",
+        "protocol.quorum=2",
+        "protocol.late=\"drop\"",
+        "protocol.grace_max_ms=5",
+    ]);
+    assert_eq!(quorum(&q.unwrap()).map(|q| (q.late, q.grace_max_ms)), Some((rudra_proto::LateRule::Drop, 5)));
+    let refused = |sets: &[&str], key: &str, want: &str| {
+        let e = load(sets).unwrap_err().to_string();
+        assert!(e.contains(key) && e.contains(want), "{sets:?}: {e}");
+    };
+    refused(&["protocol.kind=async", "protocol.quorum=2"], "protocol.quorum", "hardsync");
+    refused(&["protocol.kind=diloco", "protocol.quorum=2"], "protocol.quorum", "hardsync only");
+    refused(&["protocol.kind=hardsync", "protocol.quorum=5"], "protocol.quorum", "λ = 4");
+    refused(
+        &["protocol.kind=hardsync", "protocol.quorum=3", "protocol.backups=1"],
+        "protocol.quorum",
+        "one of the two",
+    );
+    refused(
+        &["protocol.kind=hardsync", "protocol.quorum=3", "protocol.grace_max_ms=60001"],
+        "grace_max_ms",
+        "at most",
+    );
+    refused(&["protocol.kind=hardsync", "protocol.late=\"later\""], "protocol.late", "fold, drop");
+}

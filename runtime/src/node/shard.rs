@@ -337,6 +337,8 @@ mod tests {
                 modulation: LrModulation::None,
                 max_staleness: None,
                 backups: 0,
+                quorum: 0,
+                late: rudra_proto::LateRule::Drop,
                 schedule: LrSchedule { base: 0.5, decay: 1.0 },
                 gradients_per_epoch: 100,
                 prefetch: 0,

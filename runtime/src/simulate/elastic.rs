@@ -130,9 +130,9 @@ impl World for ElasticWorld {
                         ShardEvent::Center { learner, weights } => {
                             eng.send(ElasticMsg::Center { learner, center: weights });
                         }
-                        ShardEvent::Serve { .. } => {
+                        ShardEvent::Serve { .. } | ShardEvent::Quorum { .. } => {
                             return Err(RuntimeError::Simulation(
-                                "internal error: a center shard answered with weights".into(),
+                                "internal error: a center shard acted as an SGD shard".into(),
                             ));
                         }
                         ShardEvent::Gradient(g) => eng.record_gradient(&g),

@@ -114,6 +114,13 @@ pub fn simulate(config: &Config, progress: ProgressMode) -> Result<SimReport, Ru
             let engine = Engine::new(rng, compute, net, gradients, learners);
             (engine.run(&mut world, &sim.stop, run, &mut progress)?, summarize(&world))
         }
+        ProtocolSpec::Sgd(SgdSpec { quorum: Some(q), .. }) => {
+            return Err(RuntimeError::Simulation(format!(
+                "protocol.quorum is {}: quorum rounds (their grace windows run on wall-clock timers) are not \
+                 simulated; run them with `rudra-node local` or as processes",
+                q.size
+            )));
+        }
         ProtocolSpec::Sgd(sgd) => {
             let (shards, cores) = match model_run {
                 Some((loops, train_len)) => model_sgd_cores(spec, loops, (train_len, &init))?,

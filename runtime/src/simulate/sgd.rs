@@ -139,6 +139,7 @@ impl SgdWorld {
                     eng.send(SgdMsg::Weights { learner, weights, seq })
                 }
                 ShardEvent::Center { .. } => return Err(internal("an SGD shard answered with a center")),
+                ShardEvent::Quorum { .. } => return Err(internal("a shard announced a quorum")),
                 ShardEvent::Gradient(g) => eng.record_gradient(&g),
                 ShardEvent::Update(u) => eng.record_update(&u),
             }

@@ -52,6 +52,10 @@ pub struct Point {
     pub samples_per_second: f64,
     /// Payload bytes the learners' messages carried.
     pub payload_bytes: u64,
+    /// The share of all learners' time spent computing what was applied (0 in points written
+    /// before it was measured).
+    #[serde(default)]
+    pub goodput: f64,
     /// `completed`, `diverged` or `failed`.
     pub outcome: String,
     /// `staleness_histogram[σ]`: applied gradients of staleness σ.
@@ -70,6 +74,7 @@ impl Point {
             max_staleness: s.staleness.max,
             samples_per_second: s.samples_per_second,
             payload_bytes: s.bytes.payload,
+            goodput: s.goodput,
             outcome: s.outcome.clone(),
             staleness_histogram: s.staleness.histogram.clone(),
         }
@@ -91,6 +96,7 @@ impl Point {
             Measure::MeanStaleness => self.mean_staleness,
             Measure::SamplesPerSecond => self.samples_per_second,
             Measure::PayloadBytes => self.payload_bytes as f64,
+            Measure::Goodput => self.goodput,
         }
     }
 
@@ -256,7 +262,7 @@ fn cell(v: Option<f64>) -> String {
 }
 
 const MEASURES: &str = "test_accuracy,test_error,time_to_target,updates_to_target,mean_staleness,\
-                        max_staleness,samples_per_second,payload_bytes,outcome";
+                        max_staleness,samples_per_second,payload_bytes,goodput,outcome";
 
 /// The measured cells of `p`, in the order of [`MEASURES`].
 fn measures(p: &Point) -> Vec<String> {
@@ -269,6 +275,7 @@ fn measures(p: &Point) -> Vec<String> {
         p.max_staleness.to_string(),
         format!("{:.0}", p.samples_per_second),
         p.payload_bytes.to_string(),
+        format!("{:.3}", p.goodput),
         p.outcome.clone(),
     ]
 }

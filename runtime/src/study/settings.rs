@@ -85,16 +85,19 @@ pub enum Measure {
     SamplesPerSecond,
     /// Payload bytes moved.
     PayloadBytes,
+    /// Goodput (`docs/src/algorithms.md` §5.3).
+    Goodput,
 }
 
 impl Measure {
-    const ALL: [(&'static str, Measure); 6] = [
+    const ALL: [(&'static str, Measure); 7] = [
         ("test_error", Self::TestError),
         ("time_to_target", Self::TimeToTarget),
         ("updates_to_target", Self::UpdatesToTarget),
         ("mean_staleness", Self::MeanStaleness),
         ("samples_per_second", Self::SamplesPerSecond),
         ("payload_bytes", Self::PayloadBytes),
+        ("goodput", Self::Goodput),
     ];
 
     /// Its name in a study file, its figure's file and its axis label.

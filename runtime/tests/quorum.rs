@@ -1,0 +1,47 @@
+//! Quorum rounds (`docs/src/algorithms.md` §5.2) with a learner slowed on purpose: rounds close
+//! without it, and what it computes is folded into later rounds with its σ, or dropped and
+//! counted, as the run's summary says.
+
+mod common;
+
+use common::{short_run, summary};
+
+/// Hardsync, λ = 3, quorum 2 with no grace window, learner 0 eight times slower.
+fn quorum_run(late: &str) -> serde_json::Value {
+    let tmp = tempfile::tempdir().unwrap();
+    let late = format!("protocol.late=\"{late}\"");
+    let settings = [
+        "protocol.kind=hardsync",
+        "cluster.learners=3",
+        "cluster.shards=1",
+        "protocol.quorum=2",
+        "protocol.grace_max_ms=0",
+        &late,
+        "faults.slow=[{learner = 0, factor = 8.0}]",
+    ];
+    short_run(tmp.path(), &settings);
+    summary(tmp.path())
+}
+
+#[test]
+fn a_quorum_round_folds_a_straggler_in_with_its_staleness() {
+    let s = quorum_run("fold");
+    let st = &s["staleness"];
+    assert_eq!(s["outcome"], "completed", "{s}");
+    assert_eq!(st["dropped"], 0, "folded, not dropped: {st}");
+    assert!(st["max"].as_u64().unwrap() >= 1, "the straggler's gradients missed rounds: {st}");
+    // Learners 1 and 2 make every quorum; learner 0's gradients ride along late.
+    let applied: Vec<f64> = (0..3).map(|l| s["learner_time"][l]["applied"].as_f64().unwrap()).collect();
+    assert!(applied[0] > 0.0 && applied[0] < applied[1].min(applied[2]), "{applied:?}");
+}
+
+#[test]
+fn a_quorum_round_drops_a_straggler_as_a_stale_round() {
+    let s = quorum_run("drop");
+    let st = &s["staleness"];
+    assert_eq!(s["outcome"], "completed", "{s}");
+    let dropped = st["dropped"].as_u64().unwrap();
+    assert!(dropped > 0, "{st}");
+    assert_eq!(st["dropped_by"]["stale-round"].as_u64(), Some(dropped), "{st}");
+    assert_eq!(st["max"], 0, "only gradients on the round's weights are applied: {st}");
+}
