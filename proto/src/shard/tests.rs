@@ -3,6 +3,7 @@
 use std::ops::{Deref, DerefMut};
 
 use super::*;
+use crate::{LrModulation, LrSchedule};
 
 /// A shard core whose effects are kept, in order, until the test drains them.
 struct Logged {
