@@ -144,6 +144,7 @@ fn elastic(method: ElasticMethod, tau: u64, lr: f32, momentum: f32) -> ClusterSp
         fragments: 1,
         modulation: LrModulation::PerGradient,
         max_staleness: None,
+        quorum: None,
     });
     s.schedule.base = lr;
     s

@@ -248,6 +248,9 @@ impl Handler<Exchange> for ShardActor {
             return;
         }
         self.centers.insert(msg.learner, msg.reply_to);
+        if let Some((window, born)) = &mut self.grace {
+            window.arrived(self.core.round_of(msg.learner), born.elapsed());
+        }
         match msg.values.decode() {
             Ok(values) => {
                 let events = self.core.on_exchange(msg.learner, &values);

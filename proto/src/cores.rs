@@ -100,11 +100,21 @@ impl ShardCore {
         }
     }
 
-    /// A quorum round's grace window is over (see [`ShardEvent::Quorum`]); nothing for a center.
+    /// A quorum round's grace window is over (see [`ShardEvent::Quorum`]).
     pub fn on_grace_over(&mut self, clock: Clock) -> Vec<ShardEvent> {
         match self {
             Self::Sgd(c) => c.on_grace_over(clock),
-            Self::Center(_) => Vec::new(),
+            Self::Center(c) => c.on_grace_over(clock),
+        }
+    }
+
+    /// The round `learner`'s next exchange with a center belongs to (the clock for an SGD
+    /// shard, whose pushes carry theirs).
+    #[must_use]
+    pub fn round_of(&self, learner: LearnerId) -> Clock {
+        match self {
+            Self::Sgd(c) => c.clock(),
+            Self::Center(c) => c.round_of(learner),
         }
     }
 

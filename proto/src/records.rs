@@ -108,8 +108,9 @@ pub enum ShardEvent {
     Gradient(GradientRecord),
     /// Report an applied update.
     Update(UpdateRecord),
-    /// A hardsync round with a quorum holds it, `missing` contributions short of all: start
-    /// its grace window, then call [`SgdShard::on_grace_over`](crate::SgdShard::on_grace_over).
+    /// A synchronous round with a quorum (hardsync, sync EASGD, sync DiLoCo) holds it,
+    /// `missing` contributions short of all: start its grace window, then call
+    /// [`ShardCore::on_grace_over`](crate::ShardCore::on_grace_over).
     Quorum {
         /// The round's clock.
         clock: Clock,

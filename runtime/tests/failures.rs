@@ -231,8 +231,9 @@ fn resume_at_the_start_of_a_new_job_is_refused_and_nothing_hangs() {
         "checkpoint.every_updates=10",
     ];
     let first = [c.node("shard-0", &[]), c.node("learner-0", &[]), c.start_scheduler(&[], &settings)];
-    for (i, mut child) in first.into_iter().enumerate() {
-        assert!(exit_within("the first run", &mut child, Duration::from_secs(120)).success(), "node {i}");
+    for (name, mut child) in ["shard-0", "learner-0", "scheduler"].into_iter().zip(first) {
+        let status = exit_within("the first run", &mut child, Duration::from_secs(120));
+        assert!(status.success(), "{name}: {status}:\n{}", c.log(name));
     }
     assert!(c.path("checkpoints/shard-0.safetensors").is_file());
     let mut shard = c.node("shard-0", &["--resume", "checkpoints"]);

@@ -6,12 +6,11 @@ mod common;
 
 use common::{short_run, summary};
 
-/// Hardsync, λ = 3, quorum 2 with no grace window, learner 0 eight times slower.
-fn quorum_run(late: &str) -> serde_json::Value {
+/// `protocol` at λ = 3 with a quorum of 2 and no grace window, learner 0 eight times slower.
+fn quorum_run(protocol: &[&str], late: &str) -> serde_json::Value {
     let tmp = tempfile::tempdir().unwrap();
     let late = format!("protocol.late=\"{late}\"");
     let settings = [
-        "protocol.kind=hardsync",
         "cluster.learners=3",
         "cluster.shards=1",
         "protocol.quorum=2",
@@ -19,13 +18,13 @@ fn quorum_run(late: &str) -> serde_json::Value {
         &late,
         "faults.slow=[{learner = 0, factor = 8.0}]",
     ];
-    short_run(tmp.path(), &settings);
+    short_run(tmp.path(), &[protocol, &settings[..]].concat());
     summary(tmp.path())
 }
 
 #[test]
 fn a_quorum_round_folds_a_straggler_in_with_its_staleness() {
-    let s = quorum_run("fold");
+    let s = quorum_run(&["protocol.kind=hardsync"], "fold");
     let st = &s["staleness"];
     assert_eq!(s["outcome"], "completed", "{s}");
     assert_eq!(st["dropped"], 0, "folded, not dropped: {st}");
@@ -37,11 +36,21 @@ fn a_quorum_round_folds_a_straggler_in_with_its_staleness() {
 
 #[test]
 fn a_quorum_round_drops_a_straggler_as_a_stale_round() {
-    let s = quorum_run("drop");
+    let s = quorum_run(&["protocol.kind=hardsync"], "drop");
     let st = &s["staleness"];
     assert_eq!(s["outcome"], "completed", "{s}");
     let dropped = st["dropped"].as_u64().unwrap();
     assert!(dropped > 0, "{st}");
     assert_eq!(st["dropped_by"]["stale-round"].as_u64(), Some(dropped), "{st}");
     assert_eq!(st["max"], 0, "only gradients on the round's weights are applied: {st}");
+}
+
+#[test]
+fn a_sync_diloco_quorum_round_folds_a_straggler_in_and_the_center_moves_on() {
+    let s = quorum_run(&["protocol.kind=diloco", "protocol.sync=true", "protocol.tau=4"], "fold");
+    let st = &s["staleness"];
+    assert_eq!(s["outcome"], "completed", "{s}");
+    assert_eq!(st["dropped"], 0, "folded, not dropped: {st}");
+    assert!(st["max"].as_u64().unwrap() >= 1, "the straggler's Δ missed rounds: {st}");
+    assert!(s["final_test_accuracy"].as_f64().unwrap() > 0.5, "{s}");
 }

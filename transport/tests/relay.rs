@@ -249,3 +249,43 @@ async fn quic_works_through_a_lossy_relay() {
     assert_eq!(pulls, (0..20).map(LearnerId).collect::<Vec<_>>(), "control stays in order");
     assert_eq!(&pushed.expect("the push")[..], &grad[..]);
 }
+
+/// Every datagram that arrives until none has for `QUIET`, with the time since `start` the
+/// last arrived.
+async fn drain_timed(socket: &UdpSocket, start: Instant) -> (usize, Duration) {
+    let (mut count, mut last) = (0, Duration::ZERO);
+    let mut buf = vec![0u8; 65_535];
+    while let Ok(Ok(_)) = timeout(QUIET, socket.recv(&mut buf)).await {
+        (count, last) = (count + 1, start.elapsed());
+    }
+    (count, last)
+}
+
+#[tokio::test]
+async fn a_rated_link_spaces_datagrams_by_their_size_and_drops_past_its_buffer() {
+    // 1 MB/s each way: a 1,000-byte datagram takes 1 ms to leave; 10 ms of delay each way, so
+    // the link buffers a 20 ms round trip of backlog.
+    let delay = LinkFaults { delay: Duration::from_millis(10), ..LinkFaults::default() };
+    let rules = RelayRules { rate: 1e6, ..both_ways(delay) };
+    let (_relay, addr) = relay(rules, RelayLimits::default()).await;
+    let socket = client(addr).await;
+    let start = Instant::now();
+    for i in 0..100 {
+        socket.send(&datagram(i, 996)).await.unwrap();
+    }
+    let (count, last) = drain_timed(&socket, start).await;
+    // About 21 fit (20 ms of backlog and the one leaving); the burst may spread a little.
+    assert!((15..100).contains(&count), "a burst of 100 at 1 ms each into 20 ms of buffer: {count} back");
+    // They cannot come back faster than the rate lets them out, plus the two delays.
+    let least = Duration::from_millis(count as u64) + Duration::from_millis(20);
+    assert!(last >= least, "{count} datagrams back after {last:?}, sooner than the rate allows ({least:?})");
+}
+
+#[test]
+fn a_rate_that_is_no_bandwidth_is_refused() {
+    for rate in [-1.0, f64::NAN, f64::INFINITY] {
+        let rules = RelayRules { rate, ..RelayRules::default() };
+        let e = Relay::bind(loopback(), loopback(), rules, 1).unwrap_err().to_string();
+        assert!(e.contains("rate"), "{rate}: {e}");
+    }
+}

@@ -124,7 +124,6 @@ impl ClusterSpec {
                     ),
                 ));
             }
-            ProtocolSpec::Sgd(p @ SgdSpec { quorum: Some(q), .. }) => self.check_quorum(p, q)?,
             ProtocolSpec::Sgd(SgdSpec { prefetch: k, .. }) if *k > MAX_PREFETCH => {
                 return Err(InvalidSetting::new(
                     "protocol.prefetch",
@@ -132,6 +131,9 @@ impl ClusterSpec {
                 ));
             }
             ProtocolSpec::Sgd(_) => {}
+        }
+        if let Some(q) = self.protocol.quorum() {
+            self.check_quorum(q)?;
         }
         let backups = self.protocol.backups();
         if backups >= self.learners {
@@ -164,17 +166,19 @@ impl ClusterSpec {
         Ok(())
     }
 
-    /// A quorum belongs to hardsync, within λ, without backups, with a bounded window.
-    fn check_quorum(&self, p: &SgdSpec, q: &QuorumSpec) -> Result<(), InvalidSetting> {
-        let why = if p.rule != SyncRule::Hardsync {
-            "quorum rounds are hardsync's (softsync and async never wait for all)".to_owned()
+    /// A quorum belongs to the rounds that wait for all (hardsync, sync EASGD, sync DiLoCo),
+    /// within λ, without backups, with a bounded window.
+    fn check_quorum(&self, q: &QuorumSpec) -> Result<(), InvalidSetting> {
+        let backups = self.protocol.backups();
+        let why = if !self.protocol.waits_for_all() {
+            "quorum rounds are for hardsync, sync EASGD and sync DiLoCo (the others never wait for all)"
+                .to_owned()
         } else if !(1..=self.learners).contains(&q.size) {
             format!("it must be between 1 and λ = {}", self.learners)
-        } else if p.backups > 0 {
+        } else if backups > 0 {
             format!(
-                "and protocol.backups is {}: backups = b is a quorum of λ − b that drops the late with no grace \
-                 window; set one of the two",
-                p.backups
+                "and protocol.backups is {backups}: backups = b is a quorum of λ − b that drops the late with no \
+                 grace window; set one of the two"
             )
         } else if q.grace_max_ms > MAX_GRACE_MS {
             return Err(InvalidSetting::new(
@@ -187,23 +191,19 @@ impl ClusterSpec {
         Err(InvalidSetting::new("protocol.quorum", format!("is {}; {why}", q.size)))
     }
 
-    /// Hardsync with a quorum: the rule of its shards' grace windows.
+    /// With a quorum: the rule of its shards' grace windows.
     #[must_use]
     pub fn grace_window(&self) -> Option<GraceWindow> {
-        match &self.protocol {
-            ProtocolSpec::Sgd(SgdSpec { quorum: Some(q), .. }) => {
-                Some(GraceWindow::new(std::time::Duration::from_millis(q.grace_max_ms)))
-            }
-            _ => None,
-        }
+        let q = self.protocol.quorum()?;
+        Some(GraceWindow::new(std::time::Duration::from_millis(q.grace_max_ms)))
     }
 
     /// Learners the run may end without: hardsync's backups b, or λ − q with a quorum.
     #[must_use]
     pub fn not_waited_for(&self) -> u32 {
-        match &self.protocol {
-            ProtocolSpec::Sgd(SgdSpec { quorum: Some(q), .. }) => self.learners.saturating_sub(q.size),
-            p => p.backups(),
+        match self.protocol.quorum() {
+            Some(q) => self.learners.saturating_sub(q.size),
+            None => self.protocol.backups(),
         }
     }
 
@@ -244,12 +244,15 @@ impl ClusterSpec {
                 values,
                 self.active_learners(),
             )),
-            ProtocolSpec::Elastic(e) => ShardCore::Center(CenterShard::new(
-                ShardId(s as u32),
-                e.center_rule(self.schedule.base),
-                values,
-                self.active_learners(),
-            )),
+            ProtocolSpec::Elastic(e) => ShardCore::Center(
+                CenterShard::new(
+                    ShardId(s as u32),
+                    e.center_rule(self.schedule.base),
+                    values,
+                    self.active_learners(),
+                )
+                .with_quorum(e.quorum.map_or(0, |q| q.size), e.quorum.map_or(LateRule::Drop, |q| q.late)),
+            ),
         }
     }
 

@@ -38,13 +38,14 @@ pub struct SgdSpec {
     /// weights it holds (`docs/src/algorithms.md §4.1`; 0 for hardsync).
     #[serde(default)]
     pub prefetch: u32,
-    /// Hardsync's quorum rounds, if any.
+    /// Hardsync: quorum rounds, if any.
     #[serde(default)]
     pub quorum: Option<QuorumSpec>,
 }
 
-/// Hardsync's quorum rounds (`docs/src/algorithms.md` §5.2): a round closes once q
-/// contributions on its weights are in and the grace window has passed, or once all are in.
+/// Quorum rounds of hardsync, sync EASGD and sync DiLoCo (`docs/src/algorithms.md` §5.2): a
+/// round closes once q contributions on its weights are in and the grace window has passed,
+/// or once all are in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QuorumSpec {
     /// q, at most λ.
@@ -89,6 +90,27 @@ impl ProtocolSpec {
         match self {
             Self::Sgd(s) => s.backups,
             Self::Elastic(_) => 0,
+        }
+    }
+
+    /// The quorum of the synchronous rounds, if any.
+    #[must_use]
+    pub fn quorum(&self) -> Option<&QuorumSpec> {
+        match self {
+            Self::Sgd(s) => s.quorum.as_ref(),
+            Self::Elastic(e) => e.quorum.as_ref(),
+        }
+    }
+
+    /// Whether its rounds wait for every learner (hardsync, sync EASGD, sync DiLoCo): the
+    /// protocols a quorum is for.
+    #[must_use]
+    pub fn waits_for_all(&self) -> bool {
+        match self {
+            Self::Sgd(s) => s.rule == SyncRule::Hardsync,
+            Self::Elastic(e) => {
+                matches!(e.method, ElasticMethod::Easgd { sync: true } | ElasticMethod::Diloco { sync: true })
+            }
         }
     }
 }
@@ -147,6 +169,9 @@ pub struct ElasticSpec {
     /// method reads it).
     #[serde(default)]
     pub max_staleness: Option<u64>,
+    /// Sync EASGD and sync DiLoCo: quorum rounds, if any.
+    #[serde(default)]
+    pub quorum: Option<QuorumSpec>,
 }
 
 /// Why backup learners are refused outside hardsync.

@@ -13,18 +13,19 @@
 //!   every learner then adopts the new x̃) or on each Δ as it arrives (async, η_o modulated by
 //!   its staleness and Δ dropped past the bound).
 
+mod learners;
 #[cfg(test)]
 mod tests;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use crate::{Clock, DropReason, LearnerId, Outcome, ShardId, Staleness};
-use rudra_compute::{Rate, cpu};
+use crate::{Clock, DropReason, LateRule, LearnerId, Outcome, ShardId, Staleness};
+pub use learners::{DownpourLearner, ElasticLearner, ElasticSettings};
+use rudra_compute::cpu;
 
 use super::{
-    CoreError, GradientRecord, LocalOptimizer, LrModulation, OptimizerSpec, ShardEvent, ShardState,
-    StalenessStats, UpdateRecord, Weights,
+    CoreError, GradientRecord, LrModulation, ShardEvent, ShardState, StalenessStats, UpdateRecord, Weights,
 };
 
 /// How a center shard combines what learners send.
@@ -105,6 +106,14 @@ pub struct CenterShard {
     round_sum: Vec<f32>,
     round_values: usize,
     round: BTreeSet<LearnerId>,
+    /// Sync rounds with a quorum (`docs/src/algorithms.md` §5.2): q (0: none), what a late
+    /// exchange comes to, the round each learner's next exchange belongs to, the round's
+    /// exchanges on time, and the last round whose quorum was announced.
+    quorum: usize,
+    late: LateRule,
+    due: BTreeMap<LearnerId, Clock>,
+    on_time: usize,
+    quorum_said: Option<Clock>,
     /// The clock of the center each learner last received.
     received: BTreeMap<LearnerId, Clock>,
     /// MDOWNPOUR's velocity, or DiLoCo's outer momentum buffer.
@@ -131,6 +140,11 @@ impl CenterShard {
             round_sum,
             round_values: 0,
             round: BTreeSet::new(),
+            quorum: 0,
+            late: LateRule::Drop,
+            due: BTreeMap::new(),
+            on_time: 0,
+            quorum_said: None,
             received: BTreeMap::new(),
             velocity,
             stats: StalenessStats::default(),
@@ -138,10 +152,24 @@ impl CenterShard {
         }
     }
 
+    /// Sync rounds close once `quorum` exchanges on time are in and the grace window is over
+    /// (0: once all are in); `late` says what an exchange of an earlier round comes to.
+    #[must_use]
+    pub fn with_quorum(mut self, quorum: u32, late: LateRule) -> Self {
+        (self.quorum, self.late) = (if self.rule.is_sync() { quorum as usize } else { 0 }, late);
+        self
+    }
+
     /// The shard's id.
     #[must_use]
     pub fn id(&self) -> ShardId {
         self.id
+    }
+
+    /// The round `learner`'s next exchange belongs to (sync rounds; the clock otherwise).
+    #[must_use]
+    pub fn round_of(&self, learner: LearnerId) -> Clock {
+        if self.rule.is_sync() { self.due.get(&learner).copied().unwrap_or_default() } else { self.clock }
     }
 
     /// The center x̃ now.
@@ -168,7 +196,9 @@ impl CenterShard {
         state.check(self.center.len(), !self.velocity.is_empty())?;
         (self.clock, self.center, self.velocity) = (state.clock, Arc::new(state.values), state.velocity);
         self.round_sum.fill(0.0);
-        (self.round_values, self.round) = (0, BTreeSet::new());
+        (self.round_values, self.round, self.on_time, self.quorum_said) = (0, BTreeSet::new(), 0, None);
+        // Every learner's next exchange belongs to the restored round, as at a start.
+        self.due.clear();
         self.events.clear();
         Ok(())
     }
@@ -194,8 +224,19 @@ impl CenterShard {
                 self.center.len()
             )));
         }
-        if self.rule.is_sync() && !self.round.insert(learner) {
+        if self.rule.is_sync() && self.round.contains(&learner) {
             return Err(CoreError::Protocol(format!("{learner} sent twice in round {}", self.clock)));
+        }
+        // A sync exchange of a round that closed without it (a quorum's straggler).
+        let missed = self.missed(learner);
+        if self.rule.is_sync() && missed.0 > 0 && self.late == LateRule::Drop {
+            self.record(learner, Outcome::Dropped(DropReason::StaleRound));
+            self.reply(learner);
+            return Ok(self.take_events());
+        }
+        if self.rule.is_sync() {
+            self.round.insert(learner);
+            self.on_time += usize::from(missed.0 == 0);
         }
         if !cpu::all_finite(values) {
             self.record(learner, Outcome::Dropped(DropReason::NonFinite));
@@ -204,8 +245,13 @@ impl CenterShard {
             } else {
                 self.reply(learner);
             }
-            return Ok(std::mem::take(&mut self.events));
+            return Ok(self.take_events());
         }
+        // A folded exchange counts in the round's mean at the weight of its staleness.
+        let fold = match self.rule {
+            CenterRule::Diloco { modulation, .. } if missed.0 > 0 => modulation.alpha(1.0, missed, 0.0),
+            _ => 1.0,
+        };
         match self.rule {
             CenterRule::ElasticAsync { alpha } => {
                 self.record(learner, Outcome::Applied { alpha });
@@ -220,7 +266,7 @@ impl CenterShard {
             }
             CenterRule::ElasticSync { beta } => {
                 self.record(learner, Outcome::Applied { alpha: beta });
-                cpu::axpy(1.0, values, &mut self.round_sum);
+                cpu::axpy(fold, values, &mut self.round_sum);
                 self.round_values += 1;
                 self.close_round_if_complete();
             }
@@ -241,8 +287,8 @@ impl CenterShard {
                 self.reply(learner);
             }
             CenterRule::Diloco { sync: true, outer_lr, .. } => {
-                self.record(learner, Outcome::Applied { alpha: outer_lr });
-                cpu::axpy(1.0, values, &mut self.round_sum);
+                self.record(learner, Outcome::Applied { alpha: outer_lr * fold });
+                cpu::axpy(fold, values, &mut self.round_sum);
                 self.round_values += 1;
                 self.close_round_if_complete();
             }
@@ -264,7 +310,43 @@ impl CenterShard {
                 self.reply(learner);
             }
         }
-        Ok(std::mem::take(&mut self.events))
+        Ok(self.take_events())
+    }
+
+    /// A quorum round's grace window is over: it closes if it is still open and holds its
+    /// quorum.
+    pub fn on_grace_over(&mut self, clock: Clock) -> Vec<ShardEvent> {
+        if clock == self.clock && self.quorum().is_some_and(|q| self.on_time >= q) {
+            self.close_round();
+        }
+        self.take_events()
+    }
+
+    /// Sync rounds with a quorum: the rounds that closed since the one `learner`'s next
+    /// exchange belongs to (0 without a quorum: every round waits for all).
+    fn missed(&self, learner: LearnerId) -> Staleness {
+        match self.quorum {
+            0 => Staleness(0),
+            _ => self.clock.staleness_of(self.round_of(learner)).unwrap_or_default(),
+        }
+    }
+
+    /// A sync round's quorum: q, or every active learner if fewer.
+    fn quorum(&self) -> Option<usize> {
+        (self.quorum > 0).then(|| self.quorum.min(self.active.len().max(1)))
+    }
+
+    /// The effects of the input just handled; the open round's quorum is announced once.
+    fn take_events(&mut self) -> Vec<ShardEvent> {
+        if let Some(q) = self.quorum()
+            && self.on_time >= q
+            && self.quorum_said != Some(self.clock)
+        {
+            self.quorum_said = Some(self.clock);
+            let missing = self.active.difference(&self.round).count();
+            self.events.push(ShardEvent::Quorum { clock: self.clock, missing });
+        }
+        std::mem::take(&mut self.events)
     }
 
     /// The active learners changed; a sync round waits only for those still active.
@@ -273,14 +355,15 @@ impl CenterShard {
         if !self.round.is_empty() {
             self.close_round_if_complete();
         }
-        std::mem::take(&mut self.events)
+        self.take_events()
     }
 
-    /// Record `learner`'s exchange, applied now or dropped, with its staleness.
+    /// Record `learner`'s exchange, applied now or dropped, with its staleness: in sync rounds
+    /// the rounds it missed (0 but for a quorum's stragglers).
     fn record(&mut self, learner: LearnerId, outcome: Outcome) {
         let computed_on = self.received.get(&learner).copied().unwrap_or_default();
         let staleness = if self.rule.is_sync() {
-            Staleness(0)
+            self.missed(learner)
         } else {
             self.clock.staleness_of(computed_on).unwrap_or_default()
         };
@@ -291,6 +374,7 @@ impl CenterShard {
     fn reply(&mut self, learner: LearnerId) {
         let weights = self.snapshot();
         self.received.insert(learner, weights.clock);
+        self.due.insert(learner, self.clock);
         self.events.push(ShardEvent::Center { learner, weights });
     }
 
@@ -304,20 +388,27 @@ impl CenterShard {
     /// from before the round and then moves it; DiLoCo steps first and serves the new center
     /// (each learner's next x_start).
     fn close_round_if_complete(&mut self) {
-        if !self.rule.is_sync() || !self.active.is_subset(&self.round) {
-            return;
+        if self.rule.is_sync() && self.active.is_subset(&self.round) {
+            self.close_round();
         }
+    }
+
+    /// Close the open sync round with the exchanges it holds; each learner in it is served
+    /// and its next exchange belongs to the next round.
+    fn close_round(&mut self) {
         let p = self.round_values;
-        let serve = |shard: &mut Self| {
+        let serve = |shard: &mut Self, next: Clock| {
             let weights = shard.snapshot();
             for learner in std::mem::take(&mut shard.round) {
                 shard.received.insert(learner, weights.clock);
+                shard.due.insert(learner, next);
                 shard.events.push(ShardEvent::Center { learner, weights: weights.clone() });
             }
         };
         match self.rule {
             CenterRule::ElasticSync { beta } => {
-                serve(self);
+                let next = self.clock.next();
+                serve(self, next);
                 if p > 0 {
                     let center = Arc::make_mut(&mut self.center);
                     // x̃ ← (1 − β) x̃ + β · mean_i x^i, over the learners whose x^i was finite
@@ -341,204 +432,12 @@ impl CenterShard {
                     self.round_sum.fill(0.0);
                 }
                 self.advance(p);
-                serve(self);
+                let next = self.clock;
+                serve(self, next);
             }
             _ => {}
         }
-        self.round_values = 0;
-    }
-}
-
-/// Settings of an EASGD / EAMSGD learner.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct ElasticSettings {
-    /// Communication period τ in local steps.
-    pub tau: u64,
-    /// Moving rate α.
-    pub alpha: f32,
-    /// Learning rate η.
-    pub lr: f32,
-    /// Decay γ of `η_t = η / (1 + γ t)^0.5` on the local clock (0 disables it).
-    pub lr_decay_gamma: f32,
-    /// Nesterov momentum δ (0 for EASGD).
-    pub momentum: f32,
-    /// EASGD's local optimizer (EAMSGD's is its Nesterov momentum).
-    pub optimizer: OptimizerSpec,
-}
-
-/// The learner side of EASGD / EAMSGD: local SGD (with Nesterov momentum for EAMSGD) and an
-/// elastic pull toward the center every τ steps.
-#[derive(Clone, Debug)]
-pub struct ElasticLearner {
-    s: ElasticSettings,
-    t: u64,
-    velocity: Vec<f32>,
-    /// EASGD's local optimizer (plain SGD unless set).
-    optimizer: LocalOptimizer,
-}
-
-impl ElasticLearner {
-    /// A learner over `len` parameters.
-    #[must_use]
-    pub fn new(settings: ElasticSettings, len: usize) -> Self {
-        let velocity = if settings.momentum == 0.0 { Vec::new() } else { vec![0.0; len] };
-        let optimizer = LocalOptimizer::new(settings.optimizer, len);
-        Self { s: settings, t: 0, velocity, optimizer }
-    }
-
-    /// Whether it keeps a momentum (EAMSGD): its gradient is then taken at x + δv, not at x.
-    #[must_use]
-    pub fn has_momentum(&self) -> bool {
-        !self.velocity.is_empty()
-    }
-
-    /// The local clock t^i.
-    #[must_use]
-    pub fn clock(&self) -> u64 {
-        self.t
-    }
-
-    /// Whether this step begins with an exchange (τ divides t^i).
-    #[must_use]
-    pub fn exchanges_now(&self) -> bool {
-        self.t.is_multiple_of(self.s.tau.max(1))
-    }
-
-    /// `η_t` on the local clock.
-    #[must_use]
-    pub fn lr(&self) -> f32 {
-        self.s.lr / (1.0 + self.s.lr_decay_gamma * self.t as f32).sqrt()
-    }
-
-    /// Where the gradient of this step is taken: `x + δ v` (just `x` for EASGD), with `x`
-    /// the value before any elastic pull.
-    pub fn gradient_point(&self, x: &[f32], out: &mut Vec<f32>) {
-        out.clear();
-        out.extend_from_slice(x);
-        if self.has_momentum() {
-            cpu::axpy(self.s.momentum, &self.velocity, out);
-        }
-    }
-
-    /// Finish the step: with `center` (x̃ from this step's exchange) apply the elastic pull
-    /// `x ← x − α (x − x̃)`, then the local update with `g` taken at [`Self::gradient_point`]:
-    /// `v ← δ v − η_t g; x ← x + v`. Advances t^i.
-    pub fn step(&mut self, x: &mut [f32], g: &[f32], center: Option<&[f32]>) {
-        let lr = self.lr();
-        let (alpha, delta) = (self.s.alpha, self.s.momentum);
-        if let Some(c) = center {
-            // x ← x − α (x − x̃) = (1 − α) x + α x̃
-            cpu::scale(1.0 - alpha, x);
-            cpu::axpy(alpha, c, x);
-        }
-        if self.has_momentum() {
-            cpu::momentum(Rate { lr, momentum: delta }, g, &mut self.velocity, x);
-        } else {
-            self.optimizer.step(lr, x, g);
-        }
-        self.t += 1;
-    }
-}
-
-/// The learner side of DOWNPOUR: local SGD that accumulates its updates in `v`; every τ
-/// steps `v` goes to the shards and x^i is replaced by the center they answer with.
-#[derive(Clone, Debug)]
-pub struct DownpourLearner {
-    tau: u64,
-    /// Streaming DiLoCo: `v` goes out in this many fragments, one every τ/F steps (1: all of
-    /// it every τ steps).
-    fragments: u64,
-    lr: f32,
-    t: u64,
-    accumulated: Vec<f32>,
-    /// The local optimizer (plain SGD unless set; DiLoCo's inner optimizer), and x^i before
-    /// its step.
-    optimizer: LocalOptimizer,
-    before: Vec<f32>,
-}
-
-impl DownpourLearner {
-    /// A learner over `len` parameters with period `tau` and rate `lr`.
-    #[must_use]
-    pub fn new(tau: u64, lr: f32, len: usize) -> Self {
-        let optimizer = LocalOptimizer::new(OptimizerSpec::Sgd, 0);
-        let accumulated = vec![0.0; len];
-        Self { tau: tau.max(1), fragments: 1, lr, t: 0, accumulated, optimizer, before: Vec::new() }
-    }
-
-    /// Exchange `v` in `fragments` parts in turn (F divides τ, checked with the configuration).
-    #[must_use]
-    pub fn with_fragments(mut self, fragments: u64) -> Self {
-        self.fragments = fragments.clamp(1, self.tau);
-        self
-    }
-
-    /// Local steps by `optimizer` rather than plain SGD, each added to `v` as it moved x^i.
-    #[must_use]
-    pub fn with_optimizer(mut self, optimizer: OptimizerSpec) -> Self {
-        self.optimizer = LocalOptimizer::new(optimizer, self.accumulated.len());
-        self
-    }
-
-    /// Whether this step begins with an exchange.
-    #[must_use]
-    pub fn exchanges_now(&self) -> bool {
-        self.fragment_now().is_some()
-    }
-
-    /// How many fragments `v` goes out in.
-    #[must_use]
-    pub fn fragments(&self) -> usize {
-        self.fragments as usize
-    }
-
-    /// The fragment this step begins by exchanging, of how many: fragment f at the steps
-    /// t ≡ f·τ/F (mod τ), so every value goes out once every τ steps.
-    #[must_use]
-    pub fn fragment_now(&self) -> Option<(usize, usize)> {
-        let every = self.tau / self.fragments;
-        let f = (self.t / every) % self.fragments;
-        self.t.is_multiple_of(every).then_some((f as usize, self.fragments as usize))
-    }
-
-    /// The accumulated update to send, reset to zero.
-    pub fn take_accumulated(&mut self) -> Vec<f32> {
-        let zeros = vec![0.0; self.accumulated.len()];
-        std::mem::replace(&mut self.accumulated, zeros)
-    }
-
-    /// The accumulated update of `range` not sent yet.
-    #[must_use]
-    pub fn pending(&self, range: std::ops::Range<usize>) -> &[f32] {
-        &self.accumulated[range]
-    }
-
-    /// The accumulated update of the values in `range` (zero elsewhere), reset to zero there.
-    pub fn take_accumulated_of(&mut self, range: std::ops::Range<usize>) -> Vec<f32> {
-        if range == (0..self.accumulated.len()) {
-            return self.take_accumulated();
-        }
-        let mut part = vec![0.0; self.accumulated.len()];
-        part[range.clone()].copy_from_slice(&self.accumulated[range.clone()]);
-        self.accumulated[range].fill(0.0);
-        part
-    }
-
-    /// One local step with the gradient `g` at x^i: `x ← x − η g; v ← v − η g` (with another
-    /// optimizer, its step on x, and `v ← v + (x_after − x_before)`).
-    pub fn step(&mut self, x: &mut [f32], g: &[f32]) {
-        if self.optimizer.is_sgd() {
-            cpu::axpy(-self.lr, g, x);
-            cpu::axpy(-self.lr, g, &mut self.accumulated);
-        } else {
-            self.before.clear();
-            self.before.extend_from_slice(x);
-            self.optimizer.step(self.lr, x, g);
-            for ((v, after), before) in self.accumulated.iter_mut().zip(&*x).zip(&self.before) {
-                *v += after - before;
-            }
-        }
-        self.t += 1;
+        (self.round_values, self.on_time) = (0, 0);
     }
 }
 

@@ -1,7 +1,7 @@
 //! The elastic cores (EASGD, EAMSGD, DOWNPOUR, MDOWNPOUR, DiLoCo) against exact arithmetic.
 
 use super::*;
-use crate::{LrModulation, SgdShard, SgdShardConfig, SyncRule};
+use crate::{LrModulation, OptimizerSpec, SgdShard, SgdShardConfig, SyncRule};
 
 const L0: LearnerId = LearnerId(0);
 const L1: LearnerId = LearnerId(1);
@@ -515,4 +515,53 @@ fn diloco_outer_velocity_is_checkpointed() {
     b.on_exchange(L1, &[0.0]).unwrap();
     assert_eq!(a.snapshot().values, b.snapshot().values);
     assert!(b.restore(ShardState { velocity: Vec::new(), ..saved }).is_err(), "no outer velocity: refused");
+}
+
+/// Sync DiLoCo with a quorum of 2 of 3 (learners send v = −Δ): a round closes at the end of
+/// its grace window with the two on time; the straggler's Δ, two rounds late, is folded into the open round at weight
+/// α(σ)/α = 1/2 and counted in its mean (`late = "fold"`), or dropped and answered with the
+/// current center at once (`"drop"`).
+#[test]
+fn a_sync_quorum_round_closes_without_its_straggler_and_folds_or_drops_it() {
+    let three: BTreeSet<LearnerId> = (0..3).map(LearnerId).collect();
+    let l2 = LearnerId(2);
+    let rule = diloco(true, 1.0, 0.0, LrModulation::PerGradient, None);
+    let quorum_of = |events: &[ShardEvent]| {
+        (events.iter())
+            .filter_map(|e| match e {
+                ShardEvent::Quorum { clock, missing } => Some((*clock, *missing)),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    for late in [LateRule::Fold, LateRule::Drop] {
+        let mut s = CenterShard::new(ShardId(0), rule, vec![1.0], three.clone()).with_quorum(2, late);
+        assert!(quorum_of(&s.on_exchange(L0, &[-0.2]).unwrap()).is_empty());
+        assert_eq!(quorum_of(&s.on_exchange(L1, &[-0.4]).unwrap()), [(Clock(0), 1)], "{late:?}");
+        assert!(s.on_grace_over(Clock(1)).is_empty(), "another round's window changes nothing");
+        let r = replies(s.on_grace_over(Clock(0)));
+        assert_eq!(r.iter().map(|(l, _)| *l).collect::<Vec<_>>(), [L0, L1], "the straggler is not served");
+        close(&s.snapshot().values, &[0.7]); // x̃ − η_o · mean Δ, Δ = −v = 0.2, 0.4
+        s.on_exchange(L0, &[0.0]).unwrap();
+        s.on_exchange(L1, &[0.0]).unwrap();
+        s.on_grace_over(Clock(1));
+        assert_eq!((s.clock(), s.round_of(l2)), (Clock(2), Clock(0)), "two rounds closed without L2");
+        let events = s.on_exchange(l2, &[-0.6]).unwrap();
+        match late {
+            LateRule::Fold => {
+                assert_eq!(sigmas(&events), [(l2, 2, Outcome::Applied { alpha: 0.5 })]);
+                assert!(replies(events).is_empty(), "it waits for the round it joined");
+                s.on_exchange(L0, &[-0.1]).unwrap();
+                let r = replies(s.on_exchange(L1, &[-0.2]).unwrap());
+                assert_eq!(r.len(), 3, "all three in: closed at once, every one served");
+                close(&s.snapshot().values, &[0.5]); // 0.7 − (0.5·0.6 + 0.1 + 0.2) / 3
+                assert_eq!(s.round_of(l2), Clock(3), "back in step");
+            }
+            LateRule::Drop => {
+                assert_eq!(sigmas(&events), [(l2, 2, Outcome::Dropped(DropReason::StaleRound))]);
+                assert_eq!(replies(events), [(l2, vec![0.7])], "the current center at once");
+                assert_eq!(s.round_of(l2), Clock(2));
+            }
+        }
+    }
 }

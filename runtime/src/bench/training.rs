@@ -110,6 +110,7 @@ fn cluster(
                 fragments: 1,
                 modulation: LrModulation::None,
                 max_staleness: None,
+                quorum: None,
             });
         }
     }

@@ -242,6 +242,7 @@ impl TryFrom<RawConfig> for Config {
                 fragments: p.fragments.unwrap_or(1),
                 modulation,
                 max_staleness: p.max_staleness,
+                quorum,
             })
         };
         let sgd = |rule| {
@@ -267,16 +268,6 @@ impl TryFrom<RawConfig> for Config {
         if let ProtocolSpec::Elastic(_) = protocol {
             if p.backups > 0 {
                 return Err(invalid("protocol.backups", backups_belong_to_hardsync(p.backups)));
-            }
-            if p.quorum > 0 {
-                return Err(invalid(
-                    "protocol.quorum",
-                    format!(
-                        "is {}; quorum rounds are built for hardsync only (sync EASGD and sync DiLoCo wait for \
-                         every learner)",
-                        p.quorum
-                    ),
-                ));
             }
             if p.prefetch > 0 {
                 return Err(invalid(

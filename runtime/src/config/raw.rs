@@ -115,12 +115,12 @@ pub struct RawProtocol {
     /// Softsync and async: gradients a learner may push ahead of its answers (default 0).
     #[serde(default)]
     pub prefetch: u32,
-    /// Hardsync: the quorum q that may close a round (default 0: none).
+    /// Hardsync, sync EASGD, sync DiLoCo: the quorum q that may close a round (default 0: none).
     #[serde(default)]
     pub quorum: u32,
-    /// Hardsync with a quorum: `fold | drop` what arrives on older weights (default fold).
+    /// With a quorum: `fold | drop` what arrives for a round already closed (default fold).
     pub late: Option<String>,
-    /// Hardsync with a quorum: the grace window's cap in milliseconds (default 50).
+    /// With a quorum: the grace window's cap in milliseconds (default 50).
     pub grace_max_ms: Option<u64>,
     /// EASGD and DiLoCo: synchronous rounds (default false for EASGD, true for DiLoCo).
     pub sync: Option<bool>,

@@ -314,11 +314,8 @@ fn prefetch_is_for_softsync_and_async_and_at_most_eight() {
 }
 
 #[test]
-fn a_quorum_is_hardsyncs_within_lambda_without_backups() {
-    let quorum = |c: &Config| match &c.cluster.protocol {
-        ProtocolSpec::Sgd(s) => s.quorum,
-        ProtocolSpec::Elastic(_) => unreachable!("an SGD protocol"),
-    };
+fn a_quorum_is_for_rounds_that_wait_for_all_within_lambda_without_backups() {
+    let quorum = |c: &Config| c.cluster.protocol.quorum().copied();
     assert_eq!(quorum(&load(&["protocol.kind=hardsync"]).unwrap()), None, "off by default");
     let q = quorum(&load(&["protocol.kind=hardsync", "protocol.quorum=3"]).unwrap()).unwrap();
     assert_eq!((q.size, q.late, q.grace_max_ms), (3, rudra_proto::LateRule::Fold, 50), "fold, 50 ms");
@@ -333,8 +330,12 @@ fn a_quorum_is_hardsyncs_within_lambda_without_backups() {
         let e = load(sets).unwrap_err().to_string();
         assert!(e.contains(key) && e.contains(want), "{sets:?}: {e}");
     };
-    refused(&["protocol.kind=async", "protocol.quorum=2"], "protocol.quorum", "hardsync");
-    refused(&["protocol.kind=diloco", "protocol.quorum=2"], "protocol.quorum", "hardsync only");
+    for kind in ["protocol.kind=diloco", "protocol.kind=easgd"] {
+        let q = load(&[kind, "protocol.sync=true", "protocol.quorum=2"]).unwrap();
+        assert_eq!(quorum(&q).map(|q| q.size), Some(2), "{kind}: sync rounds");
+        refused(&[kind, "protocol.sync=false", "protocol.quorum=2"], "protocol.quorum", "never wait for all");
+    }
+    refused(&["protocol.kind=async", "protocol.quorum=2"], "protocol.quorum", "never wait for all");
     refused(&["protocol.kind=hardsync", "protocol.quorum=5"], "protocol.quorum", "λ = 4");
     refused(
         &["protocol.kind=hardsync", "protocol.quorum=3", "protocol.backups=1"],

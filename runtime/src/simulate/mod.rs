@@ -104,6 +104,13 @@ pub fn simulate(config: &Config, progress: ProgressMode) -> Result<SimReport, Ru
     let expected = model_run.as_ref().map(|(_, len)| spec.steps_per_learner(*len) * u64::from(spec.learners));
     let mut progress = Progress::new(progress);
     let run = (sim.loss_every, expected);
+    if let Some(q) = spec.protocol.quorum() {
+        return Err(RuntimeError::Simulation(format!(
+            "protocol.quorum is {}: quorum rounds (their grace windows run on wall-clock timers) are not \
+             simulated; run them with `rudra-node local` or as processes",
+            q.size
+        )));
+    }
     let (finished, world) = match &spec.protocol {
         ProtocolSpec::Elastic(elastic) => {
             let (centers, workers) = match model_run {
@@ -113,13 +120,6 @@ pub fn simulate(config: &Config, progress: ProgressMode) -> Result<SimReport, Ru
             let mut world = ElasticWorld::new(centers, ranges, workers);
             let engine = Engine::new(rng, compute, net, gradients, learners);
             (engine.run(&mut world, &sim.stop, run, &mut progress)?, summarize(&world))
-        }
-        ProtocolSpec::Sgd(SgdSpec { quorum: Some(q), .. }) => {
-            return Err(RuntimeError::Simulation(format!(
-                "protocol.quorum is {}: quorum rounds (their grace windows run on wall-clock timers) are not \
-                 simulated; run them with `rudra-node local` or as processes",
-                q.size
-            )));
         }
         ProtocolSpec::Sgd(sgd) => {
             let (shards, cores) = match model_run {

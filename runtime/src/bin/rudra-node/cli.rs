@@ -282,6 +282,10 @@ pub(crate) struct RelayArgs {
     /// Uniform jitter on the delay, ± milliseconds.
     #[arg(long, default_value_t = 0.0)]
     pub(crate) jitter_ms: f64,
+    /// Bandwidth of each direction, Mbit/s (0: unlimited); the link buffers a round trip of
+    /// backlog (at least 5 ms) and drops beyond it.
+    #[arg(long = "rate-mbit", alias = "rate", default_value_t = 0.0)]
+    pub(crate) rate_mbit: f64,
     /// Seed of the fault dice.
     #[arg(long, default_value_t = 1)]
     pub(crate) seed: u64,

@@ -23,7 +23,12 @@ pub(crate) fn run(args: RelayArgs) -> Result<(), RuntimeError> {
         delay: millis("--delay-ms", args.delay_ms)?,
         jitter: millis("--jitter-ms", args.jitter_ms)?,
     };
-    let rules = RelayRules { to_upstream: faults.clone(), to_client: faults, ..RelayRules::default() };
+    if !(args.rate_mbit.is_finite() && args.rate_mbit >= 0.0) {
+        let why = format!("is {}; give Mbit/s, 0 for unlimited", args.rate_mbit);
+        return Err(RuntimeError::Invalid(InvalidSetting::new("--rate-mbit", why)));
+    }
+    let rate = args.rate_mbit * 1e6 / 8.0;
+    let rules = RelayRules { to_upstream: faults.clone(), to_client: faults, rate, ..RelayRules::default() };
     let to = args.to;
     actix::System::new().block_on(async move {
         let relay = Relay::bind(args.listen, to, rules, args.seed)?;

@@ -4,7 +4,9 @@
 //! source address gets a session with its own socket towards upstream, so many clients can
 //! share one relay and replies find their way back. Every datagram, in both directions,
 //! takes a [`Fate`] from [`FaultDice`] under the rules for its direction; a
-//! [`RelayControl`] cuts the link altogether (a partition) until it is healed.
+//! [`RelayControl`] cuts the link altogether (a partition) until it is healed. With a
+//! [`rate`](RelayRules::rate) each direction is also a link of that bandwidth, buffering a
+//! round trip's worth of backlog (at least [`MIN_BUFFER`]) and dropping beyond it.
 //!
 //! ```no_run
 //! # async fn example() -> Result<(), rudra_transport::TransportError> {
@@ -25,8 +27,8 @@ use std::cmp::Ordering as CmpOrdering;
 use std::collections::hash_map::Entry;
 use std::collections::{BinaryHeap, HashMap};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -37,6 +39,10 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::TransportError;
 use crate::faults::{Fate, FaultDice, FaultWindow, LinkFaults};
+pub use pacing::MIN_BUFFER;
+use pacing::Pacer;
+
+mod pacing;
 
 /// The largest datagram the relay forwards whole.
 pub const MAX_DATAGRAM: usize = 65_535;
@@ -57,6 +63,9 @@ pub struct RelayRules {
     pub to_client: LinkFaults,
     /// When the faults apply, from the start of [`Relay::run`]; outside it the relay is clean.
     pub window: FaultWindow,
+    /// Bandwidth of each direction in bytes per second (0: unlimited). It applies always,
+    /// inside the fault window or not: it is the link, not a fault.
+    pub rate: f64,
 }
 
 impl RelayRules {
@@ -64,7 +73,17 @@ impl RelayRules {
     pub fn validate(&self) -> Result<(), TransportError> {
         self.to_upstream.validate()?;
         self.to_client.validate()?;
+        if !(self.rate.is_finite() && self.rate >= 0.0) {
+            let problem = format!("{} is not a bandwidth; use bytes per second, 0 for unlimited", self.rate);
+            return Err(TransportError::FaultRule { field: "rate", problem });
+        }
         self.window.validate()
+    }
+
+    /// Each direction's pacer: a round trip of backlog, the two delays together.
+    fn pacers(&self) -> [Mutex<Option<Pacer>>; 2] {
+        let round_trip = self.to_upstream.delay + self.to_client.delay;
+        [(); 2].map(|()| Mutex::new(Pacer::new(self.rate, round_trip)))
     }
 }
 
@@ -176,6 +195,7 @@ impl Relay {
         let (queue, queued) = mpsc::unbounded_channel();
         let link = Arc::new(Link {
             listen,
+            pacers: self.rules.pacers(),
             rules: self.rules,
             started: Instant::now(),
             control: self.control,
@@ -254,6 +274,8 @@ impl Drop for RelayHandle {
 struct Link {
     listen: UdpSocket,
     rules: RelayRules,
+    /// With a rate: the pacing of each direction (upstream, back to clients).
+    pacers: [Mutex<Option<Pacer>>; 2],
     started: Instant,
     control: RelayControl,
     queue: mpsc::UnboundedSender<Delayed>,
@@ -273,10 +295,27 @@ impl Link {
         } else {
             Fate::Deliver { delay: Duration::ZERO, copies: 1 }
         };
-        match fate {
-            Fate::Drop => tracing::trace!(len = bytes.len(), "relay: datagram dropped"),
-            Fate::Deliver { delay, copies } if delay.is_zero() => route.send(self, bytes, copies).await,
-            Fate::Deliver { delay, copies } => self.delay(delay, copies, route, bytes),
+        let Fate::Deliver { delay, copies } = fate else {
+            return tracing::trace!(len = bytes.len(), "relay: datagram dropped");
+        };
+        let Some(delay) = self.pace(&route, bytes.len()).map(|wait| delay + wait) else {
+            return tracing::trace!(len = bytes.len(), "relay: link buffer full, datagram dropped");
+        };
+        if delay.is_zero() {
+            route.send(self, bytes, copies).await;
+        } else {
+            self.delay(delay, copies, route, bytes);
+        }
+    }
+
+    /// How long `len` bytes wait for the link's bandwidth on `route`'s direction (nothing
+    /// without a rate), or `None` when its buffer is full.
+    fn pace(&self, route: &Route, len: usize) -> Option<Duration> {
+        let direction = usize::from(matches!(route, Route::Client(_)));
+        let mut pacer = self.pacers[direction].lock().unwrap_or_else(PoisonError::into_inner);
+        match pacer.as_mut() {
+            Some(p) => p.admit(self.started.elapsed(), len),
+            None => Some(Duration::ZERO),
         }
     }
 
