@@ -159,6 +159,37 @@ fn stragglers_slow_hardsync_to_their_pace_but_not_softsync_or_hardsync_with_back
     assert!(backed > 900.0 && backed_use > 0.9, "backups keep hardsync at the fast learners' pace: {backed}");
 }
 
+/// Quorum rounds on the virtual clock: a quorum of the 95 fast learners with no window keeps
+/// hardsync at their pace and folds the stragglers' gradients in late (σ > 0); a window capped
+/// at 1 s, longer than the stragglers are late (0.3 s), waits for them.
+#[test]
+fn a_quorum_closes_rounds_without_stragglers_unless_its_window_waits_for_them() {
+    let quorum = |grace_ms: u64| {
+        let r = run(&[
+            "cluster.learners=100",
+            "cluster.shards=1",
+            "protocol.kind=hardsync",
+            "protocol.quorum=95",
+            &format!("protocol.grace_max_ms={grace_ms}"),
+            "simulation.compute=constant",
+            "simulation.straggler_fraction=0.05",
+            "simulation.straggler_factor=4",
+            "simulation.stop_gradients=0",
+            "simulation.stop_seconds=20",
+        ]);
+        (r.gradients_per_virtual_second(), r.staleness.mean, r.staleness.dropped)
+    };
+    let (closed, sigma, dropped) = quorum(0);
+    eprintln!("quorum 95, no window: {closed:.1}/s, ⟨σ⟩ {sigma:.3}");
+    assert!(closed > 900.0 && sigma > 0.0 && dropped == 0, "{closed} {sigma} {dropped}");
+    let (waited, _, _) = quorum(1000);
+    eprintln!("quorum 95, window ≤ 1 s: {waited:.1}/s");
+    assert!(
+        waited < 0.5 * closed,
+        "the window waits out stragglers it sees coming: {waited} against {closed}"
+    );
+}
+
 #[test]
 fn lost_messages_are_resent_late_and_slow_the_run() {
     let lossy = |p: &str| {

@@ -17,8 +17,8 @@ pub use protocol::{
 
 mod protocol;
 use rudra_proto::{
-    CenterShard, ElasticWorker, GraceWindow, LateRule, LearnerCore, LearnerLoop, LrSchedule, MAX_PREFETCH,
-    SchedulerCore, SgdShard, SgdShardConfig, ShardCore, SyncRule, shard_ranges,
+    ElasticWorker, GraceWindow, LateRule, LearnerCore, LearnerLoop, LrSchedule, MAX_PREFETCH, SchedulerCore,
+    SgdShard, SgdShardConfig, ShardCore, SyncRule, shard_ranges,
 };
 
 /// Everything that defines a run, already typed.
@@ -244,15 +244,12 @@ impl ClusterSpec {
                 values,
                 self.active_learners(),
             )),
-            ProtocolSpec::Elastic(e) => ShardCore::Center(
-                CenterShard::new(
-                    ShardId(s as u32),
-                    e.center_rule(self.schedule.base),
-                    values,
-                    self.active_learners(),
-                )
-                .with_quorum(e.quorum.map_or(0, |q| q.size), e.quorum.map_or(LateRule::Drop, |q| q.late)),
-            ),
+            ProtocolSpec::Elastic(e) => ShardCore::Center(e.center_shard(
+                ShardId(s as u32),
+                self.schedule.base,
+                values,
+                self.active_learners(),
+            )),
         }
     }
 

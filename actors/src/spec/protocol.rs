@@ -1,12 +1,15 @@
 //! The protocol a run's shards and learners follow, with its settings: Rudra's SGD family or
 //! the EASGD family, each checked on its own.
 
+use std::collections::BTreeSet;
+
+use rudra_transport::{LearnerId, ShardId};
 use serde::{Deserialize, Serialize};
 
 use crate::InvalidSetting;
 use rudra_proto::{
-    CenterRule, DownpourLearner, ElasticLearner, ElasticSettings, LateRule, LocalRule, LrModulation,
-    OptimizerSpec, SyncRule,
+    CenterRule, CenterShard, DownpourLearner, ElasticLearner, ElasticSettings, LateRule, LocalRule,
+    LrModulation, OptimizerSpec, SyncRule,
 };
 /// The longest grace window a quorum round may be given, in milliseconds.
 pub const MAX_GRACE_MS: u64 = 60_000;
@@ -187,6 +190,19 @@ fn one_fragment() -> u64 {
 }
 
 impl ElasticSpec {
+    /// Center shard `id` with learning rate `lr`, holding `values`, serving `active`.
+    #[must_use]
+    pub fn center_shard(
+        &self,
+        id: ShardId,
+        lr: f32,
+        values: Vec<f32>,
+        active: BTreeSet<LearnerId>,
+    ) -> CenterShard {
+        let (size, late) = self.quorum.map_or((0, LateRule::Drop), |q| (q.size, q.late));
+        CenterShard::new(id, self.center_rule(lr), values, active).with_quorum(size, late)
+    }
+
     /// The center shards' rule with learning rate `lr`.
     #[must_use]
     pub fn center_rule(&self, lr: f32) -> CenterRule {

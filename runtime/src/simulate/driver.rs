@@ -5,8 +5,10 @@
 use rudra_transport::Floats;
 
 use rand_chacha::ChaCha8Rng;
-use rudra_proto::{GradientRecord, Outcome, StalenessStats, UpdateRecord};
-use rudra_transport::LearnerId;
+use std::time::Duration;
+
+use rudra_proto::{GraceWindow, GradientRecord, Outcome, StalenessStats, UpdateRecord};
+use rudra_transport::{Clock, LearnerId, ShardId};
 use serde::Serialize;
 
 use super::events::{EventQueue, Nanos, TraceHash, seconds};
@@ -30,6 +32,13 @@ pub enum Event<M> {
     Deliver(M),
     /// A learner finished computing its gradient.
     Computed(LearnerId),
+    /// A quorum round's grace window is over.
+    Grace {
+        /// The round's shard.
+        shard: ShardId,
+        /// The round's clock.
+        clock: Clock,
+    },
 }
 
 /// A protocol family on its cores: shards and learners, driven by delivered messages and
@@ -43,6 +52,13 @@ pub trait World {
     fn deliver(&mut self, eng: &mut Engine<Self::Msg>, msg: Self::Msg) -> Result<(), RuntimeError>;
     /// A learner's gradient is ready.
     fn computed(&mut self, eng: &mut Engine<Self::Msg>, learner: LearnerId) -> Result<(), RuntimeError>;
+    /// The grace window of `shard`'s quorum round on `clock` is over.
+    fn grace_over(
+        &mut self,
+        eng: &mut Engine<Self::Msg>,
+        shard: ShardId,
+        clock: Clock,
+    ) -> Result<(), RuntimeError>;
     /// Updates applied by the shard that applied the most.
     fn updates(&self) -> u64;
     /// Every shard's current values, in shard order.
@@ -154,6 +170,8 @@ pub struct Engine<M> {
     learners: Vec<LearnerTime>,
     loss_window: (f64, u64),
     loss_rows: Vec<LossRow>,
+    /// With a quorum: each shard's grace windows, on the virtual clock.
+    grace: Vec<GraceWindow>,
 }
 
 /// What a finished run of the driver leaves.
@@ -196,7 +214,35 @@ impl<M: Message> Engine<M> {
             learners: vec![LearnerTime::default(); learners],
             loss_window: (0.0, 0),
             loss_rows: Vec::new(),
+            grace: Vec::new(),
         }
+    }
+
+    /// Quorum rounds on each of `shards` shards close at the end of windows `window` chooses.
+    #[must_use]
+    pub fn with_grace(mut self, window: Option<GraceWindow>, shards: usize) -> Self {
+        self.grace = window.map_or_else(Vec::new, |w| vec![w; shards]);
+        self
+    }
+
+    /// A contribution to `shard`'s round on `clock` arrived now (for the grace window).
+    pub fn arrived(&mut self, shard: ShardId, clock: Clock) {
+        let now = Duration::from_nanos(self.now);
+        if let Some(w) = self.grace.get_mut(shard.index()) {
+            w.arrived(clock, now);
+        }
+    }
+
+    /// `shard`'s round on `clock` holds its quorum, `missing` short of all: its grace window
+    /// starts now.
+    pub fn quorum(&mut self, shard: ShardId, clock: Clock, missing: usize) -> Result<(), RuntimeError> {
+        let now = Duration::from_nanos(self.now);
+        let w = self.grace.get_mut(shard.index()).ok_or_else(|| {
+            RuntimeError::Simulation(format!("internal error: {shard} announced a quorum it does not have"))
+        })?;
+        let wait = u64::try_from(w.quorum(clock, missing, now).as_nanos()).unwrap_or(u64::MAX);
+        self.queue.push(self.now.saturating_add(wait), Event::Grace { shard, clock });
+        Ok(())
     }
 
     /// Send `msg`; it arrives when the network model says.
@@ -331,6 +377,11 @@ impl<M: Message> Engine<M> {
                     if self.counts.gradients.is_multiple_of(loss_every) {
                         self.loss_row(world);
                     }
+                }
+                Event::Grace { shard, clock } => {
+                    self.hash.u64(u64::from(shard.0));
+                    self.hash.u64(clock.0);
+                    world.grace_over(&mut self, shard, clock)?;
                 }
             }
             let updates = world.updates();

@@ -8,7 +8,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use rudra_proto::{CenterShard, ElasticWorker, ShardEvent, Weights, WorkerEvent};
-use rudra_transport::{LearnerId, ShardId};
+use rudra_transport::{Clock, LearnerId, ShardId};
 
 use super::driver::{Engine, Message, ShardReport, World};
 use super::events::TraceHash;
@@ -108,6 +108,28 @@ impl ElasticWorld {
     }
 }
 
+/// Carry out a center shard's effects, as the shard and tracker actors do.
+fn carry_out_center(
+    eng: &mut Engine<ElasticMsg>,
+    shard: ShardId,
+    events: Vec<ShardEvent>,
+) -> Result<(), RuntimeError> {
+    for event in events {
+        match event {
+            ShardEvent::Center { learner, weights } => {
+                eng.send(ElasticMsg::Center { learner, center: weights })
+            }
+            ShardEvent::Serve { .. } => {
+                return Err(RuntimeError::Simulation("internal error: a center shard served weights".into()));
+            }
+            ShardEvent::Quorum { clock, missing } => eng.quorum(shard, clock, missing)?,
+            ShardEvent::Gradient(g) => eng.record_gradient(&g),
+            ShardEvent::Update(u) => eng.record_update(&u),
+        }
+    }
+    Ok(())
+}
+
 impl World for ElasticWorld {
     type Msg = ElasticMsg;
 
@@ -123,22 +145,10 @@ impl World for ElasticWorld {
         match msg {
             ElasticMsg::Exchange { learner, shard, values } => {
                 let center = &mut self.centers[shard.index()];
+                eng.arrived(shard, center.round_of(learner));
                 let events = center.on_exchange(learner, &values[self.ranges[shard.index()].clone()])?;
                 drop(values);
-                for event in events {
-                    match event {
-                        ShardEvent::Center { learner, weights } => {
-                            eng.send(ElasticMsg::Center { learner, center: weights });
-                        }
-                        ShardEvent::Serve { .. } | ShardEvent::Quorum { .. } => {
-                            return Err(RuntimeError::Simulation(
-                                "internal error: a center shard acted as an SGD shard".into(),
-                            ));
-                        }
-                        ShardEvent::Gradient(g) => eng.record_gradient(&g),
-                        ShardEvent::Update(u) => eng.record_update(&u),
-                    }
-                }
+                carry_out_center(eng, shard, events)?;
             }
             ElasticMsg::Center { learner, center } => {
                 let events = self.learners[learner.index()].worker.on_center(center.shard, &center.values)?;
@@ -155,6 +165,16 @@ impl World for ElasticWorld {
         })?;
         let events = me.worker.on_gradient(&grad)?;
         self.carry_out(eng, learner, events)
+    }
+
+    fn grace_over(
+        &mut self,
+        eng: &mut Engine<ElasticMsg>,
+        shard: ShardId,
+        clock: Clock,
+    ) -> Result<(), RuntimeError> {
+        let events = self.centers[shard.index()].on_grace_over(clock);
+        carry_out_center(eng, shard, events)
     }
 
     fn updates(&self) -> u64 {

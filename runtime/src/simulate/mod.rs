@@ -104,13 +104,6 @@ pub fn simulate(config: &Config, progress: ProgressMode) -> Result<SimReport, Ru
     let expected = model_run.as_ref().map(|(_, len)| spec.steps_per_learner(*len) * u64::from(spec.learners));
     let mut progress = Progress::new(progress);
     let run = (sim.loss_every, expected);
-    if let Some(q) = spec.protocol.quorum() {
-        return Err(RuntimeError::Simulation(format!(
-            "protocol.quorum is {}: quorum rounds (their grace windows run on wall-clock timers) are not \
-             simulated; run them with `rudra-node local` or as processes",
-            q.size
-        )));
-    }
     let (finished, world) = match &spec.protocol {
         ProtocolSpec::Elastic(elastic) => {
             let (centers, workers) = match model_run {
@@ -118,7 +111,8 @@ pub fn simulate(config: &Config, progress: ProgressMode) -> Result<SimReport, Ru
                 None => synthetic_elastic_cores(spec, elastic, &init, &ranges),
             };
             let mut world = ElasticWorld::new(centers, ranges, workers);
-            let engine = Engine::new(rng, compute, net, gradients, learners);
+            let engine = Engine::new(rng, compute, net, gradients, learners)
+                .with_grace(spec.grace_window(), lens.len());
             (engine.run(&mut world, &sim.stop, run, &mut progress)?, summarize(&world))
         }
         ProtocolSpec::Sgd(sgd) => {
@@ -127,7 +121,8 @@ pub fn simulate(config: &Config, progress: ProgressMode) -> Result<SimReport, Ru
                 None => synthetic_cores(spec, sgd, &init, &ranges),
             };
             let mut world = SgdWorld::new(shards, ranges, cores);
-            let engine = Engine::new(rng, compute, net, gradients, learners);
+            let engine = Engine::new(rng, compute, net, gradients, learners)
+                .with_grace(spec.grace_window(), lens.len());
             (engine.run(&mut world, &sim.stop, run, &mut progress)?, summarize(&world))
         }
     };
@@ -218,14 +213,7 @@ fn synthetic_elastic_cores(
     let centers = ranges
         .iter()
         .enumerate()
-        .map(|(s, r)| {
-            CenterShard::new(
-                ShardId(s as u32),
-                elastic.center_rule(lr),
-                init[r.clone()].to_vec(),
-                active.clone(),
-            )
-        })
+        .map(|(s, r)| elastic.center_shard(ShardId(s as u32), lr, init[r.clone()].to_vec(), active.clone()))
         .collect();
     let workers = active
         .iter()

@@ -131,15 +131,19 @@ impl SgdWorld {
         Ok(())
     }
 
-    /// Carry out a shard core's effects, as the shard and tracker actors do.
-    fn carry_out_shard(eng: &mut Engine<SgdMsg>, events: Vec<ShardEvent>) -> Result<(), RuntimeError> {
+    /// Carry out `shard`'s effects, as the shard and tracker actors do.
+    fn carry_out_shard(
+        eng: &mut Engine<SgdMsg>,
+        shard: ShardId,
+        events: Vec<ShardEvent>,
+    ) -> Result<(), RuntimeError> {
         for event in events {
             match event {
                 ShardEvent::Serve { learner, seq, weights } => {
                     eng.send(SgdMsg::Weights { learner, weights, seq })
                 }
                 ShardEvent::Center { .. } => return Err(internal("an SGD shard answered with a center")),
-                ShardEvent::Quorum { .. } => return Err(internal("a shard announced a quorum")),
+                ShardEvent::Quorum { clock, missing } => eng.quorum(shard, clock, missing)?,
                 ShardEvent::Gradient(g) => eng.record_gradient(&g),
                 ShardEvent::Update(u) => eng.record_update(&u),
             }
@@ -169,11 +173,12 @@ impl World for SgdWorld {
                 let core = &mut self.shards[shard.index()];
                 let events =
                     (if last { core.on_last_pull(learner, seq) } else { core.on_pull(learner, seq) })?;
-                Self::carry_out_shard(eng, events)?;
+                Self::carry_out_shard(eng, shard, events)?;
             }
             SgdMsg::Push { learner, shard, computed_on, seq, grad, pull } => {
                 let range = self.ranges[shard.index()].clone();
                 let core = &mut self.shards[shard.index()];
+                eng.arrived(shard, computed_on);
                 let mut events = core.on_push(learner, seq, computed_on, &grad[range])?;
                 drop(grad);
                 events.extend(if pull.last {
@@ -181,7 +186,7 @@ impl World for SgdWorld {
                 } else {
                     core.on_pull(learner, pull.seq)
                 }?);
-                Self::carry_out_shard(eng, events)?;
+                Self::carry_out_shard(eng, shard, events)?;
             }
             SgdMsg::Weights { learner, weights, seq } => {
                 let me = &mut self.learners[learner.index()];
@@ -199,6 +204,16 @@ impl World for SgdWorld {
     fn computed(&mut self, eng: &mut Engine<SgdMsg>, learner: LearnerId) -> Result<(), RuntimeError> {
         let events = self.learners[learner.index()].core.on_computed()?;
         self.carry_out(eng, learner, events)
+    }
+
+    fn grace_over(
+        &mut self,
+        eng: &mut Engine<SgdMsg>,
+        shard: ShardId,
+        clock: Clock,
+    ) -> Result<(), RuntimeError> {
+        let events = self.shards[shard.index()].on_grace_over(clock);
+        Self::carry_out_shard(eng, shard, events)
     }
 
     fn updates(&self) -> u64 {
