@@ -250,10 +250,15 @@ fn a_killed_learner_process_is_dropped_and_the_run_finishes() {
     // 30,000 examples over 3 learners in minibatches of 32: 312 steps an epoch, 3 epochs.
     assert!(samples < expected && expected == 312 * 3 * 32 * 3, "{samples} of {expected}");
     let csv = std::fs::read_to_string(dir.join("run/metrics.csv")).unwrap();
-    let last: Vec<u64> =
-        csv.lines().last().unwrap().split(',').rev().take(3).map(|v| v.parse().unwrap()).collect();
-    // Columns end with the samples of learners 0, 1, 2; learner 2 stopped early.
-    assert!(last[0] < last[1] && last[1] == last[2], "samples per learner (2, 1, 0): {last:?}");
+    let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+    let row: Vec<&str> = csv.lines().last().unwrap().split(',').collect();
+    let samples = |l: usize| -> u64 {
+        let column = header.iter().position(|&c| c == format!("samples_learner_{l}")).unwrap();
+        row[column].parse().unwrap()
+    };
+    // Learner 2 stopped early; 0 and 1 processed all of theirs.
+    let last = [samples(0), samples(1), samples(2)];
+    assert!(last[2] < last[1] && last[0] == last[1], "samples per learner: {last:?}");
 }
 
 /// Wait until `log` contains `what`.
