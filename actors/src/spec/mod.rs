@@ -167,7 +167,7 @@ impl ClusterSpec {
     }
 
     /// A quorum belongs to the rounds that wait for all (hardsync, sync EASGD, sync DiLoCo),
-    /// within λ, without backups, with a bounded window.
+    /// within λ, on one shard, without backups, with a bounded window.
     fn check_quorum(&self, q: &QuorumSpec) -> Result<(), InvalidSetting> {
         let backups = self.protocol.backups();
         let why = if !self.protocol.waits_for_all() {
@@ -175,6 +175,13 @@ impl ClusterSpec {
                 .to_owned()
         } else if !(1..=self.learners).contains(&q.size) {
             format!("it must be between 1 and λ = {}", self.learners)
+        } else if self.shards > 1 {
+            format!(
+                "and cluster.shards is {}: quorum rounds need one shard (each shard would choose its own quorum; \
+                 once the quorum is every learner left, two shards can each wait for a learner the other holds \
+                 back, and never close)",
+                self.shards
+            )
         } else if backups > 0 {
             format!(
                 "and protocol.backups is {backups}: backups = b is a quorum of λ − b that drops the late with no \

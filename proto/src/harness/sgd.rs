@@ -23,6 +23,9 @@ pub struct SgdSetup {
     pub max_staleness: Option<u64>,
     /// Gradients a learner may push ahead of its answers.
     pub prefetch: u32,
+    /// Hardsync: a quorum and what late gradients come to; its rounds close as soon as they
+    /// hold it (a grace window of 0).
+    pub quorum: Option<(u32, crate::LateRule)>,
     /// `α(σ)`.
     pub modulation: LrModulation,
     /// λ.
@@ -163,8 +166,8 @@ impl<'a, 'g> Run<'a, 'g> {
                     modulation: setup.modulation,
                     max_staleness: setup.max_staleness,
                     backups: 0,
-                    quorum: 0,
-                    late: crate::LateRule::Drop,
+                    quorum: setup.quorum.map_or(0, |(q, _)| q),
+                    late: setup.quorum.map_or(crate::LateRule::Drop, |(_, late)| late),
                     schedule: LrSchedule { base: setup.lr, decay: 1.0 },
                     gradients_per_epoch: u64::MAX,
                     prefetch: setup.prefetch,
@@ -459,7 +462,13 @@ impl<'a, 'g> Run<'a, 'g> {
                     return Err(self.violation(format!("an SGD shard answered {learner} with a center")));
                 }
                 ShardEvent::Quorum { clock, .. } => {
-                    return Err(self.violation(format!("a shard without a quorum announced one at {clock}")));
+                    if self.setup.quorum.is_none() {
+                        return Err(
+                            self.violation(format!("a shard without a quorum announced one at {clock}"))
+                        );
+                    }
+                    let closed = self.shards[s].core.on_grace_over(clock);
+                    self.shard_events(s, closed)?;
                 }
                 ShardEvent::Gradient(r) => {
                     let bound = self.setup.max_staleness.unwrap_or(u64::MAX);

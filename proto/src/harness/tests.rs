@@ -17,6 +17,7 @@ fn sgd(rule: SyncRule, max_staleness: Option<u64>) -> SgdSetup {
         rule,
         max_staleness,
         prefetch: 0,
+        quorum: None,
         modulation: LrModulation::PerGradient,
         learners: 4,
         shards: 2,
@@ -99,6 +100,25 @@ fn prefetch_keeps_every_invariant_under_link_faults_and_node_failures() {
                     if let Err(v) = run_sgd(&setup, faults.clone(), seed, &mut quadratic_gradient) {
                         panic!("prefetch {k}, {rule:?}, bound {bound:?}, seed {seed} ({faults:?}): {v}");
                     }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn quorum_rounds_keep_every_invariant_under_link_faults_and_learner_failures() {
+    for late in [crate::LateRule::Fold, crate::LateRule::Drop] {
+        // One shard: with several, quorums chosen per shard can wait on each other for ever
+        // (the configuration refuses them).
+        let setup = SgdSetup { quorum: Some((3, late)), shards: 1, ..sgd(SyncRule::Hardsync, None) };
+        for seed in 0..SCHEDULES / 4 {
+            let links = FaultSchedule::links(seed, setup.learners, 200);
+            let mut nodes = FaultSchedule::nodes(seed, setup.learners, setup.shards, 150);
+            nodes.restarts.clear(); // as for every hardsync run: shards do not restart
+            for faults in [links, nodes] {
+                if let Err(v) = run_sgd(&setup, faults.clone(), seed, &mut quadratic_gradient) {
+                    panic!("quorum 3 of 4, {late:?}, seed {seed} ({faults:?}): {v}");
                 }
             }
         }

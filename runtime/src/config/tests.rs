@@ -314,13 +314,15 @@ fn prefetch_is_for_softsync_and_async_and_at_most_eight() {
 }
 
 #[test]
-fn a_quorum_is_for_rounds_that_wait_for_all_within_lambda_without_backups() {
+fn a_quorum_is_for_rounds_that_wait_for_all_on_one_shard_within_lambda_without_backups() {
     let quorum = |c: &Config| c.cluster.protocol.quorum().copied();
     assert_eq!(quorum(&load(&["protocol.kind=hardsync"]).unwrap()), None, "off by default");
-    let q = quorum(&load(&["protocol.kind=hardsync", "protocol.quorum=3"]).unwrap()).unwrap();
+    let q =
+        quorum(&load(&["protocol.kind=hardsync", "protocol.quorum=3", "cluster.shards=1"]).unwrap()).unwrap();
     assert_eq!((q.size, q.late, q.grace_max_ms), (3, rudra_proto::LateRule::Fold, 50), "fold, 50 ms");
     let q = load(&[
         "protocol.kind=hardsync",
+        "cluster.shards=1",
         "protocol.quorum=2",
         "protocol.late=\"drop\"",
         "protocol.grace_max_ms=5",
@@ -331,19 +333,24 @@ fn a_quorum_is_for_rounds_that_wait_for_all_within_lambda_without_backups() {
         assert!(e.contains(key) && e.contains(want), "{sets:?}: {e}");
     };
     for kind in ["protocol.kind=diloco", "protocol.kind=easgd"] {
-        let q = load(&[kind, "protocol.sync=true", "protocol.quorum=2"]).unwrap();
+        let q = load(&[kind, "protocol.sync=true", "protocol.quorum=2", "cluster.shards=1"]).unwrap();
         assert_eq!(quorum(&q).map(|q| q.size), Some(2), "{kind}: sync rounds");
         refused(&[kind, "protocol.sync=false", "protocol.quorum=2"], "protocol.quorum", "never wait for all");
     }
     refused(&["protocol.kind=async", "protocol.quorum=2"], "protocol.quorum", "never wait for all");
     refused(&["protocol.kind=hardsync", "protocol.quorum=5"], "protocol.quorum", "λ = 4");
     refused(
-        &["protocol.kind=hardsync", "protocol.quorum=3", "protocol.backups=1"],
+        &["protocol.kind=hardsync", "protocol.quorum=3", "cluster.shards=2"],
+        "protocol.quorum",
+        "one shard",
+    );
+    refused(
+        &["protocol.kind=hardsync", "protocol.quorum=3", "cluster.shards=1", "protocol.backups=1"],
         "protocol.quorum",
         "one of the two",
     );
     refused(
-        &["protocol.kind=hardsync", "protocol.quorum=3", "protocol.grace_max_ms=60001"],
+        &["protocol.kind=hardsync", "protocol.quorum=3", "cluster.shards=1", "protocol.grace_max_ms=60001"],
         "grace_max_ms",
         "at most",
     );
