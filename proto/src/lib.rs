@@ -62,6 +62,6 @@ pub use outcome::{DropReason, Outcome};
 pub use quorum::GraceWindow;
 pub use records::{GradientRecord, ShardEvent, ShardState, UpdateRecord, Weights};
 pub use scheduler::{DIVERGENCE_FACTOR, Divergence, LrSchedule, SchedulerCore, SchedulerEvent};
-pub use shard::{LateRule, SgdShard, SgdShardConfig, SyncRule, shard_ranges};
+pub use shard::{LateRule, Quorum, SgdShard, SgdShardConfig, SyncRule, shard_ranges};
 pub use staleness::{StalenessStats, StalenessSummary};
 pub use window::PushWindow;

@@ -51,9 +51,10 @@ pub struct SchedulerActor {
     loss_window: (f64, u64),
     last_progress: Instant,
     rows: Vec<MetricsRow>,
-    /// Whether an evaluation is under way, and those asked for meanwhile (whether each is the
-    /// final one), run in turn.
-    evaluations: (bool, VecDeque<bool>),
+    /// Whether an evaluation is under way.
+    evaluating: bool,
+    /// Evaluations asked for meanwhile (whether each is the final one), run in turn.
+    queued: VecDeque<bool>,
     observer: Option<mpsc::UnboundedSender<RunEvent>>,
     report: Option<ReportSender>,
     /// When the scheduler was made: the failure detector's and the timeline's clock.
@@ -133,7 +134,8 @@ impl SchedulerActor {
             loss_window: (0.0, 0),
             last_progress: Instant::now(),
             rows: Vec::new(),
-            evaluations: (false, VecDeque::new()),
+            evaluating: false,
+            queued: VecDeque::new(),
             observer,
             report: Some(report),
             born: Instant::now(),
@@ -270,8 +272,8 @@ impl SchedulerActor {
     /// scheduler's other work: a shard lost meanwhile is noted when its connection ends, not
     /// once the evaluation waiting for its weights gives up.
     fn evaluate(&mut self, final_: bool, ctx: &mut Context<Self>) {
-        if std::mem::replace(&mut self.evaluations.0, true) {
-            self.evaluations.1.push_back(final_);
+        if std::mem::replace(&mut self.evaluating, true) {
+            self.queued.push_back(final_);
             return;
         }
         let ask = Ask {
@@ -297,12 +299,12 @@ impl SchedulerActor {
             self.bytes,
         );
         ctx.spawn(ask.run().into_actor(self).map(move |result, act, ctx| {
-            act.evaluations.0 = false;
+            act.evaluating = false;
             match result {
                 Ok(eval) => act.on_evaluated(eval, window, at, final_, ctx),
                 Err(e) => act.finish(Err(e), ctx),
             }
-            if let Some(next) = act.evaluations.1.pop_front() {
+            if let Some(next) = act.queued.pop_front() {
                 act.evaluate(next, ctx);
             }
         }));

@@ -17,8 +17,8 @@ pub use protocol::{
 
 mod protocol;
 use rudra_proto::{
-    ElasticWorker, GraceWindow, LateRule, LearnerCore, LearnerLoop, LrSchedule, MAX_PREFETCH, SchedulerCore,
-    SgdShard, SgdShardConfig, ShardCore, SyncRule, shard_ranges,
+    ElasticWorker, GraceWindow, LearnerCore, LearnerLoop, LrSchedule, MAX_PREFETCH, SchedulerCore, SgdShard,
+    SgdShardConfig, ShardCore, SyncRule, shard_ranges,
 };
 
 /// Everything that defines a run, already typed.
@@ -230,8 +230,7 @@ impl ClusterSpec {
             modulation: p.modulation,
             max_staleness: p.max_staleness,
             backups: p.backups,
-            quorum: p.quorum.map_or(0, |q| q.size),
-            late: p.quorum.map_or(LateRule::Drop, |q| q.late),
+            quorum: p.quorum.map(|q| q.rounds()),
             schedule: self.schedule,
             gradients_per_epoch: self.steps_per_learner(train_len) / u64::from(self.epochs)
                 * u64::from(self.learners),

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::InvalidSetting;
 use rudra_proto::{
     CenterRule, CenterShard, DownpourLearner, ElasticLearner, ElasticSettings, LateRule, LocalRule,
-    LrModulation, OptimizerSpec, SyncRule,
+    LrModulation, OptimizerSpec, Quorum, SyncRule,
 };
 /// The longest grace window a quorum round may be given, in milliseconds.
 pub const MAX_GRACE_MS: u64 = 60_000;
@@ -57,6 +57,14 @@ pub struct QuorumSpec {
     pub late: LateRule,
     /// The grace window's cap w_max, in milliseconds (0: a round closes at its quorum).
     pub grace_max_ms: u64,
+}
+
+impl QuorumSpec {
+    /// What the shards' cores keep of it (the window is the shard actor's).
+    #[must_use]
+    pub fn rounds(&self) -> Quorum {
+        Quorum { size: self.size, late: self.late }
+    }
 }
 
 impl ProtocolSpec {
@@ -199,8 +207,8 @@ impl ElasticSpec {
         values: Vec<f32>,
         active: BTreeSet<LearnerId>,
     ) -> CenterShard {
-        let (size, late) = self.quorum.map_or((0, LateRule::Drop), |q| (q.size, q.late));
-        CenterShard::new(id, self.center_rule(lr), values, active).with_quorum(size, late)
+        CenterShard::new(id, self.center_rule(lr), values, active)
+            .with_quorum(self.quorum.map(|q| q.rounds()))
     }
 
     /// The center shards' rule with learning rate `lr`.

@@ -20,7 +20,7 @@ mod tests;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use crate::{Clock, DropReason, LateRule, LearnerId, Outcome, ShardId, Staleness};
+use crate::{Clock, DropReason, LateRule, LearnerId, Outcome, Quorum, ShardId, Staleness};
 pub use learners::{DownpourLearner, ElasticLearner, ElasticSettings};
 use rudra_compute::cpu;
 
@@ -106,11 +106,10 @@ pub struct CenterShard {
     round_sum: Vec<f32>,
     round_values: usize,
     round: BTreeSet<LearnerId>,
-    /// Sync rounds with a quorum (`docs/src/algorithms.md` §5.2): q (0: none), what a late
-    /// exchange comes to, the round each learner's next exchange belongs to, the round's
-    /// exchanges on time, and the last round whose quorum was announced.
-    quorum: usize,
-    late: LateRule,
+    /// Sync rounds with a quorum (`docs/src/algorithms.md` §5.2): the quorum, the round each
+    /// learner's next exchange belongs to, the round's exchanges on time, and the last round
+    /// whose quorum was announced.
+    quorum: Option<Quorum>,
     due: BTreeMap<LearnerId, Clock>,
     on_time: usize,
     quorum_said: Option<Clock>,
@@ -140,8 +139,7 @@ impl CenterShard {
             round_sum,
             round_values: 0,
             round: BTreeSet::new(),
-            quorum: 0,
-            late: LateRule::Drop,
+            quorum: None,
             due: BTreeMap::new(),
             on_time: 0,
             quorum_said: None,
@@ -152,11 +150,11 @@ impl CenterShard {
         }
     }
 
-    /// Sync rounds close once `quorum` exchanges on time are in and the grace window is over
-    /// (0: once all are in); `late` says what an exchange of an earlier round comes to.
+    /// Sync rounds close once `quorum`'s q exchanges on time are in and the grace window is
+    /// over (none: once all are in).
     #[must_use]
-    pub fn with_quorum(mut self, quorum: u32, late: LateRule) -> Self {
-        (self.quorum, self.late) = (if self.rule.is_sync() { quorum as usize } else { 0 }, late);
+    pub fn with_quorum(mut self, quorum: Option<Quorum>) -> Self {
+        self.quorum = quorum.filter(|_| self.rule.is_sync());
         self
     }
 
@@ -229,7 +227,7 @@ impl CenterShard {
         }
         // A sync exchange of a round that closed without it (a quorum's straggler).
         let missed = self.missed(learner);
-        if self.rule.is_sync() && missed.0 > 0 && self.late == LateRule::Drop {
+        if self.rule.is_sync() && missed.0 > 0 && self.quorum.is_some_and(|q| q.late == LateRule::Drop) {
             self.record(learner, Outcome::Dropped(DropReason::StaleRound));
             self.reply(learner);
             return Ok(self.take_events());
@@ -326,14 +324,14 @@ impl CenterShard {
     /// exchange belongs to (0 without a quorum: every round waits for all).
     fn missed(&self, learner: LearnerId) -> Staleness {
         match self.quorum {
-            0 => Staleness(0),
-            _ => self.clock.staleness_of(self.round_of(learner)).unwrap_or_default(),
+            None => Staleness(0),
+            Some(_) => self.clock.staleness_of(self.round_of(learner)).unwrap_or_default(),
         }
     }
 
     /// A sync round's quorum: q, or every active learner if fewer.
     fn quorum(&self) -> Option<usize> {
-        (self.quorum > 0).then(|| self.quorum.min(self.active.len().max(1)))
+        self.quorum.map(|q| (q.size as usize).min(self.active.len().max(1)))
     }
 
     /// The effects of the input just handled; the open round's quorum is announced once.

@@ -318,8 +318,7 @@ fn downpour_with_tau_one_is_async_sgd_without_modulation() {
         modulation: LrModulation::None,
         max_staleness: None,
         backups: 0,
-        quorum: 0,
-        late: crate::LateRule::Drop,
+        quorum: None,
         schedule: crate::LrSchedule { base: lr, decay: 1.0 },
         gradients_per_epoch: u64::MAX,
         prefetch: 0,
@@ -535,7 +534,8 @@ fn a_sync_quorum_round_closes_without_its_straggler_and_folds_or_drops_it() {
             .collect::<Vec<_>>()
     };
     for late in [LateRule::Fold, LateRule::Drop] {
-        let mut s = CenterShard::new(ShardId(0), rule, vec![1.0], three.clone()).with_quorum(2, late);
+        let mut s = CenterShard::new(ShardId(0), rule, vec![1.0], three.clone())
+            .with_quorum(Some(crate::Quorum { size: 2, late }));
         assert!(quorum_of(&s.on_exchange(L0, &[-0.2]).unwrap()).is_empty());
         assert_eq!(quorum_of(&s.on_exchange(L1, &[-0.4]).unwrap()), [(Clock(0), 1)], "{late:?}");
         assert!(s.on_grace_over(Clock(1)).is_empty(), "another round's window changes nothing");

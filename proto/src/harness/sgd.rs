@@ -25,7 +25,7 @@ pub struct SgdSetup {
     pub prefetch: u32,
     /// Hardsync: a quorum and what late gradients come to; its rounds close as soon as they
     /// hold it (a grace window of 0).
-    pub quorum: Option<(u32, crate::LateRule)>,
+    pub quorum: Option<crate::Quorum>,
     /// `α(σ)`.
     pub modulation: LrModulation,
     /// λ.
@@ -166,8 +166,7 @@ impl<'a, 'g> Run<'a, 'g> {
                     modulation: setup.modulation,
                     max_staleness: setup.max_staleness,
                     backups: 0,
-                    quorum: setup.quorum.map_or(0, |(q, _)| q),
-                    late: setup.quorum.map_or(crate::LateRule::Drop, |(_, late)| late),
+                    quorum: setup.quorum,
                     schedule: LrSchedule { base: setup.lr, decay: 1.0 },
                     gradients_per_epoch: u64::MAX,
                     prefetch: setup.prefetch,

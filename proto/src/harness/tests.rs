@@ -111,7 +111,11 @@ fn quorum_rounds_keep_every_invariant_under_link_faults_and_learner_failures() {
     for late in [crate::LateRule::Fold, crate::LateRule::Drop] {
         // One shard: with several, quorums chosen per shard can wait on each other for ever
         // (the configuration refuses them).
-        let setup = SgdSetup { quorum: Some((3, late)), shards: 1, ..sgd(SyncRule::Hardsync, None) };
+        let setup = SgdSetup {
+            quorum: Some(crate::Quorum { size: 3, late }),
+            shards: 1,
+            ..sgd(SyncRule::Hardsync, None)
+        };
         for seed in 0..SCHEDULES / 4 {
             let links = FaultSchedule::links(seed, setup.learners, 200);
             let mut nodes = FaultSchedule::nodes(seed, setup.learners, setup.shards, 150);

@@ -32,6 +32,16 @@ pub enum LateRule {
     Drop,
 }
 
+/// The rounds of a quorum (`docs/src/algorithms.md` §5.2): how many contributions on the open
+/// round's weights may close it, and what one of an earlier round comes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Quorum {
+    /// q.
+    pub size: u32,
+    /// Folded into the open round, or dropped.
+    pub late: LateRule,
+}
+
 /// Settings of an SGD shard.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SgdShardConfig {
@@ -46,13 +56,11 @@ pub struct SgdShardConfig {
     /// Hardsync: backup learners b; a round completes with the first λ − b gradients on the
     /// current weights, and the rest arrive late (dropped as `stale-round`).
     pub backups: u32,
-    /// Hardsync: the quorum q (0: none). A round holding q contributions on the current
-    /// weights may close before the rest arrive: the shard says [`ShardEvent::Quorum`], and
-    /// closes it when told the grace window is over ([`SgdShard::on_grace_over`]) unless all
-    /// arrived first (`docs/src/algorithms.md` §5.2).
-    pub quorum: u32,
-    /// Hardsync with a quorum: what a contribution on older weights comes to.
-    pub late: LateRule,
+    /// Hardsync: the quorum, if any. A round holding q contributions on the current weights
+    /// may close before the rest arrive: the shard says [`ShardEvent::Quorum`], and closes it
+    /// when told the grace window is over ([`SgdShard::on_grace_over`]) unless all arrived
+    /// first (`docs/src/algorithms.md` §5.2).
+    pub quorum: Option<Quorum>,
     /// The base learning rate `α0` per epoch.
     pub schedule: LrSchedule,
     /// Gradients (from all learners) per epoch: the epoch of a gradient is the number received

@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
 use crate::{Clock, DropReason, LearnerId, Outcome, PushWindow, ShardId, Staleness};
-pub use config::{LateRule, SgdShardConfig, SyncRule, shard_ranges};
+pub use config::{LateRule, Quorum, SgdShardConfig, SyncRule, shard_ranges};
 use outstanding::Outstanding;
 use rudra_compute::cpu;
 
@@ -407,7 +407,7 @@ impl SgdShard {
 
     /// Whether late contributions are folded into the open round.
     fn folds(&self) -> bool {
-        self.cfg.rule == SyncRule::Hardsync && self.cfg.quorum > 0 && self.cfg.late == LateRule::Fold
+        self.cfg.rule == SyncRule::Hardsync && self.cfg.quorum.is_some_and(|q| q.late == LateRule::Fold)
     }
 
     /// The contributions that count towards the update: for hardsync, those on the current
@@ -428,8 +428,8 @@ impl SgdShard {
 
     /// Hardsync with a quorum: q, or all the round waits for if fewer.
     fn quorum(&self) -> Option<usize> {
-        (self.cfg.rule == SyncRule::Hardsync && self.cfg.quorum > 0)
-            .then(|| (self.cfg.quorum as usize).min(self.gradients_per_update()))
+        let q = self.cfg.quorum.filter(|_| self.cfg.rule == SyncRule::Hardsync)?;
+        Some((q.size as usize).min(self.gradients_per_update()))
     }
 
     /// Whether every active learner has had its last pull served.

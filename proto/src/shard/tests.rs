@@ -56,8 +56,7 @@ fn shard(rule: SyncRule, modulation: LrModulation, bound: Option<u64>, learners:
         modulation,
         max_staleness: bound,
         backups: 0,
-        quorum: 0,
-        late: crate::LateRule::Drop,
+        quorum: None,
         schedule,
         gradients_per_epoch: 1,
         prefetch: 0,
@@ -513,7 +512,7 @@ fn hardsync_with_backups_applies_the_first_lambda_minus_b_gradients_of_every_rou
 fn a_quorum_round_closes_after_its_grace_window_and_folds_or_drops_the_late() {
     let quorum = |late| {
         let mut s = shard(SyncRule::Hardsync, LrModulation::None, None, 3);
-        (s.core.cfg.quorum, s.core.cfg.late) = (2, late);
+        s.core.cfg.quorum = Some(crate::Quorum { size: 2, late });
         s
     };
     let quorum_said = |s: &mut Logged| {
