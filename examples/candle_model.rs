@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device};
 use candle_nn::{Module, VarBuilder, VarMap};
-use rudra::actors::{Cluster, ClusterSpec, Models, ProtocolSpec, SgdSpec, TrainingData};
+use rudra::actors::{BatchSizing, Cluster, ClusterSpec, Models, ProtocolSpec, SgdSpec, TrainingData};
 use rudra::compute::{CandleModel, ComputeError};
 use rudra::proto::{LrModulation, LrSchedule, SyncRule};
 use rudra::transport::Codecs;
@@ -51,6 +51,7 @@ fn main() -> anyhow::Result<()> {
         seed: 1,
         evals_per_epoch: 1,
         codecs: Codecs::default(),
+        batch_sizing: BatchSizing::Fixed,
     };
     // The shards start from the parameters of one copy; every learner and the evaluator get
     // copies of their own.

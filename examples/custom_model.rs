@@ -11,7 +11,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use rudra::actors::{Cluster, ClusterSpec, Models, ProtocolSpec, SgdSpec, TrainingData};
+use rudra::actors::{BatchSizing, Cluster, ClusterSpec, Models, ProtocolSpec, SgdSpec, TrainingData};
 use rudra::compute::{ComputeError, GradientModel};
 use rudra::proto::{LrModulation, LrSchedule, SyncRule};
 use rudra::transport::Codecs;
@@ -165,6 +165,7 @@ fn main() -> anyhow::Result<()> {
         seed: 1,
         evals_per_epoch: 1,
         codecs: Codecs::default(),
+        batch_sizing: BatchSizing::Fixed,
     };
     let decay = 1e-4;
     let models = Models::custom(vec![0.0; WEIGHTS + CLASSES], move || Ok(PooledSoftmax::new(decay)));

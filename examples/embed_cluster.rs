@@ -7,7 +7,9 @@
 
 use std::sync::Arc;
 
-use rudra::actors::{Cluster, ClusterSpec, Models, ProtocolSpec, RunEvent, SgdSpec, TrainingData};
+use rudra::actors::{
+    BatchSizing, Cluster, ClusterSpec, Models, ProtocolSpec, RunEvent, SgdSpec, TrainingData,
+};
 use rudra::compute::{CpuBackend, Device, ModelSpec};
 use rudra::proto::{LrModulation, LrSchedule, SyncRule};
 use rudra::transport::Codecs;
@@ -33,6 +35,7 @@ fn main() -> anyhow::Result<()> {
         seed: 1,
         evals_per_epoch: 1,
         codecs: Codecs::default(),
+        batch_sizing: BatchSizing::Fixed,
     };
     let models = Models::builtin(&ModelSpec::dense(784, vec![], 10), spec.seed, Device::Cpu(CpuBackend));
     let cluster = Cluster::new(spec, models, data)?;

@@ -12,7 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rudra::actors::faults::{Crash, FaultPlan, LinkRule, Liveness, Node, Nodes, Slow};
-use rudra::actors::{Cluster, ClusterSpec, Models, ProtocolSpec, RunReport, SgdSpec, TrainingData};
+use rudra::actors::{
+    BatchSizing, Cluster, ClusterSpec, Models, ProtocolSpec, RunReport, SgdSpec, TrainingData,
+};
 use rudra::compute::{CpuBackend, Device, ModelSpec};
 use rudra::proto::{LrModulation, LrSchedule, SyncRule};
 use rudra::transport::{Codecs, FaultWindow, LearnerId, LinkFaults};
@@ -35,6 +37,7 @@ fn spec() -> ClusterSpec {
         seed: 1,
         evals_per_epoch: 2,
         codecs: Codecs::default(),
+        batch_sizing: BatchSizing::Fixed,
     }
 }
 

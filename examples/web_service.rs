@@ -15,7 +15,9 @@ use std::sync::{Arc, Mutex};
 
 use actix_web::{App, HttpResponse, HttpServer, web};
 use rudra::actors::metrics::Metrics;
-use rudra::actors::{Cluster, ClusterSpec, Models, ProtocolSpec, RunEvent, SgdSpec, TrainingData};
+use rudra::actors::{
+    BatchSizing, Cluster, ClusterSpec, Models, ProtocolSpec, RunEvent, SgdSpec, TrainingData,
+};
 use rudra::compute::{CpuBackend, Device, ModelSpec};
 use rudra::proto::{LrModulation, LrSchedule, SyncRule};
 use rudra::transport::Codecs;
@@ -58,6 +60,7 @@ async fn main() -> anyhow::Result<()> {
         seed: 1,
         evals_per_epoch: 1,
         codecs: Codecs::default(),
+        batch_sizing: BatchSizing::Fixed,
     };
     let models = Models::builtin(&ModelSpec::dense(784, vec![], 10), spec.seed, Device::Cpu(CpuBackend));
     let metrics = Arc::new(Metrics::new());

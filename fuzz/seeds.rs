@@ -12,7 +12,7 @@ fn main() -> std::io::Result<()> {
     let mut frames = rudra_transport::wire::samples();
     for n in [0, 1, 7, 64] {
         let values: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 1.0).collect();
-        frames.push(Msg::Push { learner: LearnerId(0), seq: 1, computed_on: Clock(0), values: values.clone().into(), next_seq: 0, last: false });
+        frames.push(Msg::Push { learner: LearnerId(0), seq: 1, computed_on: Clock(0), values: values.clone().into(), examples: 1, next_seq: 0, last: false });
         frames.push(Msg::Exchange { learner: LearnerId(0), values: values.clone().into() });
         frames.push(Msg::Weights { shard: ShardId(0), seq: 1, clock: Clock(3), values: values.clone().into() });
         frames.push(Msg::Center { shard: ShardId(0), clock: Clock(3), values: values.into() });
@@ -22,6 +22,7 @@ fn main() -> std::io::Result<()> {
         seq: 2,
         computed_on: Clock(0),
         values: vec![f32::NAN, f32::INFINITY, -0.0, f32::MIN_POSITIVE].into(),
+        examples: 1,
         next_seq: 0,
         last: false,
     });

@@ -3,8 +3,10 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use rudra::actors::faults::{FaultPlan, Slow};
 use rudra::actors::{
-    Cluster, ClusterSpec, ElasticMethod, ElasticSpec, Models, ProtocolSpec, RunReport, SgdSpec, TrainingData,
+    BatchSizing, Cluster, ClusterSpec, ElasticMethod, ElasticSpec, Models, ProtocolSpec, RunReport, SgdSpec,
+    TrainingData,
 };
 use rudra::compute::{BatchStream, CpuBackend, Dataset, Device, Model, ModelSpec, Partition};
 use rudra::proto::harness::{ElasticSetup, FaultSchedule, run_elastic};
@@ -45,6 +47,7 @@ fn spec(learners: u32, shards: u32, rule: SyncRule, batch_size: usize) -> Cluste
         seed: 11,
         evals_per_epoch: 1,
         codecs: Codecs::default(),
+        batch_sizing: BatchSizing::Fixed,
     }
 }
 
@@ -60,32 +63,87 @@ fn hardsync_over_actors_is_sequential_sgd_with_batch_mu_lambda() -> anyhow::Resu
     assert_eq!(report.staleness.max, 0);
     assert_eq!(report.staleness.applied, (2 * steps * learners) as u64);
 
-    let mut seq = Model::new(CpuBackend, model())?;
-    let init = model().init(spec.seed);
-    seq.write_params(0, &init)?;
     let mut streams: Vec<BatchStream> = Partition::split(train.len(), learners, spec.seed)
         .into_iter()
         .enumerate()
         .map(|(l, p)| BatchStream::new(p, mu, spec.seed, l as u64))
         .collect();
+    let want = sequential_sgd(&train, &mut streams, steps, spec.seed, spec.schedule.base)?;
+    let init = model().init(spec.seed);
+    let worst = want.iter().zip(&report.params).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    let moved = init.iter().zip(&report.params).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    assert!(moved > 1e-2, "training moved the parameters (by {moved})");
+    assert!(worst < 1e-5, "hardsync over actors differs from sequential SGD by {worst}");
+    Ok(())
+}
+
+/// Sequential SGD at rate `lr`, from `model()`'s initial weights for `seed`, taking one step
+/// per round on the union of every learner's minibatch of that round: `rounds` rounds of the
+/// streams.
+fn sequential_sgd(
+    train: &Dataset,
+    streams: &mut [BatchStream],
+    rounds: usize,
+    seed: u64,
+    lr: f32,
+) -> anyhow::Result<Vec<f32>> {
+    let mut seq = Model::new(CpuBackend, model())?;
+    let init = model().init(seed);
+    seq.write_params(0, &init)?;
     let (mut x, mut y, mut bx, mut by) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..steps {
+    for _ in 0..rounds {
         x.clear();
         y.clear();
-        for s in &mut streams {
+        for s in &mut *streams {
             train.gather(s.next_batch(), &mut bx, &mut by);
             x.extend_from_slice(&bx);
             y.extend_from_slice(&by);
         }
         seq.loss_and_gradient(&x, &y)?;
-        seq.apply_gradient(-spec.schedule.base)?;
+        seq.apply_gradient(-lr)?;
     }
     let mut want = vec![0.0; init.len()];
     seq.read_params(0, &mut want)?;
+    Ok(want)
+}
+
+#[test]
+fn adaptive_hardsync_over_actors_is_sequential_sgd_with_batch_sum_of_mu_l() -> anyhow::Result<()> {
+    // Learner 0 computes 4× slower: after the warm-up of epoch 0 its minibatch is smaller
+    // and the others' larger, Σ μ_l = μλ; each round is one step of sequential SGD on the
+    // union of the round's minibatches, every example once per epoch.
+    let (learners, mu, steps, epochs) = (3usize, 16usize, 24usize, 2u32);
+    let (train, test) = mnist();
+    let train = train.head(learners * mu * steps);
+    let mut spec = spec(learners as u32, 2, SyncRule::Hardsync, mu);
+    (spec.epochs, spec.batch_sizing) = (epochs, BatchSizing::Adaptive);
+    let data = TrainingData { train: Arc::new(train.clone()), test: Arc::new(test.head(200)) };
+    let slow = FaultPlan { slow: vec![Slow { learner: LearnerId(0), factor: 4.0 }], ..FaultPlan::default() };
+    let cluster =
+        Cluster::new(spec.clone(), Models::builtin(&model(), spec.seed, Device::Cpu(CpuBackend)), data)?
+            .with_faults(slow);
+    let report = actix::System::new().block_on(async move { cluster.start()?.wait().await })?;
+    let sizes = &report.batch_sizes;
+    assert_eq!(sizes.len(), epochs as usize);
+    for row in sizes {
+        assert_eq!(row.iter().sum::<u32>(), (mu * learners) as u32);
+        assert!(
+            row[0] < mu as u32 && row[1..].iter().all(|&m| m > row[0]),
+            "the slow learner's is the smallest: {sizes:?}"
+        );
+    }
+    assert_eq!(report.updates, (steps * epochs as usize) as u64);
+    assert_eq!(report.staleness.max, 0);
+    assert_eq!(report.samples, (learners * mu * steps) as u64 * u64::from(epochs));
+
+    let mut streams: Vec<BatchStream> =
+        (0..learners).map(|l| BatchStream::adaptive(train.len(), learners, mu, spec.seed, l)).collect();
+    for s in &mut streams {
+        s.set_sizes(sizes).map_err(anyhow::Error::msg)?;
+    }
+    let want = sequential_sgd(&train, &mut streams, steps * epochs as usize, spec.seed, spec.schedule.base)?;
     let worst = want.iter().zip(&report.params).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
-    let moved = init.iter().zip(&report.params).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
-    assert!(moved > 1e-2, "training moved the parameters (by {moved})");
-    assert!(worst < 1e-5, "hardsync over actors differs from sequential SGD by {worst}");
+    assert!(worst < 1e-5, "adaptive hardsync over actors differs from sequential SGD by {worst}");
     Ok(())
 }
 

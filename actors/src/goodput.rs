@@ -33,6 +33,10 @@ pub struct LearnerTime {
     pub applied: u64,
     /// Its contributions the shards dropped.
     pub dropped: u64,
+    /// Of its compute seconds, those that never reached a shard: computed before it left
+    /// and not sent (measured by the simulator's churn; 0 elsewhere).
+    #[serde(default)]
+    pub lost_seconds: f64,
 }
 
 impl LearnerTime {
@@ -42,13 +46,13 @@ impl LearnerTime {
         LearnerSeconds { compute: self.compute_seconds, wait: self.wait_seconds }
     }
 
-    /// Its compute seconds that ended in applied contributions: its compute time in the share
-    /// of its contributions the shards applied.
+    /// Its compute seconds that ended in applied contributions: its compute time that reached
+    /// a shard, in the share of its contributions the shards applied.
     #[must_use]
     pub fn useful_seconds(&self) -> f64 {
         match self.applied + self.dropped {
             0 => 0.0,
-            n => self.compute_seconds * self.applied as f64 / n as f64,
+            n => (self.compute_seconds - self.lost_seconds).max(0.0) * self.applied as f64 / n as f64,
         }
     }
 }
@@ -122,6 +126,7 @@ impl LearnerClocks {
                     wait_seconds: (wall - compute_seconds).max(0.0),
                     applied,
                     dropped,
+                    lost_seconds: 0.0,
                 }
             })
             .collect()
@@ -153,6 +158,7 @@ mod tests {
             wait_seconds,
             applied,
             dropped,
+            lost_seconds: 0.0,
         };
         // Learner 1 left at 5 s (the first time it was said); learner 2 came back and never
         // computed: ten seconds of waiting.

@@ -48,5 +48,6 @@ pub use report::{
     BytesMoved, Diverged, MetricsRow, ProgressSnapshot, RunEvent, RunReport, SchedulerState, TimelineEntry,
 };
 pub use spec::{
-    ClusterSpec, ElasticMethod, ElasticSpec, MAX_GRACE_MS, ProtocolSpec, QuorumSpec, SgdSpec, TrainingData,
+    BatchSizing, ClusterSpec, ElasticMethod, ElasticSpec, MAX_GRACE_MS, ProtocolSpec, QuorumSpec, SgdSpec,
+    TrainingData,
 };

@@ -8,8 +8,8 @@ use actix::dev::ToEnvelope;
 use actix::prelude::*;
 
 use crate::messages::{
-    Evaluate, Exchange, GetStats, Heartbeat, LearnerDone, Membership, Progress, Pull, Push, Snapshot,
-    StartLearner, StopLearner, StopShard,
+    BatchSizes, Evaluate, Exchange, GetStats, Heartbeat, LearnerDone, Membership, Progress, Pull, Push,
+    Snapshot, StartLearner, StopLearner, StopShard,
 };
 
 /// How a learner reaches one shard.
@@ -105,6 +105,8 @@ pub struct LearnerHandle {
     pub stop: Recipient<StopLearner>,
     /// Weights to evaluate with the learner's own model (an external model's).
     pub evaluate: Recipient<Evaluate>,
+    /// Adaptive batch sizes.
+    pub sizes: Recipient<BatchSizes>,
 }
 
 impl LearnerHandle {
@@ -112,13 +114,17 @@ impl LearnerHandle {
     #[must_use]
     pub fn of<A>(addr: &Addr<A>) -> Self
     where
-        A: Actor + Handler<StartLearner> + Handler<StopLearner> + Handler<Evaluate>,
-        A::Context: ToEnvelope<A, StartLearner> + ToEnvelope<A, StopLearner> + ToEnvelope<A, Evaluate>,
+        A: Actor + Handler<StartLearner> + Handler<StopLearner> + Handler<Evaluate> + Handler<BatchSizes>,
+        A::Context: ToEnvelope<A, StartLearner>
+            + ToEnvelope<A, StopLearner>
+            + ToEnvelope<A, Evaluate>
+            + ToEnvelope<A, BatchSizes>,
     {
         Self {
             start: addr.clone().recipient(),
             stop: addr.clone().recipient(),
             evaluate: addr.clone().recipient(),
+            sizes: addr.clone().recipient(),
         }
     }
 }

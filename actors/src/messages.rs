@@ -43,6 +43,8 @@ pub struct Push {
     pub computed_on: Clock,
     /// This shard's part of the gradient, encoded with the job's gradients codec.
     pub values: Payload,
+    /// The examples it is the mean over.
+    pub examples: u32,
     /// The learner's next pull, carried by the push: the shard takes the push, then the pull.
     pub then: Pull,
 }
@@ -146,6 +148,15 @@ pub struct Center {
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct StartLearner;
+
+/// Adaptive batch sizes: every learner's minibatch size in each epoch chosen so far, from
+/// epoch 0 (`sizes[e][l]`, [`rudra_proto::BatchPlanner`]).
+#[derive(Message, Clone, Debug)]
+#[rtype(result = "()")]
+pub struct BatchSizes {
+    /// The sizes, per epoch and learner.
+    pub sizes: Arc<Vec<Vec<u32>>>,
+}
 
 /// Stop the actor.
 #[derive(Message, Clone, Debug, Default)]

@@ -472,6 +472,7 @@ mod tests {
             wait_seconds,
             applied,
             dropped: 0,
+            lost_seconds: 0.0,
         };
         m.set_learner_time(&[time(3.0, 1.0, 4), time(1.5, 2.5, 0)]);
         let text = m.render();

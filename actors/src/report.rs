@@ -167,6 +167,9 @@ pub struct RunReport {
     /// The learners' compute time that ended in applied contributions over all their time in
     /// the run (NaN where not measured).
     pub goodput: f64,
+    /// With adaptive batch sizes, every learner's minibatch size in each epoch (`[e][l]`);
+    /// empty with fixed sizes.
+    pub batch_sizes: Vec<Vec<u32>>,
 }
 
 impl RunReport {
@@ -190,6 +193,7 @@ impl RunReport {
             bytes: BytesMoved::default(),
             learner_time: Vec::new(),
             goodput: f64::NAN,
+            batch_sizes: Vec::new(),
         }
     }
 }
@@ -303,6 +307,9 @@ pub struct SchedulerState {
     /// Each learner's compute time, and when it finished or left.
     #[serde(default)]
     pub clocks: LearnerClocks,
+    /// With adaptive batch sizes: the sizes chosen so far, and what counts towards the next.
+    #[serde(default)]
+    pub planner: Option<rudra_proto::BatchPlanner>,
 }
 
 impl SchedulerState {
@@ -325,6 +332,7 @@ impl SchedulerState {
         let last = self.rows.last();
         let learner_time = self.clocks.times(self.wall_seconds, by_learner);
         RunReport {
+            batch_sizes: Vec::new(),
             metrics: self.rows.clone(),
             params: Vec::new(),
             staleness,

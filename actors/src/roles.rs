@@ -331,6 +331,7 @@ pub fn start_scheduler(
         detector_tick: Some(run.liveness.heartbeat),
         shard_timeout: run.shard_timeout,
         summarise: run.summarise,
+        planner: spec.batch_planner(train_len),
     };
     let scheduler = SchedulerActor::new(core, parts);
     let scheduler = match run.resume {

@@ -225,13 +225,13 @@ impl Handler<Push> for ShardActor {
         if self.down {
             return;
         }
-        let Push { learner, seq, computed_on, values, then } = msg;
+        let Push { learner, seq, computed_on, values, examples, then } = msg;
         if let Some((window, born)) = &mut self.grace {
             window.arrived(computed_on, born.elapsed());
         }
         match values.decode() {
             Ok(values) => {
-                let events = self.core.on_push(learner, seq, computed_on, &values);
+                let events = self.core.on_push(learner, seq, computed_on, (&values[..], examples));
                 drop(values);
                 self.carry_out(events, "push", ctx);
             }

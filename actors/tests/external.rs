@@ -5,7 +5,9 @@
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
-use rudra_actors::{Cluster, ClusterSpec, Models, ProtocolSpec, RunReport, SgdSpec, TrainingData};
+use rudra_actors::{
+    BatchSizing, Cluster, ClusterSpec, Models, ProtocolSpec, RunReport, SgdSpec, TrainingData,
+};
 use rudra_compute::{Batch, ComputeError, Dataset, GradientModel};
 use rudra_proto::{LrModulation, LrSchedule, SyncRule};
 use rudra_transport::Codecs;
@@ -86,6 +88,7 @@ fn spec(rule: SyncRule) -> ClusterSpec {
         seed: 3,
         evals_per_epoch: 2,
         codecs: Codecs::default(),
+        batch_sizing: BatchSizing::Fixed,
     }
 }
 

@@ -9,7 +9,7 @@ use rudra_actors::faults::{FaultPlan, Liveness};
 use rudra_actors::links::{SchedulerLink, ShardLink};
 use rudra_actors::messages::{Exchange, Heartbeat, LearnerDone, Progress, Pull, Push, Served, StartLearner};
 use rudra_actors::roles::{LearnerPeers, LearnerRun, start_learner};
-use rudra_actors::{ClusterSpec, Models, ProtocolSpec, SgdSpec};
+use rudra_actors::{BatchSizing, ClusterSpec, Models, ProtocolSpec, SgdSpec};
 use rudra_compute::{ComputeError, Dataset, GradientModel};
 use rudra_proto::{LrModulation, LrSchedule, SyncRule};
 use rudra_transport::Codecs;
@@ -130,6 +130,7 @@ fn a_duplicated_answer_changes_neither_the_model_nor_the_clock_the_gradient_is_c
         seed: 1,
         evals_per_epoch: 1,
         codecs: Codecs::default(),
+        batch_sizing: BatchSizing::Fixed,
     };
     let seen: Seen = Arc::default();
     let make = {

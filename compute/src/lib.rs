@@ -49,7 +49,7 @@ pub use backend::{Adam, Backend, Conv2d, Gemm, Images, Pool2d, PoolKind, Rate, W
 pub use candle::CandleModel;
 pub use cpu::CpuBackend;
 pub use cuda_backend::CudaBackend;
-pub use data::{Batch, BatchStream, Dataset, Minibatches, Partition};
+pub use data::{ADAPTIVE_WARMUP_STEPS, Batch, BatchStream, Dataset, Minibatches, Partition};
 pub use device::{Device, DeviceKind, Storage};
 pub use error::ComputeError;
 pub use learnable::GradientModel;

@@ -69,6 +69,8 @@ fuzz_target!(|input: Input| {
             seq,
             computed_on: Clock(clock),
             values,
+            // 0 and more than the shard's μλ = 1 are refused; 1 is applied.
+            examples: (seq % 3) as u32,
             next_seq: seq.wrapping_add(1),
             last: false,
         },
@@ -93,7 +95,7 @@ fuzz_target!(|input: Input| {
     let Ok(data) = codec::from_learner_data(LearnerId(0), &policy, inbound) else { return };
     let one: BTreeSet<LearnerId> = [LearnerId(0)].into();
     match data {
-        LearnerData::Push { seq, computed_on, values, .. } => {
+        LearnerData::Push { seq, computed_on, values, examples, .. } => {
             let cfg = SgdShardConfig {
                 id: ShardId(0),
                 rule: SyncRule::Softsync { n: 1 },
@@ -102,12 +104,13 @@ fuzz_target!(|input: Input| {
                 backups: 0,
                 quorum: None,
                 schedule: LrSchedule { base: 0.1, decay: 1.0 },
+                batch: 1,
                 gradients_per_epoch: 10,
                 prefetch: 0,
             };
             let mut shard = SgdShard::new(cfg, vec![1.0; RANGE], one);
             let _ = shard.on_pull(LearnerId(0), seq);
-            let _ = shard.on_push(LearnerId(0), seq, computed_on, &values);
+            let _ = shard.on_push_of(LearnerId(0), seq, computed_on, (&values, examples));
             assert!(shard.snapshot().values.iter().all(|v| v.is_finite()), "a gradient reached the weights as NaN or ±Inf");
             assert!(shard.clock() <= Clock(1));
         }

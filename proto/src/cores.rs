@@ -78,16 +78,17 @@ impl ShardCore {
         }
     }
 
-    /// A learner's gradient for this shard's range; a center refuses it.
+    /// A learner's gradient for this shard's range and the examples it is the mean over; a
+    /// center refuses it.
     pub fn on_push(
         &mut self,
         learner: LearnerId,
         seq: u64,
         computed_on: Clock,
-        grad: &[f32],
+        gradient: (&[f32], u32),
     ) -> Result<Vec<ShardEvent>, CoreError> {
         match self {
-            Self::Sgd(c) => c.on_push(learner, seq, computed_on, grad),
+            Self::Sgd(c) => c.on_push_of(learner, seq, computed_on, gradient),
             Self::Center(_) => Err(refused("a push", "holds a center")),
         }
     }

@@ -119,6 +119,18 @@ impl ElasticWorker {
         self.steps_done
     }
 
+    /// Local steps it takes in all.
+    #[must_use]
+    pub fn steps_total(&self) -> u64 {
+        self.steps_total
+    }
+
+    /// Whether it waits for `shard`'s answer to an exchange.
+    #[must_use]
+    pub fn awaits(&self, shard: ShardId) -> bool {
+        self.awaiting.get(shard.index()).copied().unwrap_or(false)
+    }
+
     /// The local variable x^i.
     #[must_use]
     pub fn params(&self) -> &[f32] {

@@ -13,6 +13,7 @@
 //!   staleness bound and learning-rate modulation.
 //! - `elastic`: the EASGD family's center shard and local update rules, and
 //!   `elastic_worker`: its learner loop.
+//! - `batches`: adaptive batch sizes, μ_l from each learner's throughput ([`BatchPlanner`]).
 //! - `cores`: the one enum over the shard cores and the one over the learner loops.
 //! - `records`: what shards report (weights, gradient and update records, their effects)
 //!   and keep across a restart.
@@ -29,6 +30,7 @@
 //! - `window`: which of a learner's pushes a shard has taken ([`PushWindow`]).
 //! - `error`: why a core refuses an input.
 
+mod batches;
 mod cores;
 mod elastic;
 mod elastic_worker;
@@ -47,6 +49,7 @@ mod shard;
 mod staleness;
 mod window;
 
+pub use batches::{BatchPlanner, sizes_for};
 pub use cores::{LearnerLoop, ShardCore};
 pub use elastic::{
     CenterRule, CenterShard, DownpourLearner, ElasticLearner, ElasticSettings, sync_easgd_is_stable,

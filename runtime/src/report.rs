@@ -213,6 +213,7 @@ mod tests {
             .collect();
         let config = crate::Config::load(None, &[]).expect("the default configuration");
         let report = RunReport {
+            batch_sizes: Vec::new(),
             metrics: metrics.clone(),
             params: Vec::new(),
             staleness: StalenessSummary {

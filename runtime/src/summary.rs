@@ -129,6 +129,10 @@ pub struct Summary {
     /// by learner id.
     #[serde(default)]
     pub learner_time: Vec<LearnerTime>,
+    /// With adaptive batch sizes, every learner's minibatch size in each epoch (`[e][l]`);
+    /// absent with fixed sizes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub batch_sizes: Vec<Vec<u32>>,
 }
 
 fn nan() -> f64 {
@@ -191,6 +195,7 @@ impl Summary {
             wire_bytes_per_step: report.bytes.wire_per_step(),
             goodput: report.goodput,
             learner_time: report.learner_time.clone(),
+            batch_sizes: report.batch_sizes.clone(),
         }
     }
 }
@@ -424,6 +429,7 @@ mod tests {
         let rows = vec![row(1.0, vec![64, 32, 0]), row(2.0, vec![128, 96, 32])];
         let config = Config::load(None, &[]).unwrap();
         let report = RunReport {
+            batch_sizes: Vec::new(),
             timeline: Vec::new(),
             updates_lost: 0,
             diverged: None,

@@ -190,6 +190,52 @@ fn a_quorum_closes_rounds_without_stragglers_unless_its_window_waits_for_them() 
     );
 }
 
+/// Churn: learners leave at random, losing what they were computing and had not sent; the
+/// rounds go on without them, and each joins again from the current center; one event log
+/// per seed.
+#[test]
+fn learners_that_leave_lose_their_work_and_rounds_go_on_until_they_join_again() {
+    let churned = |churn: &str| {
+        run(&[
+            "cluster.learners=20",
+            "cluster.shards=1",
+            "protocol.kind=diloco",
+            "protocol.sync=true",
+            "protocol.tau=5",
+            "simulation.compute=constant",
+            "simulation.compute_seconds=0.01",
+            &format!("simulation.churn={churn}"),
+            "simulation.churn_rounds=10",
+            "simulation.rejoin_rounds=2",
+            "simulation.stop_gradients=0",
+            "simulation.stop_seconds=20",
+        ])
+    };
+    let (calm, churn) = (churned("0"), churned("0.5"));
+    let lost = |r: &SimReport| r.learners.iter().map(|l| l.lost_seconds).sum::<f64>();
+    let present = |r: &SimReport| r.learners.iter().map(|l| l.compute_seconds + l.wait_seconds).sum::<f64>();
+    assert_eq!(lost(&calm), 0.0);
+    assert!((present(&calm) - 20.0 * calm.virtual_seconds).abs() < 1e-6, "all present all the time");
+    // A round is 5 steps of 10 ms; half the learners leave every 10 rounds, for 2 rounds: about
+    // a tenth of the learners' time away, and half a round's work lost by each who leaves.
+    let away = 1.0 - present(&churn) / (20.0 * churn.virtual_seconds);
+    eprintln!(
+        "away {away:.3}, lost {:.2} s, updates {} (calm {})",
+        lost(&churn),
+        churn.updates,
+        calm.updates
+    );
+    assert!((0.05..0.15).contains(&away), "away {away}");
+    assert!(lost(&churn) > 0.0);
+    assert!(
+        churn.updates as f64 > 0.7 * calm.updates as f64,
+        "rounds go on: {} against {}",
+        churn.updates,
+        calm.updates
+    );
+    assert_eq!(churned("0.5").trace_hash, churn.trace_hash, "one event log per seed");
+}
+
 #[test]
 fn lost_messages_are_resent_late_and_slow_the_run() {
     let lossy = |p: &str| {
@@ -414,6 +460,12 @@ fn bad_simulation_settings_name_their_key() {
         (&["simulation.bandwidth=0"], "simulation.bandwidth"),
         (&["simulation.stop_gradients=0"], "simulation.stop_gradients"),
         (&["simulation.loss_every=0"], "simulation.loss_every"),
+        (&["simulation.churn=0.1"], "simulation.churn"),
+        (&["protocol.kind=diloco", "simulation.churn=2"], "simulation.churn"),
+        (
+            &["protocol.kind=diloco", "simulation.churn=0.1", "simulation.churn_rounds=0"],
+            "simulation.churn_rounds",
+        ),
         (&["simulation.easgd.mode=sync"], "easgd"),
         (&["protocol.kind=easgd", "protocol.tau=0"], "protocol.tau"),
         (&["protocol.kind=easgd", "protocol.alpha=0"], "protocol.alpha"),

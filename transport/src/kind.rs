@@ -29,9 +29,10 @@ pub enum Kind {
     Evaluate,
     Evaluated,
     Summary,
+    BatchSizes,
 }
 
-const KINDS: [Kind; 22] = [
+const KINDS: [Kind; 23] = [
     Kind::Join,
     Kind::Welcome,
     Kind::Ready,
@@ -54,6 +55,7 @@ const KINDS: [Kind; 22] = [
     Kind::Evaluate,
     Kind::Evaluated,
     Kind::Summary,
+    Kind::BatchSizes,
 ];
 
 impl Kind {
@@ -75,7 +77,8 @@ impl Kind {
             | Self::SnapshotRequest
             | Self::Membership
             | Self::Evaluate
-            | Self::Summary => &[Role::Scheduler],
+            | Self::Summary
+            | Self::BatchSizes => &[Role::Scheduler],
             Self::Ready
             | Self::Evaluated
             | Self::Progress
@@ -110,7 +113,9 @@ impl Kind {
             | Self::Push
             | Self::Exchange
             | Self::Membership => &[Role::Shard],
-            Self::Weights | Self::Center | Self::Evaluate | Self::Summary => &[Role::Learner],
+            Self::Weights | Self::Center | Self::Evaluate | Self::Summary | Self::BatchSizes => {
+                &[Role::Learner]
+            }
         }
     }
 

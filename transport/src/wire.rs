@@ -177,6 +177,9 @@ pub enum Msg {
         computed_on: Clock,
         /// The values, encoded with the job's gradients codec.
         values: Payload,
+        /// The examples it is the mean over (μ, or the learner's own μ_l with adaptive batch
+        /// sizes).
+        examples: u32,
         /// The learner's next pull rides on the push: its step …
         next_seq: u64,
         /// … and whether it is the learner's last.
@@ -224,6 +227,12 @@ pub enum Msg {
         /// The summary, JSON.
         json: String,
     },
+    /// Scheduler → learners: with adaptive batch sizes, every learner's minibatch size in each
+    /// epoch chosen so far, from epoch 0 (`sizes[e][l]`).
+    BatchSizes {
+        /// The sizes, per epoch and learner.
+        sizes: Vec<Vec<u32>>,
+    },
 }
 
 impl Msg {
@@ -253,6 +262,7 @@ impl Msg {
             Self::Evaluate { .. } => Kind::Evaluate,
             Self::Evaluated { .. } => Kind::Evaluated,
             Self::Summary { .. } => Kind::Summary,
+            Self::BatchSizes { .. } => Kind::BatchSizes,
         }
     }
 
@@ -339,11 +349,13 @@ pub fn samples() -> Vec<Msg> {
         Msg::Evaluate { request: 2, last: true, values: vec![0.75; 300].into() },
         Msg::Evaluated { request: 2, measured: Some((0.125, 0.97)) },
         Msg::Summary { json: r#"{"outcome":"completed"}"#.into() },
+        Msg::BatchSizes { sizes: vec![vec![16, 16], vec![26, 6]] },
         Msg::Push {
             learner: LearnerId(2),
             seq: 9,
             computed_on: Clock(5),
             values: (0..777).map(|i| i as f32).collect::<Vec<f32>>().into(),
+            examples: 1,
             next_seq: 10,
             last: false,
         },
@@ -363,6 +375,7 @@ pub fn compressed_samples() -> Vec<Msg> {
             seq: 4,
             computed_on: Clock(2),
             values: enc(Codec::Int8),
+            examples: 1,
             next_seq: 5,
             last: false,
         },
@@ -371,6 +384,7 @@ pub fn compressed_samples() -> Vec<Msg> {
             seq: 5,
             computed_on: Clock(3),
             values: enc(Codec::Fp16),
+            examples: 1,
             next_seq: 6,
             last: true,
         },
@@ -384,6 +398,7 @@ pub fn compressed_samples() -> Vec<Msg> {
             seq: 6,
             computed_on: Clock(4),
             values: enc(Codec::TopK),
+            examples: 1,
             next_seq: 7,
             last: false,
         },
@@ -421,6 +436,8 @@ pub enum Inbound {
         values: Floats,
         /// The codec they travelled with.
         codec: Codec,
+        /// The examples it is the mean over.
+        examples: u32,
         /// The step of the pull it carries.
         next_seq: u64,
         /// Whether that pull is the learner's last.
@@ -484,12 +501,13 @@ impl Inbound {
                 codec: values.codec(),
                 values: values.decode_in(buf, max_len)?,
             },
-            ArchivedMsg::Push { learner, seq, computed_on, values, next_seq, last } => Self::Push {
+            ArchivedMsg::Push { learner, seq, computed_on, values, examples, next_seq, last } => Self::Push {
                 learner: LearnerId(learner.0.to_native()),
                 seq: seq.to_native(),
                 computed_on: Clock(computed_on.0.to_native()),
                 codec: values.codec(),
                 values: values.decode_in(buf, max_len)?,
+                examples: examples.to_native(),
                 next_seq: next_seq.to_native(),
                 last: *last,
             },
@@ -559,6 +577,7 @@ mod tests {
                 seq: 1,
                 computed_on: Clock(0),
                 values: payload,
+                examples: 1,
                 next_seq: 2,
                 last: false,
             };
@@ -585,11 +604,19 @@ mod tests {
                     assert_eq!((shard, seq, clock, &values[..]), (s, q, c, &v.clone().decode().unwrap()[..]));
                 }
                 (
-                    Inbound::Push { learner, seq, computed_on, values, codec, next_seq, last },
-                    Msg::Push { learner: l, seq: q, computed_on: c, values: v, next_seq: n, last: t },
+                    Inbound::Push { learner, seq, computed_on, values, codec, examples, next_seq, last },
+                    Msg::Push {
+                        learner: l,
+                        seq: q,
+                        computed_on: c,
+                        values: v,
+                        examples: e,
+                        next_seq: n,
+                        last: t,
+                    },
                 ) => {
                     assert_eq!(*codec, v.codec());
-                    assert_eq!((learner, seq, computed_on, next_seq, last), (l, q, c, n, t));
+                    assert_eq!((learner, seq, computed_on, examples, next_seq, last), (l, q, c, e, n, t));
                     assert_eq!(&values[..], &v.clone().decode().unwrap()[..]);
                 }
                 (
@@ -621,6 +648,7 @@ mod tests {
             seq: 1,
             computed_on: Clock(0),
             values: vec![3.0; 4096].into(),
+            examples: 1,
             next_seq: 2,
             last: false,
         }
@@ -662,6 +690,7 @@ mod tests {
             seq: 1,
             computed_on: Clock(2),
             values: vec![1.0; 64].into(),
+            examples: 1,
             next_seq: 2,
             last: false,
         }
@@ -699,6 +728,7 @@ mod tests {
                 seq: 1,
                 computed_on: Clock(2),
                 values,
+                examples: 1,
                 next_seq: 2,
                 last: false,
             };

@@ -51,6 +51,7 @@ async fn messages_arrive_intact_and_control_stays_in_order() {
             seq: 1,
             computed_on: Clock(7),
             values: grad.clone().into(),
+            examples: 1,
             next_seq: 0,
             last: false,
         })
@@ -79,6 +80,7 @@ async fn messages_arrive_intact_and_control_stays_in_order() {
         seq: 1,
         computed_on: Clock(7),
         values: grad.into(),
+        examples: 1,
         next_seq: 0,
         last: false,
     }
@@ -149,6 +151,7 @@ async fn bad_frames_close_their_stream_only() {
         seq: 1,
         computed_on: Clock(1),
         values: vec![1.0; 8].into(),
+        examples: 1,
         next_seq: 0,
         last: false,
     }
@@ -193,6 +196,7 @@ async fn bad_frames_close_their_stream_only() {
             seq: 1,
             computed_on: Clock(3),
             values: vec![2.0; 8].into(),
+            examples: 1,
             next_seq: 0,
             last: false,
         })
@@ -235,6 +239,7 @@ fn endpoints_outlive_the_runtimes_that_use_them() {
                 seq: 1,
                 computed_on: Clock(2),
                 values: vec![0.5; 4096].into(),
+                examples: 1,
                 next_seq: 0,
                 last: false,
             })

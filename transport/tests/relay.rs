@@ -226,6 +226,7 @@ async fn quic_works_through_a_lossy_relay() {
             seq: 1,
             computed_on: Clock(1),
             values: grad.clone().into(),
+            examples: 1,
             next_seq: 0,
             last: false,
         })

@@ -9,8 +9,8 @@ use rudra_transport::{Clock, Codec, Floats, Inbound, Kind, LearnerId, Msg, Shard
 use std::sync::Arc;
 
 use crate::messages::{
-    Center, Evaluate, Exchange, Heartbeat, LearnerDone, Measured, Membership, Progress, Pull, Push, Records,
-    Resumed, Served, StartLearner,
+    BatchSizes, Center, Evaluate, Exchange, Heartbeat, LearnerDone, Measured, Membership, Progress, Pull,
+    Push, Records, Resumed, Served, StartLearner,
 };
 use rudra_proto::{GradientRecord, NextPull, UpdateRecord, Weights};
 
@@ -63,6 +63,12 @@ impl ToWire for Resumed {
 impl ToWire for StartLearner {
     fn to_wire(self) -> Msg {
         Msg::Start
+    }
+}
+
+impl ToWire for BatchSizes {
+    fn to_wire(self) -> Msg {
+        Msg::BatchSizes { sizes: self.sizes.to_vec() }
     }
 }
 
@@ -119,8 +125,8 @@ impl ToWire for Pull {
 
 impl ToWire for Push {
     fn to_wire(self) -> Msg {
-        let Self { learner, seq, computed_on, values, then } = self;
-        Msg::Push { learner, seq, computed_on, values, next_seq: then.seq, last: then.last }
+        let Self { learner, seq, computed_on, values, examples, then } = self;
+        Msg::Push { learner, seq, computed_on, values, examples, next_seq: then.seq, last: then.last }
     }
 }
 
@@ -291,6 +297,8 @@ pub enum LearnerData {
         computed_on: Clock,
         /// The gradient, decoded.
         values: Floats,
+        /// The examples it is the mean over.
+        examples: u32,
         /// The pull it carries.
         next: NextPull,
     },
@@ -339,9 +347,13 @@ pub fn from_learner_data(
         Inbound::Exchange { codec, .. } if codec != policy.exchange => {
             refuse(format!("in {codec}; this job sends exchanges in {}", policy.exchange))
         }
-        Inbound::Push { seq, computed_on, values, next_seq, last, .. } => {
-            Ok(LearnerData::Push { seq, computed_on, values, next: NextPull { seq: next_seq, last } })
-        }
+        Inbound::Push { seq, computed_on, values, examples, next_seq, last, .. } => Ok(LearnerData::Push {
+            seq,
+            computed_on,
+            values,
+            examples,
+            next: NextPull { seq: next_seq, last },
+        }),
         Inbound::Exchange { values, .. } => Ok(LearnerData::Exchange(values)),
         _ => refuse(format!("that is not {learner}'s own")),
     }
@@ -363,6 +375,8 @@ pub enum ToLearner {
     },
     /// The run's summary (JSON), just before it stops.
     Summary(String),
+    /// Adaptive batch sizes, per epoch and learner.
+    BatchSizes(BatchSizes),
     /// The run is over.
     Stop,
     /// The scheduler is alive.
@@ -375,6 +389,9 @@ pub fn to_learner(m: Inbound) -> Result<ToLearner, Unexpected> {
         Inbound::Control(Msg::Start) => Ok(ToLearner::Start),
         Inbound::Control(Msg::Stop) => Ok(ToLearner::Stop),
         Inbound::Control(Msg::Summary { json }) => Ok(ToLearner::Summary(json)),
+        Inbound::Control(Msg::BatchSizes { sizes }) => {
+            Ok(ToLearner::BatchSizes(BatchSizes { sizes: Arc::new(sizes) }))
+        }
         Inbound::Control(Msg::Heartbeat) => Ok(ToLearner::Heartbeat),
         Inbound::Control(Msg::Evaluate { request, last, values }) => Ok(ToLearner::Evaluate {
             request,
@@ -454,6 +471,7 @@ mod tests {
             seq: 1,
             computed_on: Clock(0),
             values: vec![1.0; n].into(),
+            examples: 1,
             next_seq: 2,
             last: true,
         };
@@ -479,6 +497,7 @@ mod tests {
             seq: 1,
             computed_on: Clock(0),
             values: bf16(vec![1.0; 4]),
+            examples: 1,
             next_seq: 2,
             last: false,
         };

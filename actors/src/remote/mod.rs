@@ -35,8 +35,8 @@ use rudra_transport::{Clock, Floats, LearnerId, Msg, ShardId};
 use tokio::sync::oneshot;
 
 use crate::messages::{
-    Center, Evaluate, Exchange, Heartbeat, LearnerDone, Measured, Membership, Progress, Pull, Push, Records,
-    Resumed, Served, Snapshot, StartLearner, StopLearner, StopShard,
+    BatchSizes, Center, Evaluate, Exchange, Heartbeat, LearnerDone, Measured, Membership, Progress, Pull,
+    Push, Records, Resumed, Served, Snapshot, StartLearner, StopLearner, StopShard,
 };
 use rudra_proto::Weights;
 
@@ -212,7 +212,7 @@ impl StandIn for RemoteLearner {
     }
 }
 
-stand_in!(RemoteLearner, forwards: Served, Center, StartLearner);
+stand_in!(RemoteLearner, forwards: Served, Center, StartLearner, BatchSizes);
 
 impl Handler<StopLearner> for RemoteLearner {
     type Result = ();

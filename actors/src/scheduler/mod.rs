@@ -22,8 +22,9 @@ use crate::report::{
     BytesMoved, Diverged, MetricsRow, ProgressSnapshot, RunEvent, RunReport, SchedulerState, TimelineEntry,
 };
 use crate::{ActorError, Models};
-use rudra_proto::{Divergence, SchedulerCore, SchedulerEvent};
+use rudra_proto::{BatchPlanner, Divergence, SchedulerCore, SchedulerEvent};
 
+mod batches;
 mod shards;
 
 /// Where the run's report goes.
@@ -76,6 +77,8 @@ pub struct SchedulerActor {
     /// Each learner's compute time, and when it finished or left.
     clocks: LearnerClocks,
     summarise: Option<Summarise>,
+    /// With adaptive batch sizes: their planner.
+    planner: Option<BatchPlanner>,
 }
 
 /// What a scheduler needs besides its core (built by [`crate::roles`]).
@@ -102,6 +105,8 @@ pub struct SchedulerParts {
     pub shard_timeout: Duration,
     /// The run's summary, given to the learners at the end, if they are given one.
     pub summarise: Option<Summarise>,
+    /// With adaptive batch sizes: their planner.
+    pub planner: Option<BatchPlanner>,
 }
 
 impl SchedulerActor {
@@ -120,6 +125,7 @@ impl SchedulerActor {
             detector_tick,
             shard_timeout,
             summarise,
+            planner,
         } = parts;
         Self {
             core,
@@ -149,6 +155,7 @@ impl SchedulerActor {
             bytes: BytesMoved::default(),
             clocks: LearnerClocks::new(learners as usize),
             summarise,
+            planner,
         }
     }
 
@@ -171,6 +178,9 @@ impl SchedulerActor {
         self.bytes = state.bytes;
         if state.clocks != LearnerClocks::default() {
             self.clocks = state.clocks;
+        }
+        if state.planner.is_some() {
+            self.planner = state.planner;
         }
         self.note("recovered", "the scheduler resumed the run from its state".to_owned());
         self
@@ -225,6 +235,7 @@ impl SchedulerActor {
                 }
                 SchedulerEvent::Rejoined(l) => {
                     self.clocks.back(l);
+                    self.send_sizes(l);
                     // Noted with the clock it rejoins at, once the tracker has said what it is.
                     let seconds = self.born.elapsed().as_secs_f64();
                     let stats = self.members.stats.send(GetStats);
@@ -370,6 +381,7 @@ impl SchedulerActor {
                 bytes,
                 goodput: row.goodput,
                 learner_time,
+                batch_sizes: self.batch_sizes(),
             };
             self.finish(Ok(report), ctx);
         }
@@ -419,6 +431,7 @@ impl Handler<GetState> for SchedulerActor {
             updates_lost: self.updates_lost,
             bytes: self.bytes,
             clocks: self.clocks.clone(),
+            planner: self.planner.clone(),
         })
     }
 }
@@ -490,6 +503,7 @@ impl Handler<Progress> for SchedulerActor {
             m.add_payload_bytes(msg.payload_up, msg.payload_down);
         }
         let mut events = self.core.on_progress(msg.samples);
+        self.sizes_heard(&msg);
         events.extend(self.core.on_loss(msg.steps, msg.loss_sum));
         if self.last_progress.elapsed() >= PROGRESS_EVERY {
             self.last_progress = Instant::now();

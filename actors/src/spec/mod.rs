@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::ops::Range;
 use std::sync::Arc;
 
-use rudra_compute::{BatchStream, Dataset, Minibatches, Partition};
+use rudra_compute::{ADAPTIVE_WARMUP_STEPS, BatchStream, Dataset, Minibatches, Partition};
 use rudra_transport::{Codecs, Encoding, LearnerId, ShardId};
 use serde::{Deserialize, Serialize};
 
@@ -17,8 +17,8 @@ pub use protocol::{
 
 mod protocol;
 use rudra_proto::{
-    ElasticWorker, GraceWindow, LearnerCore, LearnerLoop, LrSchedule, MAX_PREFETCH, SchedulerCore, SgdShard,
-    SgdShardConfig, ShardCore, SyncRule, shard_ranges,
+    BatchPlanner, ElasticWorker, GraceWindow, LearnerCore, LearnerLoop, LrSchedule, MAX_PREFETCH,
+    SchedulerCore, SgdShard, SgdShardConfig, ShardCore, SyncRule, shard_ranges,
 };
 
 /// Everything that defines a run, already typed.
@@ -43,6 +43,21 @@ pub struct ClusterSpec {
     /// How gradients and weights travel (also in one process, where the codecs' effect on
     /// accuracy can be measured without a network).
     pub codecs: Codecs,
+    /// Whether every learner's minibatch is μ, or follows its speed.
+    #[serde(default)]
+    pub batch_sizing: BatchSizing,
+}
+
+/// How learners' minibatch sizes are chosen.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BatchSizing {
+    /// μ for every learner.
+    #[default]
+    Fixed,
+    /// μ_l from each learner's measured throughput, with Σ μ_l = μλ, chosen again once per
+    /// epoch (`docs/src/algorithms.md` §5.1).
+    Adaptive,
 }
 
 /// The training and test sets of a run.
@@ -145,6 +160,13 @@ impl ClusterSpec {
         if self.batch_size == 0 {
             return Err(InvalidSetting::new("training.batch_size", "must be at least 1"));
         }
+        if self.batch_sizing == BatchSizing::Adaptive && self.protocol.elastic().is_some() {
+            return Err(InvalidSetting::new(
+                "training.batch_sizing",
+                "is adaptive; adaptive batch sizes are for Rudra's SGD rules (hardsync, softsync, async), whose \
+                 shards weigh every gradient by its examples; the EASGD family and DiLoCo use fixed",
+            ));
+        }
         if self.epochs == 0 {
             return Err(InvalidSetting::new("training.epochs", "must be at least 1"));
         }
@@ -232,6 +254,7 @@ impl ClusterSpec {
             backups: p.backups,
             quorum: p.quorum.map(|q| q.rounds()),
             schedule: self.schedule,
+            batch: self.batch_size as u32,
             gradients_per_epoch: self.steps_per_learner(train_len) / u64::from(self.epochs)
                 * u64::from(self.learners),
             prefetch: p.prefetch,
@@ -274,8 +297,16 @@ impl ClusterSpec {
     #[must_use]
     pub fn learner_loop(&self, l: usize, train: Arc<Dataset>, init: &[f32]) -> (LearnerLoop, Minibatches) {
         let steps = self.steps_per_learner(train.len());
-        let part = Partition::split(train.len(), self.learners as usize, self.seed).swap_remove(l);
-        let batches = Minibatches::new(train, BatchStream::new(part, self.batch_size, self.seed, l as u64));
+        let stream = match self.batch_sizing {
+            BatchSizing::Fixed => {
+                let part = Partition::split(train.len(), self.learners as usize, self.seed).swap_remove(l);
+                BatchStream::new(part, self.batch_size, self.seed, l as u64)
+            }
+            BatchSizing::Adaptive => {
+                BatchStream::adaptive(train.len(), self.learners as usize, self.batch_size, self.seed, l)
+            }
+        };
+        let batches = Minibatches::new(train, stream);
         let id = LearnerId(l as u32);
         let e = match &self.protocol {
             ProtocolSpec::Sgd(p) => {
@@ -303,6 +334,23 @@ impl ClusterSpec {
         SchedulerCore::new(self.learners, self.shards, per_epoch, u64::from(self.epochs))
             .with_evals_per_epoch(u64::from(self.evals_per_epoch))
             .with_backups(self.not_waited_for())
+    }
+
+    /// With adaptive batch sizes, the scheduler's planner of them, for a training set of
+    /// `train_len`.
+    #[must_use]
+    pub fn batch_planner(&self, train_len: usize) -> Option<BatchPlanner> {
+        (self.batch_sizing == BatchSizing::Adaptive).then(|| {
+            let per_epoch = self.total_samples(train_len) / u64::from(self.epochs);
+            let steps = self.steps_per_learner(train_len) / u64::from(self.epochs);
+            let warmup = steps.min(ADAPTIVE_WARMUP_STEPS as u64) * self.global_batch() as u64;
+            BatchPlanner::new(
+                self.learners,
+                self.batch_size as u32,
+                (warmup, per_epoch),
+                u64::from(self.epochs),
+            )
+        })
     }
 
     /// Examples all learners process over the run, for a training set of `train_len`.

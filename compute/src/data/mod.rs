@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 pub use cifar::load_cifar10;
 pub use idx::{IdxArray, read_idx};
-pub use partition::{Batch, BatchStream, Minibatches, Partition};
+pub use partition::{ADAPTIVE_WARMUP_STEPS, Batch, BatchStream, Minibatches, Partition};
 
 use crate::ComputeError;
 

@@ -110,6 +110,12 @@ pub struct CenterShard {
     /// learner's next exchange belongs to, the round's exchanges on time, and the last round
     /// whose quorum was announced.
     quorum: Option<Quorum>,
+    /// λ when the shard was made: a quorum of q lets λ − q of the learners present miss a
+    /// round, so a learner that leaves lowers it by one.
+    learners: usize,
+    /// Learners that joined while the open round was under way: its quorum does not count
+    /// on them (they start their steps late), the next round's does.
+    joined_late: usize,
     due: BTreeMap<LearnerId, Clock>,
     on_time: usize,
     quorum_said: Option<Clock>,
@@ -130,6 +136,7 @@ impl CenterShard {
         let len = center.len();
         let velocity = if rule.has_velocity() { vec![0.0; len] } else { Vec::new() };
         let round_sum = if rule.is_sync() { vec![0.0; len] } else { Vec::new() };
+        let learners = active.len();
         Self {
             id,
             rule,
@@ -140,6 +147,8 @@ impl CenterShard {
             round_values: 0,
             round: BTreeSet::new(),
             quorum: None,
+            learners,
+            joined_late: 0,
             due: BTreeMap::new(),
             on_time: 0,
             quorum_said: None,
@@ -162,6 +171,12 @@ impl CenterShard {
     #[must_use]
     pub fn id(&self) -> ShardId {
         self.id
+    }
+
+    /// Whether the open sync round holds an exchange of `learner`.
+    #[must_use]
+    pub fn holds(&self, learner: LearnerId) -> bool {
+        self.round.contains(&learner)
     }
 
     /// The round `learner`'s next exchange belongs to (sync rounds; the clock otherwise).
@@ -329,9 +344,11 @@ impl CenterShard {
         }
     }
 
-    /// A sync round's quorum: q, or every active learner if fewer.
+    /// A sync round's quorum: q less the learners that have left (all but λ − q of those
+    /// present) and those that joined during the round, at least 1.
     fn quorum(&self) -> Option<usize> {
-        self.quorum.map(|q| (q.size as usize).min(self.active.len().max(1)))
+        let gone = self.learners.saturating_sub(self.active.len()) + self.joined_late;
+        self.quorum.map(|q| (q.size as usize).saturating_sub(gone).clamp(1, self.active.len().max(1)))
     }
 
     /// The effects of the input just handled; the open round's quorum is announced once.
@@ -347,8 +364,13 @@ impl CenterShard {
         std::mem::take(&mut self.events)
     }
 
-    /// The active learners changed; a sync round waits only for those still active.
+    /// The active learners changed; a sync round waits only for those still active, and a
+    /// learner that joins belongs to the open round (it starts from the current center).
     pub fn on_membership(&mut self, active: BTreeSet<LearnerId>) -> Vec<ShardEvent> {
+        for &joined in active.difference(&self.active) {
+            self.due.insert(joined, self.clock);
+            self.joined_late += 1;
+        }
         self.active = active;
         if !self.round.is_empty() {
             self.close_round_if_complete();
@@ -435,7 +457,7 @@ impl CenterShard {
             }
             _ => {}
         }
-        (self.round_values, self.on_time) = (0, 0);
+        (self.round_values, self.on_time, self.joined_late) = (0, 0, 0);
     }
 }
 

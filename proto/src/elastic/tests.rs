@@ -320,6 +320,7 @@ fn downpour_with_tau_one_is_async_sgd_without_modulation() {
         backups: 0,
         quorum: None,
         schedule: crate::LrSchedule { base: lr, decay: 1.0 },
+        batch: 1,
         gradients_per_epoch: u64::MAX,
         prefetch: 0,
     };
@@ -564,4 +565,26 @@ fn a_sync_quorum_round_closes_without_its_straggler_and_folds_or_drops_it() {
             }
         }
     }
+}
+
+#[test]
+fn a_learner_that_joins_again_belongs_to_the_open_round() {
+    // Sync DiLoCo with a quorum: L2 leaves, two rounds close without it, and it joins again
+    // from the current center; its next Δ is on time (σ = 0), not two rounds late.
+    let three: BTreeSet<LearnerId> = (0..3).map(LearnerId).collect();
+    let l2 = LearnerId(2);
+    let rule = diloco(true, 1.0, 0.0, LrModulation::PerGradient, None);
+    let mut s = CenterShard::new(ShardId(0), rule, vec![1.0], three.clone())
+        .with_quorum(Some(crate::Quorum { size: 2, late: LateRule::Fold }));
+    s.on_membership([L0, L1].into());
+    for _ in 0..2 {
+        s.on_exchange(L0, &[0.0]).unwrap();
+        s.on_exchange(L1, &[0.0]).unwrap();
+    }
+    assert!(!s.holds(l2));
+    s.on_membership(three);
+    assert_eq!((s.clock(), s.round_of(l2)), (Clock(2), Clock(2)));
+    let events = s.on_exchange(l2, &[-0.3]).unwrap();
+    assert_eq!(sigmas(&events), [(l2, 0, Outcome::Applied { alpha: 1.0 })]);
+    assert!(s.holds(l2));
 }

@@ -168,6 +168,7 @@ impl<'a, 'g> Run<'a, 'g> {
                     backups: 0,
                     quorum: setup.quorum,
                     schedule: LrSchedule { base: setup.lr, decay: 1.0 },
+                    batch: 1,
                     gradients_per_epoch: u64::MAX,
                     prefetch: setup.prefetch,
                 };

@@ -63,6 +63,9 @@ pub struct SgdShardConfig {
     pub quorum: Option<Quorum>,
     /// The base learning rate `α0` per epoch.
     pub schedule: LrSchedule,
+    /// μ, the nominal minibatch: a gradient over μ_k examples has the share μ_k / μ of an
+    /// update (adaptive batch sizes, `docs/src/algorithms.md` §5.1).
+    pub batch: u32,
     /// Gradients (from all learners) per epoch: the epoch of a gradient is the number received
     /// before it divided by this, so the schedule is exact and the same in every deployment.
     pub gradients_per_epoch: u64,

@@ -3,8 +3,11 @@
 //!
 //! Update rule: once `c` gradients are held,
 //! `θ ← θ − (1/c) Σ_k α(σ_k) g_k`, `i ← i + 1`; hardsync is the case `c = λ` with a barrier,
-//! so every gradient has `σ = 0` and the update is `θ ← θ − α0 (1/λ) Σ_l g_l`.
+//! so every gradient has `σ = 0` and the update is `θ ← θ − α0 (1/λ) Σ_l g_l`. With adaptive
+//! batch sizes (`docs/src/algorithms.md` §5.1) a gradient over μ_k examples has the share
+//! s_k = μ_k / μ and `1/c` becomes `1/Σ_k s_k`: every example weighs the same.
 
+pub(crate) mod broken;
 mod config;
 mod outstanding;
 #[cfg(test)]
@@ -28,6 +31,8 @@ struct Held {
     alpha: f32,
     /// α0 when it arrived (for `mean` modulation).
     lr: f32,
+    /// Its examples over the nominal μ (1 without adaptive batch sizes).
+    share: f32,
 }
 
 /// The incarnation a learner's step number belongs to (see
@@ -52,6 +57,10 @@ pub struct SgdShard {
     params: Arc<Vec<f32>>,
     clock: Clock,
     active: BTreeSet<LearnerId>,
+    /// The most examples one gradient may be over: μλ at the start.
+    max_examples: u32,
+    /// λ at the start: a quorum of q lets λ − q of the learners present miss a round.
+    learners: usize,
     acc: Vec<f32>,
     held: Vec<Held>,
     /// Hardsync: the round's gradients with their weights, by learner and the clock they were
@@ -98,7 +107,10 @@ impl SgdShard {
     #[must_use]
     pub fn new(cfg: SgdShardConfig, params: Vec<f32>, active: BTreeSet<LearnerId>) -> Self {
         let acc = vec![0.0; params.len()];
+        let max_examples = cfg.batch.saturating_mul(active.len().max(1) as u32);
         Self {
+            max_examples,
+            learners: active.len(),
             cfg,
             params: Arc::new(params),
             clock: Clock(0),
@@ -272,9 +284,8 @@ impl SgdShard {
         Ok(self.take_events())
     }
 
-    /// A learner pushes its gradient of step `seq` for this shard's range, computed on weights
-    /// `computed_on`. A push that is malformed or comes from the future is rejected and changes
-    /// nothing; a copy of a push already accepted is [`CoreError::Duplicate`], applied once.
+    /// A learner pushes its gradient of step `seq` over μ examples (the nominal minibatch);
+    /// see [`Self::on_push_of`].
     pub fn on_push(
         &mut self,
         learner: LearnerId,
@@ -282,7 +293,27 @@ impl SgdShard {
         computed_on: Clock,
         grad: &[f32],
     ) -> Result<Vec<ShardEvent>, CoreError> {
+        self.on_push_of(learner, seq, computed_on, (grad, self.cfg.batch))
+    }
+
+    /// A learner pushes its gradient of step `seq` for this shard's range, the mean over
+    /// `examples` examples, computed on weights `computed_on`. A push that is malformed or
+    /// comes from the future is rejected and changes nothing; a copy of a push already
+    /// accepted is [`CoreError::Duplicate`], applied once.
+    pub fn on_push_of(
+        &mut self,
+        learner: LearnerId,
+        seq: u64,
+        computed_on: Clock,
+        (grad, examples): (&[f32], u32),
+    ) -> Result<Vec<ShardEvent>, CoreError> {
         self.check_member(learner)?;
+        if examples == 0 || examples > self.max_examples {
+            return Err(CoreError::Protocol(format!(
+                "{learner} pushed a gradient over {examples} examples to {}; a gradient is over 1 to {}",
+                self.cfg.id, self.max_examples
+            )));
+        }
         if self.window(learner).contains(seq) && !broken::accepts_duplicates() {
             return Err(self.duplicate(learner, seq, "push"));
         }
@@ -351,8 +382,9 @@ impl SgdShard {
         } else {
             self.stats.record_applied(staleness);
             let alpha = self.cfg.modulation.alpha(lr, staleness, self.stats.mean());
-            let weight = if self.cfg.modulation.is_per_gradient() { alpha } else { 1.0 };
-            self.held.push(Held { learner, computed_on, staleness, alpha, lr });
+            let share = examples as f32 / self.cfg.batch.max(1) as f32;
+            let weight = (if self.cfg.modulation.is_per_gradient() { alpha } else { 1.0 }) * share;
+            self.held.push(Held { learner, computed_on, staleness, alpha, lr, share });
             // A push overtaken by its learner's last pull is applied rather than left held.
             let complete = self.round_complete() || self.all_finished();
             if self.cfg.rule == SyncRule::Hardsync {
@@ -429,7 +461,8 @@ impl SgdShard {
     /// Hardsync with a quorum: q, or all the round waits for if fewer.
     fn quorum(&self) -> Option<usize> {
         let q = self.cfg.quorum.filter(|_| self.cfg.rule == SyncRule::Hardsync)?;
-        Some((q.size as usize).min(self.gradients_per_update()))
+        let gone = self.learners.saturating_sub(self.active.len());
+        Some((q.size as usize).saturating_sub(gone).clamp(1, self.gradients_per_update()))
     }
 
     /// Whether every active learner has had its last pull served.
@@ -537,7 +570,9 @@ impl SgdShard {
         let lr = self.held.last().map_or(0.0, |h| h.lr);
         let alpha_update = (!self.cfg.modulation.is_per_gradient())
             .then(|| self.cfg.modulation.alpha(lr, Staleness(0), self.stats.mean()));
-        let scale = -alpha_update.unwrap_or(1.0) / c as f32;
+        // Σ s_k is exactly c when every gradient is over μ examples.
+        let shares: f32 = self.held.iter().map(|h| h.share).sum();
+        let scale = -alpha_update.unwrap_or(1.0) / shares;
         let params = Arc::make_mut(&mut self.params);
         if !self.round.is_empty() {
             for (_, (weight, grad)) in std::mem::take(&mut self.round) {
@@ -565,32 +600,5 @@ impl SgdShard {
             clock: self.clock,
             gradients: c,
         }));
-    }
-}
-
-/// A deliberately broken rule, switched on only by the harness's own tests to show that the
-/// harness catches a shard applying a repeated push; compiled out of every other build.
-pub(crate) mod broken {
-    #[cfg(test)]
-    thread_local! {
-        static ACCEPT_DUPLICATES: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    }
-
-    /// Whether this thread's shards apply a push they already applied.
-    #[cfg(test)]
-    pub(crate) fn accepts_duplicates() -> bool {
-        ACCEPT_DUPLICATES.get()
-    }
-
-    /// Never, outside the harness's own tests.
-    #[cfg(not(test))]
-    pub(crate) const fn accepts_duplicates() -> bool {
-        false
-    }
-
-    /// Make this thread's shards apply repeated pushes (or stop).
-    #[cfg(test)]
-    pub(crate) fn accept_duplicates(on: bool) {
-        ACCEPT_DUPLICATES.set(on);
     }
 }

@@ -58,6 +58,7 @@ fn shard(rule: SyncRule, modulation: LrModulation, bound: Option<u64>, learners:
         backups: 0,
         quorum: None,
         schedule,
+        batch: 1,
         gradients_per_epoch: 1,
         prefetch: 0,
     };
@@ -623,4 +624,28 @@ fn a_late_copy_of_an_earlier_pull_does_not_reopen_a_finished_learner() {
         assert_eq!(drain(&mut s).0.len(), 1, "step {step}");
         s.on_push(L[1], step, s.clock(), &[0.0; 3]).unwrap();
     }
+}
+
+#[test]
+fn a_gradient_weighs_as_many_examples_as_it_is_over() {
+    // Hardsync, μ = 4, λ = 2: a mean over 6 examples and one over 2 are one batch of 8.
+    let mut s = shard(SyncRule::Hardsync, LrModulation::None, None, 2);
+    s.cfg.batch = 4;
+    s.max_examples = 8;
+    for l in [L[0], L[1]] {
+        pull(&mut s, l).unwrap();
+    }
+    for bad in [0, 9] {
+        assert!(s.core.on_push_of(L[0], 1, Clock(0), (&[1.0, 0.0, 0.0], bad)).is_err(), "{bad} examples");
+    }
+    s.core.on_push_of(L[0], 1, Clock(0), (&[1.0, 0.0, 0.0], 6)).unwrap();
+    s.core.on_push_of(L[1], 1, Clock(0), (&[0.0, 4.0, 0.0], 2)).unwrap();
+    // θ − 0.5 (6 g0 + 2 g1) / 8
+    assert_eq!(values(&s), vec![0.625, 1.5, 3.0]);
+    // 2-softsync of λ = 2 (c = 1) applies each alone: its share is the whole update.
+    let mut a = shard(SyncRule::Softsync { n: 2 }, LrModulation::None, None, 2);
+    a.cfg.batch = 4;
+    pull(&mut a, L[0]).unwrap();
+    a.core.on_push_of(L[0], 1, Clock(0), (&[1.0, 0.0, 0.0], 1)).unwrap();
+    assert_eq!(values(&a), vec![0.5, 2.0, 3.0]);
 }

@@ -220,6 +220,7 @@ fn view_and_copy(floats: usize) -> Result<(f64, f64), RuntimeError> {
         seq: 1,
         computed_on: Clock(0),
         values: vec![1.5; floats].into(),
+        examples: 1,
         next_seq: 0,
         last: false,
     }
@@ -260,6 +261,7 @@ pub fn run(frames: usize, repeats: usize) -> Result<Vec<BenchRow>, RuntimeError>
         seq: 1,
         computed_on: Clock(0),
         values: vec![0.25; FLOATS].into(),
+        examples: 1,
         next_seq: 0,
         last: false,
     }

@@ -1,7 +1,7 @@
 //! The checks of `[protocol]`, `[training]`'s optimizer and `[transport]` that need no other
 //! section: every key is checked whatever the protocol reads.
 
-use rudra_actors::QuorumSpec;
+use rudra_actors::{BatchSizing, QuorumSpec};
 use rudra_proto::{LateRule, OptimizerSpec};
 use rudra_transport::payload::{MAX_BLOCK, topk};
 use rudra_transport::{Codec, Codecs, Encoding};
@@ -71,6 +71,15 @@ pub(super) fn quorum(raw: &RawConfig) -> Result<Option<QuorumSpec>, RuntimeError
     };
     let grace_max_ms = p.grace_max_ms.unwrap_or(DEFAULT_GRACE_MS);
     Ok((p.quorum > 0).then_some(QuorumSpec { size: p.quorum, late, grace_max_ms }))
+}
+
+/// `training.batch_sizing`.
+pub(super) fn batch_sizing(t: &RawTraining) -> Result<BatchSizing, RuntimeError> {
+    match t.batch_sizing.as_deref().unwrap_or("fixed") {
+        "fixed" => Ok(BatchSizing::Fixed),
+        "adaptive" => Ok(BatchSizing::Adaptive),
+        other => Err(invalid("training.batch_sizing", format!("{other:?} is not one of fixed, adaptive"))),
+    }
 }
 
 /// `training.optimizer` with its settings.

@@ -320,6 +320,7 @@ impl TryFrom<RawConfig> for Config {
             seed: t.seed,
             evals_per_epoch: t.evals_per_epoch,
             codecs: keys::codecs(&raw.transport)?,
+            batch_sizing: keys::batch_sizing(t)?,
         };
         if batch_size > MAX_BATCH {
             return Err(invalid("training.batch_size", format!("is {batch_size}; at most {MAX_BATCH}")));

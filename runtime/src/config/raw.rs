@@ -166,6 +166,9 @@ pub struct RawTraining {
     /// μλ: when above 0, μ = this / λ (rounded, at least 1) in place of `batch_size`, so
     /// learners added share the same global minibatch.
     pub global_batch_size: usize,
+    /// `fixed | adaptive` (default fixed): adaptive gives each learner a minibatch that follows
+    /// its speed, summing to μλ.
+    pub batch_sizing: Option<String>,
     /// α0.
     pub learning_rate: Option<f32>,
     /// Per-epoch multiplier of α0.

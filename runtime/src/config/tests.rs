@@ -1,6 +1,7 @@
 //! Loading, layering and validating configurations.
 
 use super::*;
+use rudra_actors::BatchSizing;
 use rudra_compute::ModelSpec;
 
 fn load(set: &[&str]) -> Result<Config, RuntimeError> {
@@ -355,4 +356,22 @@ fn a_quorum_is_for_rounds_that_wait_for_all_on_one_shard_within_lambda_without_b
         "at most",
     );
     refused(&["protocol.kind=hardsync", "protocol.late=\"later\""], "protocol.late", "fold, drop");
+}
+
+#[test]
+fn adaptive_batch_sizes_are_for_the_sgd_rules() {
+    let sizing = |sets: &[&str]| load(sets).map(|c| c.cluster.batch_sizing);
+    assert_eq!(sizing(&[]).unwrap(), BatchSizing::Fixed, "fixed by default");
+    for kind in ["hardsync", "softsync", "async"] {
+        let set = [format!("protocol.kind={kind}"), "training.batch_sizing=\"adaptive\"".to_owned()];
+        assert_eq!(sizing(&[&set[0], &set[1]]).unwrap(), BatchSizing::Adaptive, "{kind}");
+    }
+    for kind in ["easgd", "diloco", "downpour"] {
+        let e = load(&[&format!("protocol.kind={kind}"), "training.batch_sizing=\"adaptive\""]).unwrap_err();
+        assert!(
+            e.to_string().contains("training.batch_sizing") && e.to_string().contains("SGD rules"),
+            "{e}"
+        );
+    }
+    assert_eq!(key_of(&["training.batch_sizing=\"fast\""]), "training.batch_sizing");
 }

@@ -263,6 +263,7 @@ mod tests {
             updates_lost: 0,
             bytes: BytesMoved::default(),
             clocks: LearnerClocks::new(2),
+            planner: None,
         };
         JobState { invitation, scheduler, tracker: TrackerReport::default() }
     }

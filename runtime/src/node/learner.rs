@@ -147,6 +147,7 @@ async fn learn(
             m = link.next(ep, opts) => match m.map(codec::to_learner) {
                 Ok(Ok(ToLearner::Start)) => learner.handle().start.do_send(StartLearner),
                 Ok(Ok(ToLearner::Heartbeat)) => {}
+                Ok(Ok(ToLearner::BatchSizes(sizes))) => learner.handle().sizes.do_send(sizes),
                 Ok(Ok(ToLearner::Evaluate { request, evaluate })) => {
                     let asked = learner.handle().evaluate.send(evaluate);
                     let reports = link.reports().clone();

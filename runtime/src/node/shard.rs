@@ -238,9 +238,9 @@ async fn serve_learner(peer: Peer, shard: Addr<ShardActor>, policy: LearnerPolic
             LearnerData::Pull { seq, last } => {
                 shard.do_send(Pull { learner, seq, last, reply_to: reply.clone() });
             }
-            LearnerData::Push { seq, computed_on, values, next } => {
+            LearnerData::Push { seq, computed_on, values, examples, next } => {
                 let then = Pull { learner, seq: next.seq, last: next.last, reply_to: reply.clone() };
-                shard.do_send(Push { learner, seq, computed_on, values: values.into(), then });
+                shard.do_send(Push { learner, seq, computed_on, values: values.into(), examples, then });
             }
             LearnerData::Exchange(values) => {
                 shard.do_send(Exchange { learner, values: values.into(), reply_to: center.clone() });
@@ -339,6 +339,7 @@ mod tests {
                 backups: 0,
                 quorum: None,
                 schedule: LrSchedule { base: 0.5, decay: 1.0 },
+                batch: 1,
                 gradients_per_epoch: 100,
                 prefetch: 0,
             };
@@ -357,6 +358,7 @@ mod tests {
                 seq: 1,
                 computed_on: Clock(0),
                 values: vec![1.0; n].into(),
+                examples: 1,
                 next_seq: 2,
                 last: false,
             };
@@ -402,6 +404,7 @@ mod tests {
                     seq,
                     computed_on: Clock(1),
                     values,
+                    examples: 1,
                     next_seq: seq + 1,
                     last: false,
                 };
@@ -415,6 +418,7 @@ mod tests {
                 seq: 4,
                 computed_on: Clock(1),
                 values: vec![1.0; 4].into(),
+                examples: 1,
                 next_seq: 5,
                 last: false,
             })

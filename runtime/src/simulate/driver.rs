@@ -30,8 +30,13 @@ pub trait Message {
 pub enum Event<M> {
     /// A message arrives.
     Deliver(M),
-    /// A learner finished computing its gradient.
-    Computed(LearnerId),
+    /// A learner finished computing its gradient (in its incarnation: a learner that left
+    /// since never finishes it).
+    Computed(LearnerId, u32),
+    /// A learner leaves (churn).
+    Leave(LearnerId),
+    /// A learner that left joins again (churn).
+    Join(LearnerId),
     /// A quorum round's grace window is over.
     Grace {
         /// The round's shard.
@@ -65,6 +70,25 @@ pub trait World {
     fn values(&self) -> Vec<Floats>;
     /// Per-shard statistics.
     fn shard_reports(&self) -> Vec<ShardReport>;
+    /// `learner` leaves: whatever it was computing or sending is lost, and the shards stop
+    /// counting on it. Returns whether it left (a learner that has finished does not).
+    fn leave(&mut self, _eng: &mut Engine<Self::Msg>, learner: LearnerId) -> Result<bool, RuntimeError> {
+        Err(churn_unsupported(learner))
+    }
+    /// Learners the run no longer waits for: those that have taken all their steps, and those
+    /// away (0 where the world does not count them).
+    fn done(&self) -> usize {
+        0
+    }
+    /// `learner`, which left, joins again as a new incarnation; or not yet (`false`), when
+    /// what it left behind must settle first.
+    fn join(&mut self, _eng: &mut Engine<Self::Msg>, learner: LearnerId) -> Result<bool, RuntimeError> {
+        Err(churn_unsupported(learner))
+    }
+}
+
+fn churn_unsupported(learner: LearnerId) -> RuntimeError {
+    RuntimeError::Simulation(format!("internal error: {learner} churned in a protocol without churn"))
 }
 
 /// Per-shard statistics (`shards.csv`).
@@ -136,8 +160,10 @@ pub struct LearnerReport {
     pub gradients: u64,
     /// Virtual seconds spent computing.
     pub compute_seconds: f64,
-    /// Virtual seconds spent waiting for weights or the center.
+    /// Virtual seconds spent waiting for weights or the center (while present).
     pub wait_seconds: f64,
+    /// Of its compute seconds, those lost when it left: computed and never sent.
+    pub lost_seconds: f64,
     /// `compute / (compute + wait)`.
     pub utilisation: f64,
     /// Its contributions the shards applied (once per shard a step reached).
@@ -146,13 +172,39 @@ pub struct LearnerReport {
     pub dropped: u64,
 }
 
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy)]
 struct LearnerTime {
     busy: Nanos,
     since: Option<Nanos>,
     gradients: u64,
     applied: u64,
     dropped: u64,
+    /// Its incarnation: one more each time it leaves.
+    incarnation: u32,
+    /// Present since then, or away.
+    joined: Option<Nanos>,
+    /// Time present before that.
+    present: Nanos,
+    /// Compute since its last contribution was sent.
+    unsent: Nanos,
+    /// Compute it lost by leaving.
+    lost: Nanos,
+}
+
+impl Default for LearnerTime {
+    fn default() -> Self {
+        let (busy, since, gradients, applied, dropped) = (0, None, 0, 0, 0);
+        let (incarnation, joined, present, unsent, lost) = (0, Some(0), 0, 0, 0);
+        Self { busy, since, gradients, applied, dropped, incarnation, joined, present, unsent, lost }
+    }
+}
+
+/// Churn on the virtual clock: each present learner's rate of leaving, and how long it stays
+/// away.
+#[derive(Clone, Copy)]
+struct Churn {
+    rate: f64,
+    away: Nanos,
 }
 
 /// Shared machinery of a simulation: the clock, the queue, the models, the random generator,
@@ -172,6 +224,10 @@ pub struct Engine<M> {
     loss_rows: Vec<LossRow>,
     /// With a quorum: each shard's grace windows, on the virtual clock.
     grace: Vec<GraceWindow>,
+    churn: Option<Churn>,
+    /// The run ends once this many learners are done (a quorum's run does not wait for the
+    /// rest, nor does any run wait for a learner away).
+    end_after: Option<usize>,
 }
 
 /// What a finished run of the driver leaves.
@@ -215,6 +271,59 @@ impl<M: Message> Engine<M> {
             loss_window: (0.0, 0),
             loss_rows: Vec::new(),
             grace: Vec::new(),
+            churn: None,
+            end_after: None,
+        }
+    }
+
+    /// End the run once `learners` learners are done ([`World::done`]).
+    #[must_use]
+    pub fn ending_after(mut self, learners: usize) -> Self {
+        self.end_after = Some(learners);
+        self
+    }
+
+    /// Learners leave at `rate` per present learner and virtual second and join again `away`
+    /// seconds later.
+    #[must_use]
+    pub fn with_churn(mut self, churn: Option<(f64, f64)>) -> Self {
+        self.churn = churn.map(|(rate, away)| Churn { rate, away: super::events::nanos(away) });
+        self
+    }
+
+    /// Schedule `learner`'s next leaving, a random time from now.
+    fn schedule_leave(&mut self, learner: LearnerId) {
+        if let Some(Churn { rate, .. }) = self.churn {
+            let u: f64 = rand::Rng::random_range(&mut self.rng, f64::EPSILON..1.0);
+            let after = super::events::nanos(-u.ln() / rate);
+            self.queue.push(self.now.saturating_add(after), Event::Leave(learner));
+        }
+    }
+
+    /// `learner` left now: what it was computing and what it had not sent are lost.
+    fn left(&mut self, learner: LearnerId) {
+        let now = self.now;
+        let t = &mut self.learners[learner.index()];
+        let partial = t.since.take().map_or(0, |s| now - s);
+        t.busy += partial;
+        t.lost += t.unsent + partial;
+        t.unsent = 0;
+        t.present += t.joined.take().map_or(0, |j| now - j);
+        t.incarnation += 1;
+        if let Some(Churn { away, .. }) = self.churn {
+            self.queue.push(now.saturating_add(away), Event::Join(learner));
+        }
+    }
+
+    /// The incarnation of `learner` now (the world stamps its messages with it).
+    pub fn incarnation(&self, learner: LearnerId) -> u32 {
+        self.learners.get(learner.index()).map_or(0, |t| t.incarnation)
+    }
+
+    /// A contribution an earlier incarnation of `learner` sent arrived after it left: dropped.
+    pub fn lost_in_flight(&mut self, learner: LearnerId) {
+        if let Some(t) = self.learners.get_mut(learner.index()) {
+            t.dropped += 1;
         }
     }
 
@@ -247,8 +356,12 @@ impl<M: Message> Engine<M> {
 
     /// Send `msg`; it arrives when the network model says.
     pub fn send(&mut self, msg: M) {
-        let at = self.net.arrival(self.now, msg.route(), &mut self.rng);
+        let route = msg.route();
+        let at = self.net.arrival(self.now, route, &mut self.rng);
         self.counts.messages += 1;
+        if route.payload == super::model::Payload::Up {
+            self.learners[route.learner.index()].unsent = 0;
+        }
         self.queue.push(at, Event::Deliver(msg));
     }
 
@@ -265,7 +378,7 @@ impl<M: Message> Engine<M> {
         self.loss_window.0 += loss;
         self.loss_window.1 += 1;
         self.learners[l].since = Some(self.now);
-        self.queue.push(self.now + took, Event::Computed(learner));
+        self.queue.push(self.now + took, Event::Computed(learner, self.learners[l].incarnation));
         Ok(grad)
     }
 
@@ -325,14 +438,16 @@ impl<M: Message> Engine<M> {
             .enumerate()
             .map(|(l, t)| {
                 let busy = t.busy + t.since.map_or(0, |s| end.saturating_sub(s));
-                let (compute, total) = (seconds(busy), seconds(end));
+                let present = t.present + t.joined.map_or(0, |j| end.saturating_sub(j));
+                let (compute, total) = (seconds(busy), seconds(present));
                 LearnerReport {
                     learner: l as u32,
                     straggler: self.compute.is_straggler(l),
                     gradients: t.gradients,
                     compute_seconds: compute,
                     wait_seconds: (total - compute).max(0.0),
-                    utilisation: if end == 0 { 0.0 } else { compute / total },
+                    lost_seconds: seconds(t.lost),
+                    utilisation: if present == 0 { 0.0 } else { compute / total },
                     applied: t.applied,
                     dropped: t.dropped,
                 }
@@ -352,14 +467,29 @@ impl<M: Message> Engine<M> {
     ) -> Result<Finished, RuntimeError> {
         let limit = stop.seconds.map(super::events::nanos);
         world.start(&mut self)?;
+        for l in 0..self.learners.len() {
+            self.schedule_leave(LearnerId(l as u32));
+        }
         self.loss_row(world);
         let mut end = None;
+        // The time of the last event that did something: a leaving planned for a learner
+        // that has finished by then does not lengthen the run.
+        let mut last = 0;
         while let Some((at, event)) = self.queue.pop() {
             if limit.is_some_and(|t| at > t) {
                 end = limit;
                 break;
             }
             self.now = at;
+            if let Event::Leave(learner) = event {
+                if world.leave(&mut self, learner)? {
+                    self.hash.u64(u64::from(learner.0));
+                    self.left(learner);
+                    last = at;
+                }
+                continue;
+            }
+            last = at;
             self.counts.processed += 1;
             self.hash.u64(at);
             match event {
@@ -367,11 +497,14 @@ impl<M: Message> Engine<M> {
                     msg.trace(&mut self.hash);
                     world.deliver(&mut self, msg)?;
                 }
-                Event::Computed(learner) => {
-                    self.hash.u64(u64::from(learner.0));
+                Event::Computed(learner, incarnation) => {
                     let t = &mut self.learners[learner.index()];
-                    t.busy += t.since.take().map_or(0, |s| at - s);
-                    t.gradients += 1;
+                    if incarnation != t.incarnation {
+                        continue;
+                    }
+                    let took = t.since.take().map_or(0, |s| at - s);
+                    (t.busy, t.unsent, t.gradients) = (t.busy + took, t.unsent + took, t.gradients + 1);
+                    self.hash.u64(u64::from(learner.0));
                     self.counts.gradients += 1;
                     world.computed(&mut self, learner)?;
                     if self.counts.gradients.is_multiple_of(loss_every) {
@@ -383,10 +516,21 @@ impl<M: Message> Engine<M> {
                     self.hash.u64(clock.0);
                     world.grace_over(&mut self, shard, clock)?;
                 }
+                Event::Join(learner) => {
+                    self.hash.u64(u64::from(learner.0));
+                    if world.join(&mut self, learner)? {
+                        self.learners[learner.index()].joined = Some(at);
+                        self.schedule_leave(learner);
+                    } else if let Some(Churn { away, .. }) = self.churn {
+                        self.queue.push(at.saturating_add((away / 10).max(1)), Event::Join(learner));
+                    }
+                }
+                Event::Leave(_) => {}
             }
             let updates = world.updates();
             if stop.gradients.is_some_and(|g| self.counts.gradients >= g)
                 || stop.updates.is_some_and(|u| updates >= u)
+                || self.end_after.is_some_and(|n| world.done() >= n)
             {
                 break;
             }
@@ -411,7 +555,7 @@ impl<M: Message> Engine<M> {
                 });
             }
         }
-        let end = end.unwrap_or(self.now);
+        let end = end.unwrap_or(last);
         self.now = end;
         if self.loss_rows.last().is_none_or(|r| r.gradients != self.counts.gradients) {
             self.loss_row(world);

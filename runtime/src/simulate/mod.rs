@@ -72,7 +72,15 @@ pub fn validate(config: &Config) -> Result<(), RuntimeError> {
         GradientSource::Synthetic(q) => q.dimension,
         GradientSource::Model => config.model.param_count(),
     };
-    Ok(config.cluster.validate_settings(params)?)
+    config.cluster.validate_settings(params)?;
+    if config.simulation.churn.is_some() && config.cluster.protocol.elastic().is_none() {
+        return Err(RuntimeError::Invalid(rudra_actors::InvalidSetting::new(
+            "simulation.churn",
+            "learners leave and join again in simulations of the EASGD family and DiLoCo; use 0 with Rudra's \
+             SGD rules",
+        )));
+    }
+    Ok(())
 }
 
 /// Run one simulation of `config` (a sweep in it is not expanded).
@@ -110,9 +118,16 @@ pub fn simulate(config: &Config, progress: ProgressMode) -> Result<SimReport, Ru
                 Some((loops, train_len)) => model_elastic_cores(spec, loops, (train_len, &init))?,
                 None => synthetic_elastic_cores(spec, elastic, &init, &ranges),
             };
-            let mut world = ElasticWorld::new(centers, ranges, workers);
+            let round_seconds = elastic.tau as f64 * sim.compute.mean_seconds;
+            let (elastic, lr, len, parts) = (elastic.clone(), spec.schedule.base, init.len(), ranges.clone());
+            let respawn: elastic::Respawn = Box::new(move |l, x0, steps| {
+                ElasticWorker::new(l, elastic.local_rule(lr, len), x0, parts.clone(), steps)
+            });
+            let mut world = ElasticWorld::new(centers, ranges, workers, respawn);
             let engine = Engine::new(rng, compute, net, gradients, learners)
-                .with_grace(spec.grace_window(), lens.len());
+                .with_grace(spec.grace_window(), lens.len())
+                .with_churn(sim.churn.map(|c| c.timing(round_seconds)))
+                .ending_after((spec.learners - spec.not_waited_for()) as usize);
             (engine.run(&mut world, &sim.stop, run, &mut progress)?, summarize(&world))
         }
         ProtocolSpec::Sgd(sgd) => {

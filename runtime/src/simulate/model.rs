@@ -147,6 +147,7 @@ impl Network {
                     seq: 1,
                     computed_on: Clock(0),
                     values: vec![0.0; len].into(),
+                    examples: 1,
                     next_seq: 0,
                     last: false,
                 }

@@ -183,9 +183,11 @@ impl SimSummary {
                 wait_seconds: l.wait_seconds,
                 applied: l.applied,
                 dropped: l.dropped,
+                lost_seconds: l.lost_seconds,
             })
             .collect();
         let run = RunReport {
+            batch_sizes: Vec::new(),
             timeline: Vec::new(),
             updates_lost: 0,
             metrics: Vec::new(),
@@ -311,13 +313,22 @@ pub fn write_run(dir: &RunDir, config: &Config, report: &SimReport) -> Result<Si
         )
     });
     dir.write_file("shards.csv", &shards)?;
-    let learners =
-        csv("learner,straggler,gradients,compute_seconds,wait_seconds,utilisation", &report.learners, |l| {
+    let learners = csv(
+        "learner,straggler,gradients,compute_seconds,wait_seconds,lost_seconds,utilisation",
+        &report.learners,
+        |l| {
             format!(
-                "{},{},{},{},{},{}",
-                l.learner, l.straggler, l.gradients, l.compute_seconds, l.wait_seconds, l.utilisation
+                "{},{},{},{},{},{},{}",
+                l.learner,
+                l.straggler,
+                l.gradients,
+                l.compute_seconds,
+                l.wait_seconds,
+                l.lost_seconds,
+                l.utilisation
             )
-        });
+        },
+    );
     dir.write_file("learners.csv", &learners)?;
     let loss = csv("virtual_seconds,gradients,updates,loss", &report.loss, |r| {
         format!("{},{},{},{}", r.virtual_seconds, r.gradients, r.updates, num(r.loss))

@@ -22,6 +22,12 @@ pub struct RawSimulation {
     pub straggler_fraction: f64,
     /// How many times slower a straggler computes.
     pub straggler_factor: f64,
+    /// Fraction of the learners that leave per `churn_rounds` rounds (EASGD family, DiLoCo).
+    pub churn: f64,
+    /// The rounds `churn` is per: a round is τ steps at the mean compute time.
+    pub churn_rounds: f64,
+    /// Rounds until a learner that left joins again.
+    pub rejoin_rounds: f64,
     /// Seconds from send to arrival of any message, before its size is added.
     pub latency: f64,
     /// Per learner instead of `latency`, cycled over learner ids (empty: `latency` for all).
@@ -123,6 +129,27 @@ pub struct ComputeSpec {
     pub straggler_factor: f64,
 }
 
+/// Learners leaving and joining again (EASGD family, DiLoCo): each present learner leaves at
+/// random, at a constant rate, and joins again, from the current center, a set time later.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ChurnSpec {
+    /// Fraction of the learners that leave per `rounds` rounds.
+    pub fraction: f64,
+    /// The rounds `fraction` is per (a round: τ steps at the mean compute time).
+    pub rounds: f64,
+    /// Rounds until a learner that left joins again.
+    pub rejoin_rounds: f64,
+}
+
+impl ChurnSpec {
+    /// Each present learner's rate of leaving, per virtual second, and the virtual seconds
+    /// until it joins again, for rounds of `round_seconds`.
+    #[must_use]
+    pub fn timing(&self, round_seconds: f64) -> (f64, f64) {
+        (self.fraction / (self.rounds * round_seconds), self.rejoin_rounds * round_seconds)
+    }
+}
+
 /// How long messages travel.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NetworkSpec {
@@ -180,6 +207,8 @@ pub struct Simulation {
     pub compute: ComputeSpec,
     /// Message times.
     pub network: NetworkSpec,
+    /// Learners leaving and joining again, if they do.
+    pub churn: Option<ChurnSpec>,
     /// When to stop.
     pub stop: StopSpec,
     /// Gradients between rows of `loss.csv`.
@@ -273,6 +302,17 @@ impl Simulation {
                 "positive",
             )?,
         };
+        let churn = ChurnSpec {
+            fraction: check("simulation.churn", s.churn, (0.0..=1.0).contains(&s.churn), "in [0, 1]")?,
+            rounds: check("simulation.churn_rounds", s.churn_rounds, s.churn_rounds > 0.0, "positive")?,
+            rejoin_rounds: check(
+                "simulation.rejoin_rounds",
+                s.rejoin_rounds,
+                s.rejoin_rounds >= 0.0,
+                "0 or more",
+            )?,
+        };
+        let churn = (churn.fraction > 0.0).then_some(churn);
         let network = NetworkSpec {
             latency: check("simulation.latency", s.latency, s.latency >= 0.0, "0 or more")?,
             learner_latency: (s.learner_latency.iter())
@@ -314,7 +354,7 @@ impl Simulation {
             return Err(invalid("simulation.loss_every", "must be at least 1"));
         }
         let sweep = s.sweep.iter().map(|a| sweep_axis(a, "simulation.sweep")).collect::<Result<_, _>>()?;
-        Ok(Self { gradients, seed: s.seed, compute, network, stop, loss_every: s.loss_every, sweep })
+        Ok(Self { gradients, seed: s.seed, compute, network, churn, stop, loss_every: s.loss_every, sweep })
     }
 
     /// Every combination of the sweep's steps, each as `key=value` overrides (one empty

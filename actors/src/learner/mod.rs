@@ -4,7 +4,6 @@
 //! [`GradientModel`] (a [`rudra_compute::Model`], or a model of your own) on its own partition
 //! of the training set.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 
 use actix::prelude::*;
@@ -12,14 +11,18 @@ use rudra_compute::{GradientModel, Minibatches, cpu};
 use rudra_transport::quic::Traffic;
 use rudra_transport::{Codecs, Floats, LearnerId, Payload, ShardId};
 
+mod buffers;
+
+use buffers::{Gradients, WireState};
+
 use crate::ActorError;
 use crate::faults::Liveness;
 use crate::links::{SchedulerLink, ShardLink};
 use crate::messages::{
-    AnswerRoutes, Center, Evaluate, Exchange, Heartbeat, InjectedPanic, LearnerDone, Measured, Progress,
-    Pull, Push, Served, StartLearner, StopLearner,
+    AnswerRoutes, BatchSizes, Center, Evaluate, Exchange, Heartbeat, InjectedPanic, LearnerDone, Measured,
+    Progress, Pull, Push, Served, StartLearner, StopLearner,
 };
-use rudra_proto::{ElasticWorker, LearnerCore, LearnerEvent, NextPull, WorkerEvent};
+use rudra_proto::{CoreError, ElasticWorker, LearnerCore, LearnerEvent, NextPull, WorkerEvent};
 
 /// A protocol family's learner loop, as the learner actor drives it.
 pub trait Behaviour: Sized + Send + Unpin + 'static {
@@ -41,6 +44,10 @@ pub trait Behaviour: Sized + Send + Unpin + 'static {
     /// Answers have been overdue for longer than the retry interval: ask again (the EASGD
     /// family's exchanges are not retried).
     fn retry(_act: &mut LearnerActor<Self>, _ctx: &mut Context<LearnerActor<Self>>) {}
+
+    /// The next epoch's batch sizes arrived while a step waited for them: compute it (only
+    /// Rudra's SGD rules have adaptive batch sizes).
+    fn resume(_act: &mut LearnerActor<Self>, _ctx: &mut Context<LearnerActor<Self>>) {}
 }
 
 /// The learner actor.
@@ -67,89 +74,8 @@ pub struct LearnerActor<B: Behaviour> {
     last_activity: std::time::Instant,
     /// How payloads are encoded, and what compression has not sent yet (error feedback).
     wire: WireState,
-}
-
-/// A learner's side of the payload codecs: the job's codecs, the error feedback of its
-/// gradients, the compressed pushes kept for a retry, and the bytes it has moved.
-struct WireState {
-    codecs: Codecs,
-    /// Exchanges add up like gradients (DOWNPOUR, MDOWNPOUR): the gradients codec and its
-    /// feedback apply to them.
-    exchanges_gradients: bool,
-    /// What compression below 16 bits left out of the gradients sent so far (empty unless the
-    /// gradients codec needs it).
-    feedback: Vec<f32>,
-    /// Per shard, the pushes not answered yet, with their steps: a retry sends each again as
-    /// it was (the feedback already counts it as sent). An `f32` push is a view of its
-    /// gradient buffer, which is not reused while the push is kept.
-    sent: Vec<VecDeque<(u64, Payload)>>,
-    /// Where this learner's connections count their bytes (none in one process).
-    traffic: Option<Arc<Traffic>>,
-    /// Traffic already reported.
-    traffic_reported: u64,
-}
-
-impl WireState {
-    fn new(parts: &LearnerParts, shards: usize) -> Self {
-        let codecs = parts.codecs;
-        let feedback = if codecs.gradients.codec.needs_feedback() {
-            vec![0.0; parts.model.param_count()]
-        } else {
-            Vec::new()
-        };
-        let traffic = parts.traffic.clone();
-        let traffic_reported = traffic.as_ref().map_or(0, |t| t.sent() + t.received());
-        let exchanges_gradients = parts.exchanges_gradients;
-        let sent = vec![VecDeque::new(); shards];
-        Self { codecs, exchanges_gradients, feedback, sent, traffic, traffic_reported }
-    }
-
-    /// `values` (the range `range` of a gradient-like vector) encoded with the gradients codec,
-    /// their error feedback applied and updated.
-    fn gradient(&mut self, values: &Floats, range: std::ops::Range<usize>) -> Payload {
-        let feedback = self.feedback.get_mut(range);
-        self.codecs.gradients.encode(values, feedback)
-    }
-
-    /// Frame bytes the learner's connections moved since the last call.
-    fn traffic_since(&mut self) -> u64 {
-        let Some(t) = &self.traffic else { return 0 };
-        let now = t.sent() + t.received();
-        std::mem::replace(&mut self.traffic_reported, now).abs_diff(now)
-    }
-}
-
-/// Gradient buffers: the newest gradient, and earlier ones that pushes still hold, reused once
-/// nothing holds them.
-struct Gradients {
-    newest: Arc<Vec<f32>>,
-    spare: Vec<Arc<Vec<f32>>>,
-}
-
-impl Gradients {
-    /// Buffers kept for reuse, beyond which a released one is dropped.
-    const SPARE: usize = 4;
-
-    fn new(len: usize) -> Self {
-        Self { newest: Arc::new(vec![0.0; len]), spare: Vec::new() }
-    }
-
-    /// A buffer for the next gradient, which becomes the newest: the newest itself when
-    /// nothing else holds it (always, without prefetch), else one no push holds any more, else
-    /// a new one.
-    fn next(&mut self) -> &mut Vec<f32> {
-        if Arc::get_mut(&mut self.newest).is_none() {
-            let free = self.spare.iter_mut().position(|b| Arc::get_mut(b).is_some());
-            let fresh = match free {
-                Some(i) => self.spare.swap_remove(i),
-                None => Arc::new(vec![0.0; self.newest.len()]),
-            };
-            self.spare.push(std::mem::replace(&mut self.newest, fresh));
-            self.spare.truncate(Self::SPARE);
-        }
-        // Unshared by now: this never copies.
-        Arc::make_mut(&mut self.newest)
-    }
+    /// A step waits for the next epoch's batch sizes (adaptive batch sizes).
+    awaiting_sizes: bool,
 }
 
 /// Progress is reported to the scheduler every this many steps (and at the end).
@@ -202,6 +128,7 @@ impl<B: Behaviour> LearnerActor<B> {
             slowdown: slowdown.max(1.0),
             last_activity: std::time::Instant::now(),
             wire,
+            awaiting_sizes: false,
         }
     }
 
@@ -250,6 +177,7 @@ impl<B: Behaviour> LearnerActor<B> {
         let started = std::time::Instant::now();
         let batch = self.batches.next_batch();
         let samples = batch.len() as u64;
+        self.wire.examples = batch.len() as u32;
         let loss = self.model.gradient_on(at, batch)?;
         // The buffer is swapped with the model's, not copied.
         self.model.take_gradient(self.grads.next())?;
@@ -318,6 +246,10 @@ impl Behaviour for LearnerCore {
             act.carry_out(events, ctx);
         }
     }
+
+    fn resume(act: &mut LearnerActor<Self>, ctx: &mut Context<LearnerActor<Self>>) {
+        act.carry_out(vec![LearnerEvent::Compute], ctx);
+    }
 }
 
 impl LearnerActor<LearnerCore> {
@@ -332,13 +264,18 @@ impl LearnerActor<LearnerCore> {
                 }
                 LearnerEvent::Push { shard, computed_on, seq, pull: NextPull { seq: next, last } } => {
                     self.last_activity = std::time::Instant::now();
-                    let Some(values) = self.push_payload(shard.index(), seq) else { continue };
+                    let Some((values, examples)) = self.push_payload(shard.index(), seq) else { continue };
                     self.totals.payload_up += values.bytes() as u64;
                     let then =
                         Pull { learner, seq: next, last, reply_to: self.answers[shard.index()].clone() };
-                    self.shards[shard.index()].push.do_send(Push { learner, seq, computed_on, values, then });
+                    let push = Push { learner, seq, computed_on, values, examples, then };
+                    self.shards[shard.index()].push.do_send(push);
                     // The next minibatch is gathered while the weights are on their way.
                     self.batches.prepare();
+                }
+                LearnerEvent::Compute if !self.batches.ready() => {
+                    tracing::debug!(%learner, "waiting for the next epoch's batch sizes");
+                    self.awaiting_sizes = true;
                 }
                 LearnerEvent::Compute => {
                     // Without prefetch the next gradient is always on new weights: the shard
@@ -355,18 +292,19 @@ impl LearnerActor<LearnerCore> {
         }
     }
 
-    /// Shard `s`'s part of the gradient of step `seq`, encoded: the payload sent before when
-    /// this is a retry of it, else fresh from the newest gradient (with error feedback), kept
-    /// until the push is answered.
-    fn push_payload(&mut self, s: usize, seq: u64) -> Option<Payload> {
-        if let Some((_, p)) = self.wire.sent[s].iter().find(|(sent, _)| *sent == seq) {
-            return Some(p.clone());
+    /// Shard `s`'s part of the gradient of step `seq`, encoded, and the examples it is over:
+    /// the payload sent before when this is a retry of it, else fresh from the newest gradient
+    /// (with error feedback), kept until the push is answered.
+    fn push_payload(&mut self, s: usize, seq: u64) -> Option<(Payload, u32)> {
+        if let Some((_, p, examples)) = self.wire.sent[s].iter().find(|(sent, ..)| *sent == seq) {
+            return Some((p.clone(), *examples));
         }
         let range = self.shards[s].range.clone();
         let values = Floats::from(Arc::clone(&self.grads.newest)).slice(range.clone())?;
         let payload = self.wire.gradient(&values, range);
-        self.wire.sent[s].push_back((seq, payload.clone()));
-        Some(payload)
+        let examples = self.wire.examples;
+        self.wire.sent[s].push_back((seq, payload.clone(), examples));
+        Some((payload, examples))
     }
 
     /// Weights from a shard the SGD loop accepted as the answer to this step's pull: computed on
@@ -467,6 +405,20 @@ impl Actor for Pulse {
     }
 }
 
+impl<B: Behaviour> Handler<BatchSizes> for LearnerActor<B> {
+    type Result = ();
+    fn handle(&mut self, BatchSizes { sizes }: BatchSizes, ctx: &mut Context<Self>) {
+        if let Err(why) = self.batches.set_sizes(&sizes) {
+            let error = CoreError::Protocol(format!("the scheduler's batch sizes: {why}"));
+            return self.fail(&error.into(), ctx);
+        }
+        if self.awaiting_sizes && self.batches.ready() {
+            self.awaiting_sizes = false;
+            B::resume(self, ctx);
+        }
+    }
+}
+
 impl<B: Behaviour> Handler<StartLearner> for LearnerActor<B> {
     type Result = ();
     fn handle(&mut self, _: StartLearner, ctx: &mut Context<Self>) {
@@ -505,7 +457,7 @@ impl Handler<Served> for LearnerActor<LearnerCore> {
             Ok(answered) => {
                 self.totals.payload_down += bytes;
                 let core = &self.core;
-                self.wire.sent[shard.index()].retain(|(seq, _)| core.awaits(shard, *seq));
+                self.wire.sent[shard.index()].retain(|(seq, ..)| core.awaits(shard, *seq));
                 if answered.newer {
                     let taken = decoded(values).and_then(|v| self.take_weights(shard.index(), &v));
                     if let Err(e) = taken {
