@@ -113,9 +113,6 @@ pub struct CenterShard {
     /// λ when the shard was made: a quorum of q lets λ − q of the learners present miss a
     /// round, so a learner that leaves lowers it by one.
     learners: usize,
-    /// Learners that joined while the open round was under way: its quorum does not count
-    /// on them (they start their steps late), the next round's does.
-    joined_late: usize,
     due: BTreeMap<LearnerId, Clock>,
     on_time: usize,
     quorum_said: Option<Clock>,
@@ -148,7 +145,6 @@ impl CenterShard {
             round: BTreeSet::new(),
             quorum: None,
             learners,
-            joined_late: 0,
             due: BTreeMap::new(),
             on_time: 0,
             quorum_said: None,
@@ -247,13 +243,16 @@ impl CenterShard {
             self.reply(learner);
             return Ok(self.take_events());
         }
-        if self.rule.is_sync() {
+        // A late exchange folded into the open round is not one of its turns: its learner is
+        // served the current center at once rather than held until the round closes.
+        let on_turn = self.rule.is_sync() && missed.0 == 0;
+        if on_turn {
             self.round.insert(learner);
-            self.on_time += usize::from(missed.0 == 0);
+            self.on_time += 1;
         }
         if !cpu::all_finite(values) {
             self.record(learner, Outcome::Dropped(DropReason::NonFinite));
-            if self.rule.is_sync() {
+            if on_turn {
                 self.close_round_if_complete();
             } else {
                 self.reply(learner);
@@ -281,7 +280,7 @@ impl CenterShard {
                 self.record(learner, Outcome::Applied { alpha: beta });
                 cpu::axpy(fold, values, &mut self.round_sum);
                 self.round_values += 1;
-                self.close_round_if_complete();
+                self.turn_taken(learner, on_turn);
             }
             CenterRule::Downpour => {
                 self.record(learner, Outcome::Applied { alpha: 1.0 });
@@ -303,7 +302,7 @@ impl CenterShard {
                 self.record(learner, Outcome::Applied { alpha: outer_lr * fold });
                 cpu::axpy(fold, values, &mut self.round_sum);
                 self.round_values += 1;
-                self.close_round_if_complete();
+                self.turn_taken(learner, on_turn);
             }
             CenterRule::Diloco { sync: false, outer_lr, outer_momentum, modulation, max_staleness } => {
                 let computed_on = self.received.get(&learner).copied().unwrap_or_default();
@@ -345,9 +344,9 @@ impl CenterShard {
     }
 
     /// A sync round's quorum: q less the learners that have left (all but λ − q of those
-    /// present) and those that joined during the round, at least 1.
+    /// present), at least 1.
     fn quorum(&self) -> Option<usize> {
-        let gone = self.learners.saturating_sub(self.active.len()) + self.joined_late;
+        let gone = self.learners.saturating_sub(self.active.len());
         self.quorum.map(|q| (q.size as usize).saturating_sub(gone).clamp(1, self.active.len().max(1)))
     }
 
@@ -369,7 +368,6 @@ impl CenterShard {
     pub fn on_membership(&mut self, active: BTreeSet<LearnerId>) -> Vec<ShardEvent> {
         for &joined in active.difference(&self.active) {
             self.due.insert(joined, self.clock);
-            self.joined_late += 1;
         }
         self.active = active;
         if !self.round.is_empty() {
@@ -389,6 +387,16 @@ impl CenterShard {
         };
         let record = GradientRecord { shard: self.id, learner, computed_on, staleness, outcome };
         self.events.push(ShardEvent::Gradient(record));
+    }
+
+    /// A sync exchange is in the open round: on its turn, the round may be complete; folded
+    /// late, its learner is served at once.
+    fn turn_taken(&mut self, learner: LearnerId, on_turn: bool) {
+        if on_turn {
+            self.close_round_if_complete();
+        } else {
+            self.reply(learner);
+        }
     }
 
     fn reply(&mut self, learner: LearnerId) {
@@ -457,7 +465,7 @@ impl CenterShard {
             }
             _ => {}
         }
-        (self.round_values, self.on_time, self.joined_late) = (0, 0, 0);
+        (self.round_values, self.on_time) = (0, 0);
     }
 }
 
