@@ -104,12 +104,12 @@ impl BatchPlanner {
         if next >= self.epochs || done < halfway {
             return None;
         }
-        for (rate, (n, s)) in self.rates.iter_mut().zip(std::mem::take(&mut self.window)) {
+        for (rate, w) in self.rates.iter_mut().zip(&mut self.window) {
+            let (n, s) = std::mem::take(w);
             if n > 0 && s > 0.0 {
                 *rate = n as f64 / s;
             }
         }
-        self.window = vec![(0, 0.0); self.rates.len()];
         self.sizes.push(sizes_for(&self.rates, self.total));
         Some(next)
     }

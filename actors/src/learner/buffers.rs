@@ -23,8 +23,6 @@ pub(super) struct WireState {
     /// each again as it was (the feedback already counts it as sent). An `f32` push is a view
     /// of its gradient buffer, which is not reused while the push is kept.
     pub(super) sent: Vec<VecDeque<(u64, Payload, u32)>>,
-    /// The examples the newest gradient is the mean over.
-    pub(super) examples: u32,
     /// Where this learner's connections count their bytes (none in one process).
     traffic: Option<Arc<Traffic>>,
     /// Traffic already reported.
@@ -43,7 +41,7 @@ impl WireState {
         let traffic_reported = traffic.as_ref().map_or(0, |t| t.sent() + t.received());
         let exchanges_gradients = parts.exchanges_gradients;
         let sent = vec![VecDeque::new(); shards];
-        Self { codecs, exchanges_gradients, feedback, sent, examples: 0, traffic, traffic_reported }
+        Self { codecs, exchanges_gradients, feedback, sent, traffic, traffic_reported }
     }
 
     /// `values` (the range `range` of a gradient-like vector) encoded with the gradients codec,
@@ -65,6 +63,8 @@ impl WireState {
 /// nothing holds them.
 pub(super) struct Gradients {
     pub(super) newest: Arc<Vec<f32>>,
+    /// The examples the newest gradient is the mean over.
+    pub(super) examples: u32,
     spare: Vec<Arc<Vec<f32>>>,
 }
 
@@ -73,7 +73,7 @@ impl Gradients {
     const SPARE: usize = 4;
 
     pub(super) fn new(len: usize) -> Self {
-        Self { newest: Arc::new(vec![0.0; len]), spare: Vec::new() }
+        Self { newest: Arc::new(vec![0.0; len]), examples: 0, spare: Vec::new() }
     }
 
     /// A buffer for the next gradient, which becomes the newest: the newest itself when

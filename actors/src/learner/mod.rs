@@ -177,7 +177,7 @@ impl<B: Behaviour> LearnerActor<B> {
         let started = std::time::Instant::now();
         let batch = self.batches.next_batch();
         let samples = batch.len() as u64;
-        self.wire.examples = batch.len() as u32;
+        self.grads.examples = batch.len() as u32;
         let loss = self.model.gradient_on(at, batch)?;
         // The buffer is swapped with the model's, not copied.
         self.model.take_gradient(self.grads.next())?;
@@ -302,7 +302,7 @@ impl LearnerActor<LearnerCore> {
         let range = self.shards[s].range.clone();
         let values = Floats::from(Arc::clone(&self.grads.newest)).slice(range.clone())?;
         let payload = self.wire.gradient(&values, range);
-        let examples = self.wire.examples;
+        let examples = self.grads.examples;
         self.wire.sent[s].push_back((seq, payload.clone(), examples));
         Some((payload, examples))
     }

@@ -57,8 +57,6 @@ pub struct SgdShard {
     params: Arc<Vec<f32>>,
     clock: Clock,
     active: BTreeSet<LearnerId>,
-    /// The most examples one gradient may be over: μλ at the start.
-    max_examples: u32,
     /// λ at the start: a quorum of q lets λ − q of the learners present miss a round.
     learners: usize,
     acc: Vec<f32>,
@@ -107,9 +105,7 @@ impl SgdShard {
     #[must_use]
     pub fn new(cfg: SgdShardConfig, params: Vec<f32>, active: BTreeSet<LearnerId>) -> Self {
         let acc = vec![0.0; params.len()];
-        let max_examples = cfg.batch.saturating_mul(active.len().max(1) as u32);
         Self {
-            max_examples,
             learners: active.len(),
             cfg,
             params: Arc::new(params),
@@ -308,10 +304,12 @@ impl SgdShard {
         (grad, examples): (&[f32], u32),
     ) -> Result<Vec<ShardEvent>, CoreError> {
         self.check_member(learner)?;
-        if examples == 0 || examples > self.max_examples {
+        // μλ at the start: the most one learner's minibatch can be.
+        let most = self.cfg.batch.saturating_mul(self.learners.max(1) as u32);
+        if examples == 0 || examples > most {
             return Err(CoreError::Protocol(format!(
-                "{learner} pushed a gradient over {examples} examples to {}; a gradient is over 1 to {}",
-                self.cfg.id, self.max_examples
+                "{learner} pushed a gradient over {examples} examples to {}; a gradient is over 1 to {most}",
+                self.cfg.id
             )));
         }
         if self.window(learner).contains(seq) && !broken::accepts_duplicates() {

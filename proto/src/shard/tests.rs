@@ -631,7 +631,6 @@ fn a_gradient_weighs_as_many_examples_as_it_is_over() {
     // Hardsync, μ = 4, λ = 2: a mean over 6 examples and one over 2 are one batch of 8.
     let mut s = shard(SyncRule::Hardsync, LrModulation::None, None, 2);
     s.cfg.batch = 4;
-    s.max_examples = 8;
     for l in [L[0], L[1]] {
         pull(&mut s, l).unwrap();
     }

@@ -525,6 +525,7 @@ impl<M: Message> Engine<M> {
                         self.queue.push(at.saturating_add((away / 10).max(1)), Event::Join(learner));
                     }
                 }
+                // Taken before the match: a leaving that does nothing is no event of the run.
                 Event::Leave(_) => {}
             }
             let updates = world.updates();

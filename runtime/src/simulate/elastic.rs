@@ -74,10 +74,8 @@ struct Learner {
     grad: Option<Vec<f32>>,
     /// Its worker has taken every step.
     finished: bool,
-    /// It has left and not joined again.
+    /// It has left and not joined again (its worker stays as it was when it left).
     away: bool,
-    /// Steps left when it left.
-    steps_left: u64,
 }
 
 /// A new worker for a learner that joins again: its id, the point it starts from, its steps.
@@ -102,7 +100,7 @@ impl ElasticWorld {
         respawn: Respawn,
     ) -> Self {
         let learners = (workers.into_iter())
-            .map(|worker| Learner { worker, grad: None, finished: false, away: false, steps_left: 0 })
+            .map(|worker| Learner { worker, grad: None, finished: false, away: false })
             .collect();
         Self { centers, ranges, learners, respawn }
     }
@@ -251,7 +249,6 @@ impl World for ElasticWorld {
             return Ok(false);
         }
         (me.away, me.grad) = (true, None);
-        me.steps_left = me.worker.steps_total().saturating_sub(me.worker.steps_done());
         self.membership(eng)?;
         Ok(true)
     }
@@ -261,9 +258,10 @@ impl World for ElasticWorld {
         if self.centers.iter().any(|c| c.holds(learner)) {
             return Ok(false);
         }
-        let center: Vec<f32> = self.centers.iter().flat_map(|c| c.snapshot().values.to_vec()).collect();
+        let center: Vec<f32> = self.values().iter().flat_map(|v| v.iter().copied()).collect();
         let me = &mut self.learners[learner.index()];
-        (me.worker, me.away) = ((self.respawn)(learner, center, me.steps_left), false);
+        let left = me.worker.steps_total().saturating_sub(me.worker.steps_done());
+        (me.worker, me.away) = ((self.respawn)(learner, center, left), false);
         self.membership(eng)?;
         let events = self.learners[learner.index()].worker.on_start();
         self.carry_out(eng, learner, events)?;
