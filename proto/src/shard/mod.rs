@@ -304,13 +304,11 @@ impl SgdShard {
         (grad, examples): (&[f32], u32),
     ) -> Result<Vec<ShardEvent>, CoreError> {
         self.check_member(learner)?;
-        // μλ at the start: the most one learner's minibatch can be.
-        let most = self.cfg.batch.saturating_mul(self.learners.max(1) as u32);
+        let most = self.cfg.batch.saturating_mul(self.learners.max(1) as u32); // μλ at the start
         if examples == 0 || examples > most {
-            return Err(CoreError::Protocol(format!(
-                "{learner} pushed a gradient over {examples} examples to {}; a gradient is over 1 to {most}",
-                self.cfg.id
-            )));
+            let id = self.cfg.id;
+            let why = format!("{learner} pushed a gradient over {examples} examples to {id}; at most {most}");
+            return Err(CoreError::Protocol(why));
         }
         if self.window(learner).contains(seq) && !broken::accepts_duplicates() {
             return Err(self.duplicate(learner, seq, "push"));
