@@ -313,6 +313,12 @@ impl SchedulerActor {
             act.evaluating = false;
             match result {
                 Ok(eval) => act.on_evaluated(eval, window, at, final_, ctx),
+                // A shard known to be down has its own deadline: the evaluation waits for it
+                // again, and the shard's timer stops the run if it is not back.
+                Err(ActorError::ShardFailed(shard, _)) if act.shards_down.contains_key(&shard) => {
+                    act.loss_window = (act.loss_window.0 + window.0, act.loss_window.1 + window.1);
+                    act.queued.push_front(final_);
+                }
                 Err(e) => act.finish(Err(e), ctx),
             }
             if let Some(next) = act.queued.pop_front() {
