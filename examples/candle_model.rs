@@ -52,6 +52,7 @@ fn main() -> anyhow::Result<()> {
         evals_per_epoch: 1,
         codecs: Codecs::default(),
         batch_sizing: BatchSizing::Fixed,
+        groups: 1,
     };
     // The shards start from the parameters of one copy; every learner and the evaluator get
     // copies of their own.

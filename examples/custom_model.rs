@@ -166,6 +166,7 @@ fn main() -> anyhow::Result<()> {
         evals_per_epoch: 1,
         codecs: Codecs::default(),
         batch_sizing: BatchSizing::Fixed,
+        groups: 1,
     };
     let decay = 1e-4;
     let models = Models::custom(vec![0.0; WEIGHTS + CLASSES], move || Ok(PooledSoftmax::new(decay)));

@@ -36,6 +36,7 @@ fn main() -> anyhow::Result<()> {
         evals_per_epoch: 1,
         codecs: Codecs::default(),
         batch_sizing: BatchSizing::Fixed,
+        groups: 1,
     };
     let models = Models::builtin(&ModelSpec::dense(784, vec![], 10), spec.seed, Device::Cpu(CpuBackend));
     let cluster = Cluster::new(spec, models, data)?;

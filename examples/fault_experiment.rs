@@ -38,6 +38,7 @@ fn spec() -> ClusterSpec {
         evals_per_epoch: 2,
         codecs: Codecs::default(),
         batch_sizing: BatchSizing::Fixed,
+        groups: 1,
     }
 }
 

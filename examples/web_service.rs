@@ -61,6 +61,7 @@ async fn main() -> anyhow::Result<()> {
         evals_per_epoch: 1,
         codecs: Codecs::default(),
         batch_sizing: BatchSizing::Fixed,
+        groups: 1,
     };
     let models = Models::builtin(&ModelSpec::dense(784, vec![], 10), spec.seed, Device::Cpu(CpuBackend));
     let metrics = Arc::new(Metrics::new());

@@ -48,6 +48,7 @@ fn spec(learners: u32, shards: u32, rule: SyncRule, batch_size: usize) -> Cluste
         evals_per_epoch: 1,
         codecs: Codecs::default(),
         batch_sizing: BatchSizing::Fixed,
+        groups: 1,
     }
 }
 
@@ -145,6 +146,59 @@ fn adaptive_hardsync_over_actors_is_sequential_sgd_with_batch_sum_of_mu_l() -> a
     let want = sequential_sgd(&train, &mut streams, steps * epochs as usize, spec.seed, spec.schedule.base)?;
     let worst = want.iter().zip(&report.params).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
     assert!(worst < 1e-5, "adaptive hardsync over actors differs from sequential SGD by {worst}");
+    Ok(())
+}
+
+#[test]
+fn hardsync_with_learner_groups_is_sequential_sgd_and_halves_the_bytes_into_each_shard() -> anyhow::Result<()>
+{
+    // λ = 4 in G = 2 groups: each group's aggregator sends a shard one mean of its two members'
+    // gradients per round, and every member still counts as one gradient with σ = 0.
+    let (learners, mu, steps) = (4usize, 8usize, 20usize);
+    let (train, test) = mnist();
+    let train = train.head(learners * mu * steps);
+    let data = TrainingData { train: Arc::new(train.clone()), test: Arc::new(test.head(200)) };
+    let mut runs = Vec::new();
+    for groups in [1, 2] {
+        let spec = ClusterSpec { groups, ..spec(learners as u32, 2, SyncRule::Hardsync, mu) };
+        let report = run(&spec, data.clone())?;
+        assert_eq!(report.updates, steps as u64, "groups = {groups}");
+        assert_eq!(report.staleness.max, 0);
+        assert_eq!(report.staleness.applied, (2 * steps * learners) as u64, "every member counted");
+        let mut streams: Vec<BatchStream> = Partition::split(train.len(), learners, spec.seed)
+            .into_iter()
+            .enumerate()
+            .map(|(l, p)| BatchStream::new(p, mu, spec.seed, l as u64))
+            .collect();
+        let want = sequential_sgd(&train, &mut streams, steps, spec.seed, spec.schedule.base)?;
+        let worst = want.iter().zip(&report.params).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        assert!(worst < 1e-5, "groups = {groups}: differs from sequential SGD by {worst}");
+        runs.push(report.shard_payload_in);
+    }
+    let (alone, grouped) = (&runs[0], &runs[1]);
+    let per_shard = |s: usize| 4 * 4 * steps as u64 * spec_range_len(s);
+    assert_eq!(alone, &vec![per_shard(0), per_shard(1)], "λ f32 gradients per update into each shard");
+    assert_eq!(grouped.iter().map(|b| 2 * b).collect::<Vec<_>>(), *alone, "G = 2 aggregates: half the bytes");
+    Ok(())
+}
+
+/// The values shard `s` of 2 holds of `model()`'s parameters.
+fn spec_range_len(s: usize) -> u64 {
+    rudra::proto::shard_ranges(model().init(0).len(), 2)[s].len() as u64
+}
+
+#[test]
+fn async_with_learner_groups_applies_every_members_gradient_once() -> anyhow::Result<()> {
+    let (learners, mu, steps) = (4usize, 8usize, 30usize);
+    let (train, test) = mnist();
+    let spec = ClusterSpec { groups: 2, ..spec(learners as u32, 2, SyncRule::Async, mu) };
+    let data =
+        TrainingData { train: Arc::new(train.head(learners * mu * steps)), test: Arc::new(test.head(200)) };
+    let report = run(&spec, data)?;
+    let s = &report.staleness;
+    assert_eq!((s.applied, s.dropped), (2 * (learners * steps) as u64, 0));
+    assert!(report.updates <= (learners * steps) as u64);
+    assert!(report.learner_time.iter().all(|t| t.applied == 2 * steps as u64), "{:?}", report.learner_time);
     Ok(())
 }
 

@@ -16,10 +16,11 @@ use actix::prelude::*;
 use rudra_transport::{Clock, LearnerId, ShardId};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::aggregator::Aggregator;
 use crate::checkpoint::Checkpoints;
 use crate::faults::{FaultPlan, Liveness, Node};
 use crate::links::{Members, ShardHandle, ShardLink};
-use crate::messages::{Joined, Note, ShardRestarted, StopLearner};
+use crate::messages::{Joined, Membership, Note, ShardRestarted, StopLearner};
 use crate::metrics::Metrics;
 use crate::report::{RunEvent, RunReport};
 use crate::roles::{
@@ -109,6 +110,39 @@ fn inject(
             Node::Scheduler => {}
         }
     }
+}
+
+/// Each learner's links to the shards: the shards' own, or with learner groups its group's
+/// aggregators' (one per group and shard, each group's on a thread of its own), which are
+/// returned too.
+fn grouped(
+    spec: &ClusterSpec,
+    links: Vec<ShardLink>,
+    shards: &[Addr<ShardActor>],
+    on_own_thread: &mut impl FnMut() -> ArbiterHandle,
+) -> (Vec<Vec<ShardLink>>, Vec<Recipient<Membership>>) {
+    if spec.groups <= 1 {
+        return (vec![links; spec.learners as usize], Vec::new());
+    }
+    let mut by_learner = vec![Vec::new(); spec.learners as usize];
+    let mut aggregators = Vec::new();
+    for members in spec.learner_groups() {
+        let thread = on_own_thread();
+        let group: Vec<ShardLink> = (links.iter().zip(shards))
+            .map(|(link, shard)| {
+                let to = (shard.clone().recipient(), link.pull.clone());
+                let (members, encoding) = (members.clone(), spec.codecs.gradients);
+                let a =
+                    Aggregator::start_in_arbiter(&thread, move |_| Aggregator::new(members, to, encoding));
+                aggregators.push(a.clone().recipient());
+                ShardLink { pull: a.clone().recipient(), push: a.recipient(), ..link.clone() }
+            })
+            .collect();
+        for l in members {
+            by_learner[l.index()].clone_from(&group);
+        }
+    }
+    (by_learner, aggregators)
 }
 
 /// A started cluster; [`ClusterHandle::wait`] gives its report.
@@ -201,11 +235,12 @@ impl Cluster {
         let links: Vec<ShardLink> = (shards.iter().zip(spec.shard_ranges(models.param_count())))
             .map(|(a, range)| ShardLink::of(range, a))
             .collect();
+        let (links, aggregators) = grouped(&spec, links, &shards, &mut on_own_thread);
         let slot = SchedulerSlot::default();
         let run = LearnerRun { liveness, faults: faults.clone(), born, incarnation: 0, traffic: None };
         let learners = (0..spec.learners)
             .map(|l| {
-                let peers = LearnerPeers { shards: links.clone(), scheduler: slot.link() };
+                let peers = LearnerPeers { shards: links[l as usize].clone(), scheduler: slot.link() };
                 let on = on_own_thread();
                 start_learner((&spec, &models, Arc::clone(&data.train)), LearnerId(l), peers, &run, &on)
             })
@@ -214,6 +249,7 @@ impl Cluster {
             shards: shards.iter().map(ShardHandle::of).collect(),
             learners: learners.iter().map(StartedLearner::handle).collect(),
             stats: tracker.recipient(),
+            aggregators,
         };
         let run = SchedulerRun {
             observer,

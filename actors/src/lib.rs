@@ -22,6 +22,7 @@
 //! - [`goodput`]: each learner's compute and waiting time, and the run's goodput.
 //! - [`error`]: the crate's error types.
 
+pub mod aggregator;
 pub mod checkpoint;
 pub mod cluster;
 pub mod error;

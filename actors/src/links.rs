@@ -138,4 +138,6 @@ pub struct Members {
     pub learners: Vec<LearnerHandle>,
     /// The staleness tracker's statistics.
     pub stats: Recipient<GetStats>,
+    /// The learner groups' aggregators, told who is active as the shards are.
+    pub aggregators: Vec<Recipient<Membership>>,
 }

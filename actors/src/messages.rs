@@ -11,7 +11,7 @@ use rudra_transport::{Clock, LearnerId, Payload, ShardId};
 use crate::ActorError;
 use crate::goodput::LearnerCounts;
 pub use crate::report::Progress;
-use rudra_proto::{GradientRecord, StalenessSummary, UpdateRecord, Weights};
+use rudra_proto::{Contribution, GradientRecord, StalenessSummary, UpdateRecord, Weights};
 
 // ---- to a shard --------------------------------------------------------------------------
 
@@ -47,6 +47,22 @@ pub struct Push {
     pub examples: u32,
     /// The learner's next pull, carried by the push: the shard takes the push, then the pull.
     pub then: Pull,
+}
+
+/// A learner group's gradients for this shard on one clock, combined by the group's aggregator
+/// (`docs/src/algorithms.md` §4.2): the mean over all the members' examples, with every member's
+/// pull riding on it.
+#[derive(Message, Clone)]
+#[rtype(result = "()")]
+pub struct Aggregate {
+    /// Whose gradients, at which of their steps, over how many examples each.
+    pub members: Vec<Contribution>,
+    /// The clock of this shard's weights they were all computed on.
+    pub computed_on: Clock,
+    /// The combined gradient, encoded with the job's gradients codec.
+    pub values: Payload,
+    /// The members' next pulls, in the order of `members`.
+    pub then: Vec<Pull>,
 }
 
 /// A learner's exchange with a center shard: its values for the shard's range (x^i, DOWNPOUR's
@@ -316,4 +332,7 @@ pub struct TrackerReport {
     /// Each learner's contributions the shards applied and dropped, by learner id.
     #[serde(default)]
     pub by_learner: Vec<LearnerCounts>,
+    /// Payload bytes each shard received, by shard id.
+    #[serde(default)]
+    pub shard_payload_in: Vec<u64>,
 }

@@ -459,8 +459,8 @@ mod tests {
             gradient(1, 9, Outcome::Dropped(DropReason::TooStale)),
         ];
         let updates = [
-            UpdateRecord { shard: ShardId(0), clock: Clock(1), gradients: 2 },
-            UpdateRecord { shard: ShardId(1), clock: Clock(1), gradients: 1 },
+            UpdateRecord { shard: ShardId(0), clock: Clock(1), gradients: 2, payload_in: 0 },
+            UpdateRecord { shard: ShardId(1), clock: Clock(1), gradients: 1, payload_in: 0 },
         ];
         m.record(&gradients, &updates);
         m.set_learners_alive(3);

@@ -5,7 +5,8 @@ use actix::Message;
 use rudra_transport::LearnerId;
 use serde::{Deserialize, Serialize};
 
-use crate::goodput::{LearnerClocks, LearnerCounts, LearnerSeconds, LearnerTime, goodput};
+use crate::goodput::{LearnerClocks, LearnerSeconds, LearnerTime, goodput};
+use crate::messages::TrackerReport;
 use rudra_proto::{SchedulerCore, StalenessSummary};
 
 /// One evaluation of the model during a run (a row of `metrics.csv`).
@@ -170,6 +171,8 @@ pub struct RunReport {
     /// With adaptive batch sizes, every learner's minibatch size in each epoch (`[e][l]`);
     /// empty with fixed sizes.
     pub batch_sizes: Vec<Vec<u32>>,
+    /// Payload bytes each shard received (gradients or exchanges), by shard id.
+    pub shard_payload_in: Vec<u64>,
 }
 
 impl RunReport {
@@ -194,6 +197,7 @@ impl RunReport {
             learner_time: Vec::new(),
             goodput: f64::NAN,
             batch_sizes: Vec::new(),
+            shard_payload_in: Vec::new(),
         }
     }
 }
@@ -320,19 +324,15 @@ impl SchedulerState {
     }
 
     /// What the run had recorded when this state was taken, as a report with no parameters:
-    /// a run that stopped on an error keeps what it measured. `staleness` and `updates` are
-    /// the tracker's.
+    /// a run that stopped on an error keeps what it measured, with the `tracker`'s counts.
     #[must_use]
-    pub fn report_so_far(
-        &self,
-        staleness: StalenessSummary,
-        updates: u64,
-        by_learner: &[LearnerCounts],
-    ) -> RunReport {
+    pub fn report_so_far(&self, tracker: &TrackerReport) -> RunReport {
         let last = self.rows.last();
-        let learner_time = self.clocks.times(self.wall_seconds, by_learner);
+        let learner_time = self.clocks.times(self.wall_seconds, &tracker.by_learner);
+        let (staleness, updates) = (tracker.staleness.clone(), tracker.updates);
         RunReport {
             batch_sizes: Vec::new(),
+            shard_payload_in: tracker.shard_payload_in.clone(),
             metrics: self.rows.clone(),
             params: Vec::new(),
             staleness,

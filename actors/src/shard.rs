@@ -11,11 +11,13 @@ use rudra_transport::{Clock, Encoding, LearnerId, Payload};
 use crate::ActorError;
 use crate::checkpoint::Checkpoints;
 use crate::messages::{
-    Center, Crash, Exchange, InjectedPanic, Membership, Pull, Push, Records, Restart, Served, Snapshot,
-    StopShard,
+    Aggregate, Center, Crash, Exchange, InjectedPanic, Membership, Pull, Push, Records, Restart, Served,
+    Snapshot, StopShard,
 };
 use crate::metrics::ShardMetrics;
-use rudra_proto::{CoreError, DropReason, GraceWindow, Outcome, ShardCore, ShardEvent, Weights};
+use rudra_proto::{
+    Contribution, CoreError, DropReason, GraceWindow, Outcome, ShardCore, ShardEvent, Weights,
+};
 
 /// Records are sent to the tracker in batches of this many (and on every snapshot and stop) …
 const REPORT_BATCH: usize = 256;
@@ -45,6 +47,8 @@ pub struct ShardActor {
     encoded: Option<(Clock, Payload)>,
     /// Hardsync with a quorum: chooses each round's grace window, on the actor's own clock.
     grace: Option<(GraceWindow, std::time::Instant)>,
+    /// Payload bytes received since the last update.
+    payload_in: u64,
 }
 
 impl ShardActor {
@@ -72,6 +76,7 @@ impl ShardActor {
             weights,
             encoded: None,
             grace: None,
+            payload_in: 0,
         }
     }
 
@@ -132,7 +137,8 @@ impl ShardActor {
                     self.note_non_finite(&g);
                     self.pending.gradients.push(g);
                 }
-                ShardEvent::Update(u) => {
+                ShardEvent::Update(mut u) => {
+                    u.payload_in = std::mem::take(&mut self.payload_in);
                     if let Some(m) = &self.metrics {
                         m.record_update(&u);
                     }
@@ -226,18 +232,50 @@ impl Handler<Push> for ShardActor {
             return;
         }
         let Push { learner, seq, computed_on, values, examples, then } = msg;
+        let members = [Contribution { learner, seq, examples }];
+        self.push(&members, computed_on, values, ctx);
+        self.pull(then, ctx);
+    }
+}
+
+impl Handler<Aggregate> for ShardActor {
+    type Result = ();
+    fn handle(&mut self, msg: Aggregate, ctx: &mut Context<Self>) {
+        if self.down {
+            return;
+        }
+        let Aggregate { members, computed_on, values, then } = msg;
+        self.push(&members, computed_on, values, ctx);
+        for then in then {
+            self.pull(then, ctx);
+        }
+    }
+}
+
+impl ShardActor {
+    /// Take the gradient of one learner or of a group's `members`.
+    fn push(
+        &mut self,
+        members: &[Contribution],
+        computed_on: Clock,
+        values: Payload,
+        ctx: &mut Context<Self>,
+    ) {
+        self.payload_in += values.bytes() as u64;
         if let Some((window, born)) = &mut self.grace {
             window.arrived(computed_on, born.elapsed());
         }
         match values.decode() {
-            Ok(values) => {
-                let events = self.core.on_push(learner, seq, computed_on, (&values[..], examples));
-                drop(values);
+            Ok(decoded) => {
+                let events = self.core.on_push(members, computed_on, &decoded);
+                drop(decoded);
                 self.carry_out(events, "push", ctx);
             }
-            Err(e) => tracing::warn!(shard = %self.core.id(), "rejected a push from {learner}: {e}"),
+            Err(e) => {
+                let from = members.first().map(|m| m.learner.to_string()).unwrap_or_default();
+                tracing::warn!(shard = %self.core.id(), "rejected a push from {from}: {e}");
+            }
         }
-        self.pull(then, ctx);
     }
 }
 
@@ -248,6 +286,7 @@ impl Handler<Exchange> for ShardActor {
             return;
         }
         self.centers.insert(msg.learner, msg.reply_to);
+        self.payload_in += msg.values.bytes() as u64;
         if let Some((window, born)) = &mut self.grace {
             window.arrived(self.core.round_of(msg.learner), born.elapsed());
         }

@@ -16,6 +16,8 @@ use rudra_proto::{LearnerId, Outcome, StalenessStats};
 pub struct StalenessTracker {
     stats: StalenessStats,
     updates: Vec<u64>,
+    /// Payload bytes received, by shard.
+    payload_in: Vec<u64>,
     /// Each learner's contributions applied and dropped.
     by_learner: BTreeMap<LearnerId, LearnerCounts>,
     metrics: Option<Arc<Metrics>>,
@@ -34,6 +36,7 @@ impl StalenessTracker {
     pub fn resumed(mut self, report: &TrackerReport) -> Self {
         self.stats = StalenessStats::from_summary(&report.staleness);
         self.updates = vec![report.updates];
+        self.payload_in.clone_from(&report.shard_payload_in);
         self.by_learner = report.by_learner.iter().map(|c| (c.learner, *c)).collect();
         self
     }
@@ -66,10 +69,13 @@ impl Handler<Records> for StalenessTracker {
         }
         for u in &msg.updates {
             let i = u.shard.index();
-            if self.updates.len() <= i {
-                self.updates.resize(i + 1, 0);
+            for counts in [&mut self.updates, &mut self.payload_in] {
+                if counts.len() <= i {
+                    counts.resize(i + 1, 0);
+                }
             }
             self.updates[i] = self.updates[i].max(u.clock.0);
+            self.payload_in[i] += u.payload_in;
         }
     }
 }
@@ -81,6 +87,7 @@ impl Handler<GetStats> for StalenessTracker {
             staleness: self.stats.summary(),
             updates: self.updates.iter().copied().max().unwrap_or(0),
             by_learner: self.by_learner.values().copied().collect(),
+            shard_payload_in: self.payload_in.clone(),
         })
     }
 }

@@ -89,6 +89,7 @@ fn spec(rule: SyncRule) -> ClusterSpec {
         evals_per_epoch: 2,
         codecs: Codecs::default(),
         batch_sizing: BatchSizing::Fixed,
+        groups: 1,
     }
 }
 

@@ -131,6 +131,7 @@ fn a_duplicated_answer_changes_neither_the_model_nor_the_clock_the_gradient_is_c
         evals_per_epoch: 1,
         codecs: Codecs::default(),
         batch_sizing: BatchSizing::Fixed,
+        groups: 1,
     };
     let seen: Seen = Arc::default();
     let make = {

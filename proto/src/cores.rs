@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::{Clock, LearnerId, ShardId};
+use crate::{Clock, Contribution, LearnerId, ShardId};
 
 use super::{CenterShard, CoreError, ElasticWorker, LearnerCore, SgdShard, ShardEvent, ShardState, Weights};
 
@@ -78,17 +78,16 @@ impl ShardCore {
         }
     }
 
-    /// A learner's gradient for this shard's range and the examples it is the mean over; a
-    /// center refuses it.
+    /// The gradient for this shard's range of one learner, or a group's aggregate of its
+    /// `members`' gradients (see [`SgdShard::on_aggregate`]); a center refuses it.
     pub fn on_push(
         &mut self,
-        learner: LearnerId,
-        seq: u64,
+        members: &[Contribution],
         computed_on: Clock,
-        gradient: (&[f32], u32),
+        gradient: &[f32],
     ) -> Result<Vec<ShardEvent>, CoreError> {
         match self {
-            Self::Sgd(c) => c.on_push_of(learner, seq, computed_on, gradient),
+            Self::Sgd(c) => c.on_aggregate(members, computed_on, gradient),
             Self::Center(_) => Err(refused("a push", "holds a center")),
         }
     }

@@ -13,6 +13,8 @@
 //!   staleness bound and learning-rate modulation.
 //! - `elastic`: the EASGD family's center shard and local update rules, and
 //!   `elastic_worker`: its learner loop.
+//! - `group`: a learner group's round at its aggregator ([`GroupRound`]): one aggregate per
+//!   shard and weights clock for the group's pushes.
 //! - `batches`: adaptive batch sizes, μ_l from each learner's throughput ([`BatchPlanner`]).
 //! - `cores`: the one enum over the shard cores and the one over the learner loops.
 //! - `records`: what shards report (weights, gradient and update records, their effects)
@@ -36,6 +38,7 @@ mod elastic;
 mod elastic_worker;
 mod error;
 pub mod floats;
+mod group;
 pub mod harness;
 pub mod ids;
 mod learner;
@@ -57,6 +60,7 @@ pub use elastic::{
 pub use elastic_worker::{ElasticWorker, LocalRule, WorkerEvent};
 pub use error::CoreError;
 pub use floats::Floats;
+pub use group::{Batch, GroupRound, mean_over_examples};
 pub use ids::{Clock, LearnerId, Role, ShardId, Staleness};
 pub use learner::{Answered, LearnerCore, LearnerEvent, MAX_PREFETCH, NextPull};
 pub use modulation::LrModulation;
@@ -65,6 +69,6 @@ pub use outcome::{DropReason, Outcome};
 pub use quorum::GraceWindow;
 pub use records::{GradientRecord, ShardEvent, ShardState, UpdateRecord, Weights};
 pub use scheduler::{DIVERGENCE_FACTOR, Divergence, LrSchedule, SchedulerCore, SchedulerEvent};
-pub use shard::{LateRule, Quorum, SgdShard, SgdShardConfig, SyncRule, shard_ranges};
+pub use shard::{Contribution, LateRule, Quorum, SgdShard, SgdShardConfig, SyncRule, shard_ranges};
 pub use staleness::{StalenessStats, StalenessSummary};
 pub use window::PushWindow;

@@ -83,6 +83,9 @@ pub struct UpdateRecord {
     pub clock: Clock,
     /// Gradients combined into it.
     pub gradients: usize,
+    /// Payload bytes of the pushes or exchanges the shard received since its previous update:
+    /// filled by the shard's driver, which sees them encoded (0 from a core).
+    pub payload_in: u64,
 }
 
 /// An effect of a shard core (SGD or center), for its driver to carry out.

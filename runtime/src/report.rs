@@ -214,6 +214,7 @@ mod tests {
         let config = crate::Config::load(None, &[]).expect("the default configuration");
         let report = RunReport {
             batch_sizes: Vec::new(),
+            shard_payload_in: Vec::new(),
             metrics: metrics.clone(),
             params: Vec::new(),
             staleness: StalenessSummary {

@@ -121,6 +121,16 @@ pub struct Summary {
     pub payload_bytes_down_per_step: f64,
     /// Frame bytes on the wire per gradient step of one learner, sent and received.
     pub wire_bytes_per_step: f64,
+    /// Payload bytes each shard received (gradients, or the elastic family's exchanges), by
+    /// shard id: with learner groups, their aggregates.
+    #[serde(default)]
+    pub shard_payload_in: Vec<u64>,
+    /// Of them, the busiest shard's per update it applied.
+    #[serde(default = "nan", deserialize_with = "nan_if_null")]
+    pub shard_payload_in_per_update: f64,
+    /// G, the learner groups (1: none).
+    #[serde(default = "one")]
+    pub groups: u32,
     /// The learners' compute time that ended in applied contributions over all their time in
     /// the run (`null` where not measured).
     #[serde(default = "nan", deserialize_with = "nan_if_null")]
@@ -137,6 +147,10 @@ pub struct Summary {
 
 fn nan() -> f64 {
     f64::NAN
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// How a run that stopped without an error ended. Hardsync's backup learners are cut off by
@@ -193,6 +207,13 @@ impl Summary {
             payload_bytes_up_per_step: report.bytes.payload_up_per_step(),
             payload_bytes_down_per_step: report.bytes.payload_down_per_step(),
             wire_bytes_per_step: report.bytes.wire_per_step(),
+            shard_payload_in: report.shard_payload_in.clone(),
+            shard_payload_in_per_update: report
+                .shard_payload_in
+                .iter()
+                .max()
+                .map_or(f64::NAN, |&b| b as f64 / report.updates.max(1) as f64),
+            groups: c.groups,
             goodput: report.goodput,
             learner_time: report.learner_time.clone(),
             batch_sizes: report.batch_sizes.clone(),
@@ -430,6 +451,7 @@ mod tests {
         let config = Config::load(None, &[]).unwrap();
         let report = RunReport {
             batch_sizes: Vec::new(),
+            shard_payload_in: Vec::new(),
             timeline: Vec::new(),
             updates_lost: 0,
             diverged: None,

@@ -39,6 +39,8 @@ pub struct UpdateReport {
     pub clock: Clock,
     /// Gradients combined into it.
     pub gradients: u32,
+    /// Payload bytes the shard received since its previous update.
+    pub payload_in: u64,
 }
 
 /// Every message of the wire protocol.
@@ -335,7 +337,7 @@ pub fn samples() -> Vec<Msg> {
                     outcome: Outcome::Dropped(DropReason::TooStale),
                 },
             ],
-            updates: vec![UpdateReport { clock: Clock(7), gradients: 2 }],
+            updates: vec![UpdateReport { clock: Clock(7), gradients: 2, payload_in: 4096 }],
         },
         Msg::SnapshotRequest { request: 9 },
         Msg::Snapshot { request: 9, clock: Clock(4), values: vec![1.0, 2.0].into() },

@@ -163,7 +163,7 @@ async fn bad_frames_close_their_stream_only() {
     let mut truncated = good.clone();
     truncated.truncate(good.len() - 5);
     let mut wrong_version = good.clone();
-    wrong_version[4] = 9;
+    wrong_version[4] = 0xEE; // a version no node speaks
     let garbage_body = [header(Kind::Push, 64), vec![0xAB; 64]].concat();
     let bad: Vec<(&str, Vec<u8>)> = vec![
         ("random bytes", (0..200u8).map(|b| b.wrapping_mul(37)).collect()),

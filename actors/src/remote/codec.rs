@@ -48,7 +48,11 @@ impl ToWire for Records {
                 })
                 .collect(),
             updates: (self.updates.iter())
-                .map(|u| UpdateReport { clock: u.clock, gradients: u.gradients as u32 })
+                .map(|u| UpdateReport {
+                    clock: u.clock,
+                    gradients: u.gradients as u32,
+                    payload_in: u.payload_in,
+                })
                 .collect(),
         }
     }
@@ -184,7 +188,12 @@ pub fn from_shard(shard: ShardId, m: Inbound) -> Result<FromShard, Unexpected> {
                 })
                 .collect(),
             updates: (updates.iter())
-                .map(|u| UpdateRecord { shard, clock: u.clock, gradients: u.gradients as usize })
+                .map(|u| UpdateRecord {
+                    shard,
+                    clock: u.clock,
+                    gradients: u.gradients as usize,
+                    payload_in: u.payload_in,
+                })
                 .collect(),
         })),
         Inbound::Snapshot { request, clock, values } => {
@@ -454,7 +463,7 @@ mod tests {
                     outcome,
                 })
                 .collect(),
-            updates: vec![UpdateRecord { shard, clock: Clock(9), gradients: 3 }],
+            updates: vec![UpdateRecord { shard, clock: Clock(9), gradients: 3, payload_in: 512 }],
         };
         let FromShard::Records(back) = from_shard(shard, over_the_wire(records.clone().to_wire())).unwrap()
         else {

@@ -259,8 +259,9 @@ impl SchedulerActor {
                     let active = self.core.active();
                     self.note("detected", format!("λ = {}", active.len()));
                     self.count_alive();
-                    for s in &self.members.shards {
-                        s.membership.do_send(Membership { active: active.clone() });
+                    let aggregators = self.members.aggregators.iter();
+                    for s in self.members.shards.iter().map(|s| &s.membership).chain(aggregators) {
+                        s.do_send(Membership { active: active.clone() });
                     }
                 }
                 SchedulerEvent::ShardSilent(shard) => {
@@ -388,6 +389,7 @@ impl SchedulerActor {
                 goodput: row.goodput,
                 learner_time,
                 batch_sizes: self.batch_sizes(),
+                shard_payload_in: eval.tracker.shard_payload_in,
             };
             self.finish(Ok(report), ctx);
         }

@@ -46,6 +46,14 @@ pub struct ClusterSpec {
     /// Whether every learner's minibatch is μ, or follows its speed.
     #[serde(default)]
     pub batch_sizing: BatchSizing,
+    /// G, the learner groups whose gradients are aggregated before they reach a shard
+    /// (`docs/src/algorithms.md` §4.2); 1: none.
+    #[serde(default = "one_group")]
+    pub groups: u32,
+}
+
+fn one_group() -> u32 {
+    1
 }
 
 /// How learners' minibatch sizes are chosen.
@@ -150,6 +158,7 @@ impl ClusterSpec {
         if let Some(q) = self.protocol.quorum() {
             self.check_quorum(q)?;
         }
+        self.check_groups()?;
         let backups = self.protocol.backups();
         if backups >= self.learners {
             return Err(InvalidSetting::new(
@@ -218,6 +227,43 @@ impl ClusterSpec {
             return Ok(());
         };
         Err(InvalidSetting::new("protocol.quorum", format!("is {}; {why}", q.size)))
+    }
+
+    /// Learner groups are for Rudra's SGD rules, 1 to λ of them, with nothing that lets a
+    /// learner wait on another member's push while the aggregator holds it.
+    fn check_groups(&self) -> Result<(), InvalidSetting> {
+        let g = self.groups;
+        if g == 1 {
+            return Ok(());
+        }
+        let why = match &self.protocol {
+            _ if !(1..=self.learners).contains(&g) => format!("it must be between 1 and λ = {}", self.learners),
+            ProtocolSpec::Elastic(_) => {
+                "learner groups aggregate gradients for Rudra's SGD rules (hardsync, softsync, async); the EASGD \
+                 family and DiLoCo exchange with the center directly"
+                    .to_owned()
+            }
+            ProtocolSpec::Sgd(s) if s.prefetch > 0 || s.backups > 0 || s.quorum.is_some() => {
+                "and protocol.prefetch, protocol.backups or protocol.quorum is set: a group's aggregator holds \
+                 every member's push until all have pushed, which none of them allows; use one or the other"
+                    .to_owned()
+            }
+            ProtocolSpec::Sgd(s) if s.max_staleness.is_some() => {
+                "and protocol.max_staleness is set: a group's aggregator holds a member's push until all have \
+                 pushed, while the bound may hold another member back until that push arrives"
+                    .to_owned()
+            }
+            ProtocolSpec::Sgd(_) => return Ok(()),
+        };
+        Err(InvalidSetting::new("cluster.groups", format!("is {g}; {why}")))
+    }
+
+    /// The learners of each of the [`Self::groups`] groups: contiguous runs of ids, of ⌊λ/G⌋
+    /// or ⌈λ/G⌉ each.
+    #[must_use]
+    pub fn learner_groups(&self) -> Vec<Vec<LearnerId>> {
+        let (g, l) = (u64::from(self.groups.max(1)), u64::from(self.learners));
+        (0..g).map(|k| ((k * l / g)..((k + 1) * l / g)).map(|i| LearnerId(i as u32)).collect()).collect()
     }
 
     /// With a quorum: the rule of its shards' grace windows.

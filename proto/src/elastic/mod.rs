@@ -409,7 +409,12 @@ impl CenterShard {
     /// The center moved by an update combining `gradients` contributions.
     fn advance(&mut self, gradients: usize) {
         self.clock = self.clock.next();
-        self.events.push(ShardEvent::Update(UpdateRecord { shard: self.id, clock: self.clock, gradients }));
+        self.events.push(ShardEvent::Update(UpdateRecord {
+            shard: self.id,
+            clock: self.clock,
+            gradients,
+            payload_in: 0,
+        }));
     }
 
     /// Close a sync round once every active learner has taken its turn: EASGD serves the center

@@ -169,7 +169,7 @@ fn sync_round_uses_every_learners_x_before_the_pull() {
 fn downpour_adds_v_and_mdownpour_keeps_nesterov_momentum() {
     let mut d = CenterShard::new(ShardId(0), CenterRule::Downpour, vec![1.0], both());
     let events = d.on_exchange(L1, &[-0.25]).unwrap();
-    let update = UpdateRecord { shard: ShardId(0), clock: Clock(1), gradients: 1 };
+    let update = UpdateRecord { shard: ShardId(0), clock: Clock(1), gradients: 1, payload_in: 0 };
     assert!(
         events.iter().any(|e| matches!(e, ShardEvent::Update(u) if *u == update)),
         "every exchange is an update"

@@ -10,15 +10,17 @@
 pub(crate) mod broken;
 mod config;
 mod outstanding;
+mod push;
 #[cfg(test)]
 mod tests;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
-use crate::{Clock, DropReason, LearnerId, Outcome, PushWindow, ShardId, Staleness};
+use crate::{Clock, LearnerId, Outcome, PushWindow, ShardId, Staleness};
 pub use config::{LateRule, Quorum, SgdShardConfig, SyncRule, shard_ranges};
 use outstanding::Outstanding;
+pub use push::Contribution;
 use rudra_compute::cpu;
 
 use super::{CoreError, GradientRecord, ShardEvent, ShardState, StalenessStats, UpdateRecord, Weights};
@@ -280,129 +282,6 @@ impl SgdShard {
         Ok(self.take_events())
     }
 
-    /// A learner pushes its gradient of step `seq` over μ examples (the nominal minibatch);
-    /// see [`Self::on_push_of`].
-    pub fn on_push(
-        &mut self,
-        learner: LearnerId,
-        seq: u64,
-        computed_on: Clock,
-        grad: &[f32],
-    ) -> Result<Vec<ShardEvent>, CoreError> {
-        self.on_push_of(learner, seq, computed_on, (grad, self.cfg.batch))
-    }
-
-    /// A learner pushes its gradient of step `seq` for this shard's range, the mean over
-    /// `examples` examples, computed on weights `computed_on`. A push that is malformed or
-    /// comes from the future is rejected and changes nothing; a copy of a push already
-    /// accepted is [`CoreError::Duplicate`], applied once.
-    pub fn on_push_of(
-        &mut self,
-        learner: LearnerId,
-        seq: u64,
-        computed_on: Clock,
-        (grad, examples): (&[f32], u32),
-    ) -> Result<Vec<ShardEvent>, CoreError> {
-        self.check_member(learner)?;
-        let most = self.cfg.batch.saturating_mul(self.learners.max(1) as u32); // μλ at the start
-        if examples == 0 || examples > most {
-            let id = self.cfg.id;
-            let why = format!("{learner} pushed a gradient over {examples} examples to {id}; at most {most}");
-            return Err(CoreError::Protocol(why));
-        }
-        if self.window(learner).contains(seq) && !broken::accepts_duplicates() {
-            return Err(self.duplicate(learner, seq, "push"));
-        }
-        if grad.len() != self.params.len() {
-            return Err(CoreError::Protocol(format!(
-                "{} pushed {} gradient values to {}, which holds {}",
-                learner,
-                grad.len(),
-                self.cfg.id,
-                self.params.len()
-            )));
-        }
-        if computed_on > self.clock && !self.restored {
-            return Err(CoreError::Protocol(format!(
-                "{learner} pushed a gradient on clock {computed_on} to {}, which is at {}",
-                self.cfg.id, self.clock
-            )));
-        }
-        // A gradient on weights a restart lost is no part of the open round: it is dropped
-        // below as rolled back, not refused as a second turn; nor is a late one folded in.
-        let folded = self.folds() && computed_on < self.clock;
-        if self.cfg.rule == SyncRule::Hardsync
-            && self.in_round(learner)
-            && computed_on <= self.clock
-            && !folded
-        {
-            return Err(self.duplicate(learner, seq, "push in a round it already pushed to"));
-        }
-        if self.outstanding.seq(learner).is_some_and(|s| s <= seq) {
-            self.outstanding.remove(learner);
-        }
-        self.last_pushed.entry(learner).or_default().insert(seq);
-        if self.cfg.prefetch > 0 {
-            self.used.insert(learner, computed_on.min(self.clock));
-        }
-        let lr = self.learning_rate();
-        self.received += 1;
-        let staleness = self.clock.staleness_of(computed_on).unwrap_or_default();
-        let drop = match (self.cfg.rule, self.cfg.max_staleness) {
-            _ if !cpu::all_finite(grad) => Some(DropReason::NonFinite),
-            _ if computed_on > self.clock => Some(DropReason::RolledBack),
-            _ if self.removed_at.get(&learner).is_some_and(|&c| computed_on < c) => Some(DropReason::Lapsed),
-            (SyncRule::Hardsync, _) if staleness.0 > 0 && !folded => Some(DropReason::StaleRound),
-            (_, Some(bound)) if staleness.0 > bound => Some(DropReason::TooStale),
-            _ => None,
-        };
-        if let Some(reason) = drop {
-            self.stats.record_dropped(reason);
-            self.events.push(ShardEvent::Gradient(GradientRecord {
-                shard: self.cfg.id,
-                learner,
-                computed_on,
-                staleness,
-                outcome: Outcome::Dropped(reason),
-            }));
-            // A hardsync round does not wait for a gradient that can never be applied.
-            if reason == DropReason::NonFinite
-                && self.cfg.rule == SyncRule::Hardsync
-                && computed_on == self.clock
-            {
-                self.voided.insert(learner);
-                if self.round_complete() {
-                    self.apply(None);
-                }
-            }
-        } else {
-            self.stats.record_applied(staleness);
-            let alpha = self.cfg.modulation.alpha(lr, staleness, self.stats.mean());
-            let share = examples as f32 / self.cfg.batch.max(1) as f32;
-            let weight = (if self.cfg.modulation.is_per_gradient() { alpha } else { 1.0 }) * share;
-            self.held.push(Held { learner, computed_on, staleness, alpha, lr, share });
-            // A push overtaken by its learner's last pull is applied rather than left held.
-            let complete = self.round_complete() || self.all_finished();
-            if self.cfg.rule == SyncRule::Hardsync {
-                let mut buf = self.spare.pop().unwrap_or_default();
-                buf.clear();
-                buf.extend_from_slice(grad);
-                self.round.insert((learner, computed_on), (weight, buf));
-                if complete {
-                    self.apply(None);
-                }
-            } else if complete {
-                self.apply(Some((weight, grad)));
-            } else {
-                cpu::axpy(weight, grad, &mut self.acc);
-            }
-        }
-        // A new clock, the oldest outstanding gradient, or this learner's own push may each
-        // open the gate for a deferred pull.
-        self.release_deferred();
-        Ok(self.take_events())
-    }
-
     /// The set of active learners changed (λ changes): pending work is re-evaluated so that
     /// no round waits for a learner that is gone.
     pub fn on_membership(&mut self, active: BTreeSet<LearnerId>) -> Vec<ShardEvent> {
@@ -468,7 +347,8 @@ impl SgdShard {
 
     /// Hardsync: whether `learner` already took its turn in the open round.
     fn in_round(&self, learner: LearnerId) -> bool {
-        self.round.contains_key(&(learner, self.clock)) || self.voided.contains(&learner)
+        self.held.iter().any(|h| h.learner == learner && h.computed_on == self.clock)
+            || self.voided.contains(&learner)
     }
 
     /// The effects of the input just handled, in order; the open round's quorum is announced
@@ -560,15 +440,21 @@ impl SgdShard {
                 shard: self.cfg.id,
                 clock: self.clock,
                 gradients: 0,
+                payload_in: 0,
             }));
             return;
         }
         let lr = self.held.last().map_or(0.0, |h| h.lr);
         let alpha_update = (!self.cfg.modulation.is_per_gradient())
             .then(|| self.cfg.modulation.alpha(lr, Staleness(0), self.stats.mean()));
-        // Σ s_k is exactly c when every gradient is over μ examples.
+        // Σ s_k is exactly c when every gradient is over μ examples. A group's aggregate can
+        // bring more than the c an n-softsync update takes: each still weighs 1/c (§4.2).
         let shares: f32 = self.held.iter().map(|h| h.share).sum();
-        let scale = -alpha_update.unwrap_or(1.0) / shares;
+        let over = match self.cfg.rule {
+            SyncRule::Hardsync => 1.0,
+            _ => self.gradients_per_update().min(c) as f32 / c as f32,
+        };
+        let scale = -alpha_update.unwrap_or(1.0) / (shares * over);
         let params = Arc::make_mut(&mut self.params);
         if !self.round.is_empty() {
             for (_, (weight, grad)) in std::mem::take(&mut self.round) {
@@ -595,6 +481,7 @@ impl SgdShard {
             shard: self.cfg.id,
             clock: self.clock,
             gradients: c,
+            payload_in: 0,
         }));
     }
 }

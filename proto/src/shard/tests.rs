@@ -3,7 +3,7 @@
 use std::ops::{Deref, DerefMut};
 
 use super::*;
-use crate::{LrModulation, LrSchedule};
+use crate::{DropReason, LrModulation, LrSchedule};
 
 /// A shard core whose effects are kept, in order, until the test drains them.
 struct Logged {
@@ -647,4 +647,50 @@ fn a_gradient_weighs_as_many_examples_as_it_is_over() {
     pull(&mut a, L[0]).unwrap();
     a.core.on_push_of(L[0], 1, Clock(0), (&[1.0, 0.0, 0.0], 1)).unwrap();
     assert_eq!(values(&a), vec![0.5, 2.0, 3.0]);
+}
+
+#[test]
+fn a_group_aggregate_counts_each_member_as_if_it_had_arrived_alone() {
+    // Hardsync, λ = 4 in two groups of two: the same update as four pushes, one record per
+    // learner, all four pulls answered once the round completes.
+    let member = |l: LearnerId| Contribution { learner: l, seq: 1, examples: 1 };
+    let mut s = shard(SyncRule::Hardsync, LrModulation::PerGradient, None, 4);
+    for l in L {
+        pull(&mut s, l).unwrap();
+    }
+    drain(&mut s);
+    let events = s.core.on_aggregate(&[member(L[0]), member(L[1])], Clock(0), &[2.0, 0.0, 0.0]);
+    s.keep(events).unwrap();
+    assert_eq!((s.held(), s.clock()), (2, Clock(0)), "two of the four contributions");
+    assert!(s.core.on_aggregate(&[member(L[1])], Clock(0), &[0.0; 3]).is_err(), "L1 took its turn");
+    let twice = s.core.on_aggregate(&[member(L[2]), member(L[2])], Clock(0), &[0.0; 3]);
+    assert!(twice.is_err_and(|e| e.to_string().contains("twice")));
+    let events = s.core.on_aggregate(&[member(L[2]), member(L[3])], Clock(0), &[0.0, 4.0, 0.0]);
+    s.keep(events).unwrap();
+    let (_, grads, updates) = drain(&mut s);
+    assert_eq!(grads.iter().map(|g| g.learner).collect::<Vec<_>>(), L.to_vec());
+    assert_eq!(updates.iter().map(|u| u.gradients).collect::<Vec<_>>(), vec![4]);
+    // θ − 0.5 · (2 · ḡ_a + 2 · ḡ_b) / 4, each aggregate the mean of its two members.
+    assert_eq!(values(&s), vec![0.5, 1.0, 3.0]);
+    let mut alone = shard(SyncRule::Hardsync, LrModulation::PerGradient, None, 4);
+    for (l, g) in L.iter().zip([[4.0, 0.0, 0.0], [0.0; 3], [0.0, 8.0, 0.0], [0.0; 3]]) {
+        pull(&mut alone, *l).unwrap();
+        push(&mut alone, *l, Clock(0), &g).unwrap();
+    }
+    assert_eq!(values(&alone), values(&s));
+    // Async: an aggregate of two stale members is applied once with α(σ) of their shared σ.
+    let mut a = shard(SyncRule::Async, LrModulation::PerGradient, None, 3);
+    for l in &L[..3] {
+        pull(&mut a, *l).unwrap();
+    }
+    push(&mut a, L[2], Clock(0), &[0.0, 0.0, 1.0]).unwrap();
+    let events = a.core.on_aggregate(&[member(L[0]), member(L[1])], Clock(0), &[1.0, 0.0, 0.0]);
+    a.keep(events).unwrap();
+    let (_, grads, updates) = drain(&mut a);
+    assert!(grads[1..].iter().all(|g| g.staleness == Staleness(1)), "{grads:?}");
+    assert_eq!(updates.last().map(|u| u.gradients), Some(2));
+    // The second update weighs each member 1/c (c = 1): θ − (α0/σ)·(g0 + g1) with σ = 1 and
+    // ḡ = (g0 + g1)/2; the clock moves once.
+    close(&values(&a), &[1.0 - 0.5 * 2.0, 2.0, 3.0 - 0.5]);
+    assert_eq!(a.clock(), Clock(2));
 }

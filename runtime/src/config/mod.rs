@@ -321,6 +321,7 @@ impl TryFrom<RawConfig> for Config {
             evals_per_epoch: t.evals_per_epoch,
             codecs: keys::codecs(&raw.transport)?,
             batch_sizing: keys::batch_sizing(t)?,
+            groups: raw.cluster.groups,
         };
         if batch_size > MAX_BATCH {
             return Err(invalid("training.batch_size", format!("is {batch_size}; at most {MAX_BATCH}")));
@@ -420,6 +421,22 @@ impl Config {
         Err(invalid(
             "faults.kill",
             "kills processes, which `rudra-node experiment --config FILE` does; run the scenario with it",
+        ))
+    }
+
+    /// Refuse learner groups where they are not built: their aggregators run in one process
+    /// (`rudra-node run`, `local`, a study of real runs).
+    pub fn refuse_groups(&self) -> Result<(), RuntimeError> {
+        if self.cluster.groups <= 1 {
+            return Ok(());
+        }
+        Err(invalid(
+            "cluster.groups",
+            format!(
+                "is {}; learner groups run in one process (`rudra-node run`, `local`); across processes \
+                 (an aggregator would be a node of its own) and in the simulator, use 1",
+                self.cluster.groups
+            ),
         ))
     }
 

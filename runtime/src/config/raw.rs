@@ -95,6 +95,13 @@ pub struct RawCluster {
     pub retry_ms: u64,
     /// The scheduler removes a learner silent for this many milliseconds.
     pub failure_timeout_ms: u64,
+    /// Learner groups whose gradients are aggregated on the way to a shard (default 1: none).
+    #[serde(default = "one")]
+    pub groups: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// `[protocol]`

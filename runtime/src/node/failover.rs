@@ -99,8 +99,7 @@ impl JobState {
 
     /// What the run had recorded when the state was written.
     fn so_far(&self) -> RunReport {
-        let t = &self.tracker;
-        self.scheduler.report_so_far(t.staleness.clone(), t.updates, &t.by_learner)
+        self.scheduler.report_so_far(&self.tracker)
     }
 }
 

@@ -24,6 +24,7 @@ pub fn run_loopback(
     metrics_addr: Option<SocketAddr>,
 ) -> Result<RunReport, RuntimeError> {
     config.refuse_kills()?;
+    config.refuse_groups()?;
     config.refuse_panics()?;
     let dir =
         tempfile::tempdir().map_err(|source| RuntimeError::Io { path: std::env::temp_dir(), source })?;

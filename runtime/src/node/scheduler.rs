@@ -44,6 +44,7 @@ pub fn run_scheduler(
     progress: ProgressMode,
 ) -> Result<RunReport, RuntimeError> {
     config.refuse_kills()?;
+    config.refuse_groups()?;
     let config = config.clone();
     let opts = opts.clone();
     let models = models.unwrap_or_else(|| config.models(Device::Cpu(CpuBackend)));
@@ -161,6 +162,7 @@ async fn drive(
         shards: shard_peers.iter().map(ShardHandle::of).collect(),
         learners: learner_peers.iter().map(LearnerHandle::of).collect(),
         stats: tracker.clone().recipient(),
+        aggregators: Vec::new(),
     };
     let (obs_tx, obs_rx) = mpsc::unbounded_channel();
     let resumed = resume.is_some();

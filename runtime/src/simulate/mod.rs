@@ -73,6 +73,7 @@ pub fn validate(config: &Config) -> Result<(), RuntimeError> {
         GradientSource::Model => config.model.param_count(),
     };
     config.cluster.validate_settings(params)?;
+    config.refuse_groups()?;
     if config.simulation.churn.is_some() && config.cluster.protocol.elastic().is_none() {
         return Err(RuntimeError::Invalid(rudra_actors::InvalidSetting::new(
             "simulation.churn",

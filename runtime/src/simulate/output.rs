@@ -188,6 +188,7 @@ impl SimSummary {
             .collect();
         let run = RunReport {
             batch_sizes: Vec::new(),
+            shard_payload_in: Vec::new(),
             timeline: Vec::new(),
             updates_lost: 0,
             metrics: Vec::new(),

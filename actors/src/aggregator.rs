@@ -1,0 +1,103 @@
+//! A learner group's aggregator for one shard (Rudra-adv trees, `docs/src/algorithms.md` §4.2):
+//! it stands where the shard would for the group's members, holds each round's pushes until
+//! every member still training has pushed ([`GroupRound`]), and sends the shard one
+//! [`Aggregate`] per weights clock among them, every member's pull riding on it. Pulls that
+//! ride on no push go straight through.
+
+use actix::prelude::*;
+use rudra_proto::{Batch, Contribution, GroupRound, mean_over_examples};
+use rudra_transport::{Encoding, Floats, LearnerId};
+
+use crate::messages::{Aggregate, Membership, Pull, Push};
+
+/// What the aggregator keeps of a held push: its values and the pull riding on it.
+type Held = (Floats, Pull);
+
+/// One group's aggregator in front of one shard.
+pub struct Aggregator {
+    /// The shard's aggregates …
+    shard: Recipient<Aggregate>,
+    /// … and its pulls.
+    pulls: Recipient<Pull>,
+    round: GroupRound<Held>,
+    /// How aggregates are encoded (the job's gradients codec), with this aggregator's own
+    /// error feedback below 16 bits.
+    encoding: Encoding,
+    feedback: Vec<f32>,
+}
+
+impl Aggregator {
+    /// The aggregator of the group of `members`, in front of the shard taking `shard` and
+    /// `pulls`, encoding as `encoding` says.
+    #[must_use]
+    pub fn new(
+        members: impl IntoIterator<Item = LearnerId>,
+        (shard, pulls): (Recipient<Aggregate>, Recipient<Pull>),
+        encoding: Encoding,
+    ) -> Self {
+        Self { shard, pulls, round: GroupRound::new(members), encoding, feedback: Vec::new() }
+    }
+
+    /// Send the shard each batch of a round as one aggregate.
+    fn send(&mut self, batches: Vec<Batch<Held>>) {
+        for Batch { computed_on, members, values } in batches {
+            let mut mean = Vec::new();
+            let parts = members.iter().zip(&values).map(|(m, (v, _))| (m.examples, &v[..]));
+            mean_over_examples(parts, &mut mean);
+            let feedback = self.encoding.codec.needs_feedback().then(|| {
+                self.feedback.resize(mean.len(), 0.0);
+                &mut self.feedback[..]
+            });
+            let values_out = self.encoding.encode(&Floats::from(mean), feedback);
+            let then = values.into_iter().map(|(_, pull)| pull).collect();
+            self.shard.do_send(Aggregate { members, computed_on, values: values_out, then });
+        }
+    }
+}
+
+impl Actor for Aggregator {
+    type Context = Context<Self>;
+}
+
+impl Handler<Push> for Aggregator {
+    type Result = ();
+    fn handle(&mut self, msg: Push, _: &mut Context<Self>) {
+        let Push { learner, seq, computed_on, values, examples, then } = msg;
+        let last = then.last;
+        let values = match values.decode() {
+            Ok(values) => values,
+            Err(e) => return tracing::warn!(%learner, "an aggregator rejected a push: {e}"),
+        };
+        let contribution = Contribution { learner, seq, examples };
+        match self.round.push(contribution, computed_on, (values, then.clone())) {
+            Ok(Some(batches)) => self.send(batches),
+            // A copy of a push already sent on: the shard answers the pull riding on it.
+            Ok(None) => self.pulls.do_send(then),
+            Err(e) => return tracing::warn!(%learner, "an aggregator rejected a push: {e}"),
+        }
+        if last {
+            let batches = self.round.finish(learner);
+            self.send(batches);
+        }
+    }
+}
+
+impl Handler<Pull> for Aggregator {
+    type Result = ();
+    fn handle(&mut self, msg: Pull, _: &mut Context<Self>) {
+        let (learner, last) = (msg.learner, msg.last);
+        self.pulls.do_send(msg);
+        if last {
+            let batches = self.round.finish(learner);
+            self.send(batches);
+        }
+    }
+}
+
+impl Handler<Membership> for Aggregator {
+    type Result = ();
+    fn handle(&mut self, msg: Membership, _: &mut Context<Self>) {
+        let batches = self.round.on_membership(&msg.active);
+        self.send(batches);
+    }
+}

@@ -1,0 +1,55 @@
+//! Learner groups (Rudra-adv trees) through `rudra-node`: the bytes into a shard per update,
+//! reported in `summary.json`, and where groups are refused.
+
+mod common;
+
+use common::{node, short_run, summary};
+
+#[test]
+fn two_groups_of_two_halve_the_bytes_each_update_brings_the_shard() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hardsync = ["protocol.kind=hardsync", "cluster.learners=4", "cluster.shards=1"];
+    let mut per_update = Vec::new();
+    for groups in ["1", "2"] {
+        let dir = tmp.path().join(groups);
+        let set = format!("cluster.groups={groups}");
+        short_run(&dir, &[&hardsync[..], &[set.as_str()]].concat());
+        let s = summary(&dir);
+        assert_eq!(s["groups"].as_u64().unwrap().to_string(), groups);
+        assert_eq!(s["staleness"]["max"], 0, "{s}");
+        assert!(s["final_test_accuracy"].as_f64().unwrap() > 0.8, "{s}");
+        per_update.push(s["shard_payload_in_per_update"].as_f64().unwrap());
+    }
+    // λ = 4 f32 gradients of the whole model (784·32 + 32 + 32·10 + 10 values) against 2.
+    let model_bytes = 4.0 * (784.0 * 32.0 + 32.0 + 32.0 * 10.0 + 10.0);
+    assert_eq!(per_update, vec![4.0 * model_bytes, 2.0 * model_bytes]);
+}
+
+#[test]
+fn groups_are_refused_across_processes_in_the_simulator_and_beside_what_would_hold_a_push() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().to_str().unwrap();
+    for (command, set) in [
+        (&["simulate", "--out", out][..], "cluster.groups=2"),
+        (&["local", "--out", out][..], "cluster.groups=5"),
+    ] {
+        let o = node(&[command, &["--set", set, "--set", "cluster.learners=4"]].concat());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains("cluster.groups"), "{command:?} {set}: {err}");
+    }
+    for refused in ["protocol.max_staleness=4", "protocol.prefetch=1", "protocol.kind=diloco"] {
+        let o = node(&[
+            "local",
+            "--out",
+            out,
+            "--set",
+            "cluster.groups=2",
+            "--set",
+            "protocol.kind=async",
+            "--set",
+            refused,
+        ]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains("cluster.groups"), "{refused}: {err}");
+    }
+}
