@@ -64,18 +64,28 @@ fn hardsync_over_actors_is_sequential_sgd_with_batch_mu_lambda() -> anyhow::Resu
     assert_eq!(report.staleness.max, 0);
     assert_eq!(report.staleness.applied, (2 * steps * learners) as u64);
 
-    let mut streams: Vec<BatchStream> = Partition::split(train.len(), learners, spec.seed)
-        .into_iter()
-        .enumerate()
-        .map(|(l, p)| BatchStream::new(p, mu, spec.seed, l as u64))
-        .collect();
-    let want = sequential_sgd(&train, &mut streams, steps, spec.seed, spec.schedule.base)?;
-    let init = model().init(spec.seed);
-    let worst = want.iter().zip(&report.params).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
-    let moved = init.iter().zip(&report.params).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    let want = hardsync_reference(&train, &spec, steps)?;
+    let moved = max_difference(&model().init(spec.seed), &report.params);
     assert!(moved > 1e-2, "training moved the parameters (by {moved})");
+    let worst = max_difference(&want, &report.params);
     assert!(worst < 1e-5, "hardsync over actors differs from sequential SGD by {worst}");
     Ok(())
+}
+
+/// What hardsync of `spec` over `train` should give after `steps` rounds: sequential SGD on
+/// the union of every learner's minibatch of each round, its learners' streams as the actors
+/// draw them.
+fn hardsync_reference(train: &Dataset, spec: &ClusterSpec, steps: usize) -> anyhow::Result<Vec<f32>> {
+    let mut streams: Vec<BatchStream> = Partition::split(train.len(), spec.learners as usize, spec.seed)
+        .into_iter()
+        .enumerate()
+        .map(|(l, p)| BatchStream::new(p, spec.batch_size, spec.seed, l as u64))
+        .collect();
+    sequential_sgd(train, &mut streams, steps, spec.seed, spec.schedule.base)
+}
+
+fn max_difference(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max)
 }
 
 /// Sequential SGD at rate `lr`, from `model()`'s initial weights for `seed`, taking one step
@@ -144,7 +154,7 @@ fn adaptive_hardsync_over_actors_is_sequential_sgd_with_batch_sum_of_mu_l() -> a
         s.set_sizes(sizes).map_err(anyhow::Error::msg)?;
     }
     let want = sequential_sgd(&train, &mut streams, steps * epochs as usize, spec.seed, spec.schedule.base)?;
-    let worst = want.iter().zip(&report.params).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    let worst = max_difference(&want, &report.params);
     assert!(worst < 1e-5, "adaptive hardsync over actors differs from sequential SGD by {worst}");
     Ok(())
 }
@@ -165,13 +175,7 @@ fn hardsync_with_learner_groups_is_sequential_sgd_and_halves_the_bytes_into_each
         assert_eq!(report.updates, steps as u64, "groups = {groups}");
         assert_eq!(report.staleness.max, 0);
         assert_eq!(report.staleness.applied, (2 * steps * learners) as u64, "every member counted");
-        let mut streams: Vec<BatchStream> = Partition::split(train.len(), learners, spec.seed)
-            .into_iter()
-            .enumerate()
-            .map(|(l, p)| BatchStream::new(p, mu, spec.seed, l as u64))
-            .collect();
-        let want = sequential_sgd(&train, &mut streams, steps, spec.seed, spec.schedule.base)?;
-        let worst = want.iter().zip(&report.params).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        let worst = max_difference(&hardsync_reference(&train, &spec, steps)?, &report.params);
         assert!(worst < 1e-5, "groups = {groups}: differs from sequential SGD by {worst}");
         runs.push(report.shard_payload_in);
     }

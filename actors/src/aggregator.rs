@@ -38,6 +38,12 @@ impl Aggregator {
         Self { shard, pulls, round: GroupRound::new(members), encoding, feedback: Vec::new() }
     }
 
+    /// `learner` has sent its last gradient: no round waits for it.
+    fn finished(&mut self, learner: LearnerId) {
+        let batches = self.round.finish(learner);
+        self.send(batches);
+    }
+
     /// Send the shard each batch of a round as one aggregate.
     fn send(&mut self, batches: Vec<Batch<Held>>) {
         for Batch { computed_on, members, values } in batches {
@@ -76,8 +82,7 @@ impl Handler<Push> for Aggregator {
             Err(e) => return tracing::warn!(%learner, "an aggregator rejected a push: {e}"),
         }
         if last {
-            let batches = self.round.finish(learner);
-            self.send(batches);
+            self.finished(learner);
         }
     }
 }
@@ -88,8 +93,7 @@ impl Handler<Pull> for Aggregator {
         let (learner, last) = (msg.learner, msg.last);
         self.pulls.do_send(msg);
         if last {
-            let batches = self.round.finish(learner);
-            self.send(batches);
+            self.finished(learner);
         }
     }
 }

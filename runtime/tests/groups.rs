@@ -26,11 +26,11 @@ fn two_groups_of_two_halve_the_bytes_each_update_brings_the_shard() {
 }
 
 #[test]
-fn groups_are_refused_across_processes_in_the_simulator_and_beside_what_would_hold_a_push() {
+fn groups_are_refused_across_processes_and_beside_what_would_hold_a_push() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().to_str().unwrap();
     for (command, set) in [
-        (&["simulate", "--out", out][..], "cluster.groups=2"),
+        (&["local", "--transport", "quic", "--out", out][..], "cluster.groups=2"),
         (&["local", "--out", out][..], "cluster.groups=5"),
     ] {
         let o = node(&[command, &["--set", set, "--set", "cluster.learners=4"]].concat());

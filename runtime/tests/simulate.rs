@@ -190,6 +190,38 @@ fn a_quorum_closes_rounds_without_stragglers_unless_its_window_waits_for_them() 
     );
 }
 
+/// Learner groups at λ = 64 with a shard whose way in carries 100 Mbit/s: each 100 kB gradient
+/// takes 8 ms to go in, so hardsync's 64 per round take 0.51 s beside 0.1 s of compute; 8 groups
+/// send 8 aggregates a round (64 ms), an eighth of the bytes.
+#[test]
+fn learner_groups_cut_the_bytes_into_a_shard_and_free_a_round_from_its_ingress() {
+    let hardsync = |groups: u32| {
+        run(&[
+            "cluster.learners=64",
+            "cluster.shards=1",
+            "protocol.kind=hardsync",
+            &format!("cluster.groups={groups}"),
+            "simulation.dimension=25000",
+            "simulation.compute=constant",
+            "simulation.shard_bandwidth=1.25e7",
+            "simulation.stop_gradients=0",
+            "simulation.stop_seconds=20",
+        ])
+    };
+    let per_update = |r: &SimReport| r.shard_payload_in[0] as f64 / r.updates as f64;
+    let (alone, grouped) = (hardsync(1), hardsync(8));
+    let (slow, fast) = (alone.updates_per_virtual_second(), grouped.updates_per_virtual_second());
+    eprintln!("hardsync, λ = 64: {slow:.2} updates/s alone, {fast:.2} in 8 groups");
+    // A round: 0.1 s of compute, then its messages one after another into the shard.
+    let predicted = |messages: f64| 1.0 / (0.1 + messages * 0.008);
+    assert!((slow / predicted(64.0) - 1.0).abs() < 0.05, "64 messages of 8 ms a round: {slow}");
+    assert!((fast / predicted(8.0) - 1.0).abs() < 0.05, "8 messages of 8 ms a round: {fast}");
+    let ratio = per_update(&grouped) / per_update(&alone);
+    assert!((0.12..0.13).contains(&ratio), "an eighth of the bytes per update: {ratio}");
+    assert_eq!((alone.staleness.max, grouped.staleness.max), (0, 0));
+    assert_eq!(grouped.staleness.applied, 64 * grouped.updates, "every member counted");
+}
+
 /// Churn: learners leave at random, losing what they were computing and had not sent; the
 /// rounds go on without them, and each joins again from the current center; one event log
 /// per seed.

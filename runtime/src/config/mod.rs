@@ -424,8 +424,8 @@ impl Config {
         ))
     }
 
-    /// Refuse learner groups where they are not built: their aggregators run in one process
-    /// (`rudra-node run`, `local`, a study of real runs).
+    /// Refuse learner groups across processes, where an aggregator would be a node of its own:
+    /// they run in one process (`rudra-node run`, `local`, studies) and in the simulator.
     pub fn refuse_groups(&self) -> Result<(), RuntimeError> {
         if self.cluster.groups <= 1 {
             return Ok(());
@@ -433,8 +433,8 @@ impl Config {
         Err(invalid(
             "cluster.groups",
             format!(
-                "is {}; learner groups run in one process (`rudra-node run`, `local`); across processes \
-                 (an aggregator would be a node of its own) and in the simulator, use 1",
+                "is {}; learner groups run in one process (`rudra-node run`, `local`) and in `rudra-node \
+                 simulate`; across processes, where an aggregator would be a node of its own, use 1",
                 self.cluster.groups
             ),
         ))

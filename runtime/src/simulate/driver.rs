@@ -246,6 +246,8 @@ pub struct Finished {
     pub hash: TraceHash,
     /// The gradient source, for a final evaluation.
     pub gradients: Gradients,
+    /// Payload bytes each shard received.
+    pub shard_payload_in: Vec<u64>,
 }
 
 impl<M: Message> Engine<M> {
@@ -577,6 +579,7 @@ impl<M: Message> Engine<M> {
             loss: self.loss_rows,
             hash: self.hash,
             gradients: self.gradients,
+            shard_payload_in: self.net.payload_in,
         })
     }
 }

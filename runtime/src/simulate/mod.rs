@@ -73,7 +73,6 @@ pub fn validate(config: &Config) -> Result<(), RuntimeError> {
         GradientSource::Model => config.model.param_count(),
     };
     config.cluster.validate_settings(params)?;
-    config.refuse_groups()?;
     if config.simulation.churn.is_some() && config.cluster.protocol.elastic().is_none() {
         return Err(RuntimeError::Invalid(rudra_actors::InvalidSetting::new(
             "simulation.churn",
@@ -136,14 +135,15 @@ pub fn simulate(config: &Config, progress: ProgressMode) -> Result<SimReport, Ru
                 Some((loops, train_len)) => model_sgd_cores(spec, loops, (train_len, &init))?,
                 None => synthetic_cores(spec, sgd, &init, &ranges),
             };
-            let mut world = SgdWorld::new(shards, ranges, cores);
+            let mut world = SgdWorld::new(shards, ranges, cores)
+                .with_groups(&spec.learner_groups(), spec.batch_size as u32);
             let engine = Engine::new(rng, compute, net, gradients, learners)
                 .with_grace(spec.grace_window(), lens.len());
             (engine.run(&mut world, &sim.stop, run, &mut progress)?, summarize(&world))
         }
     };
     drop(progress);
-    let Finished { end, counts, staleness, learners, loss, hash, mut gradients } = finished;
+    let Finished { end, counts, staleness, learners, loss, hash, mut gradients, shard_payload_in } = finished;
     let (shards, updates, params) = world;
     let test = gradients.evaluate(&params)?;
     Ok(SimReport {
@@ -159,6 +159,7 @@ pub fn simulate(config: &Config, progress: ProgressMode) -> Result<SimReport, Ru
         trace_hash: hash.value(),
         params,
         test,
+        shard_payload_in,
     })
 }
 

@@ -115,12 +115,17 @@ pub struct Network {
     shards: usize,
     /// Arrival time of the latest message on each link and direction, so links stay in order.
     last: Vec<Nanos>,
+    /// Seconds per byte into a shard (0: no limit), and when each shard's way in is next free.
+    ingress: f64,
+    ingress_free: Vec<Nanos>,
     /// Messages sent again after a loss.
     pub resent: u64,
     /// Frame bytes sent, every message counted once.
     pub bytes: u64,
     /// Bytes of values among them: sent by the learners (up) and to them (down).
     pub payload: [u64; 2],
+    /// Of those sent up, each shard's.
+    pub payload_in: Vec<u64>,
     /// The most bytes sent and not yet arrived at any one time.
     pub peak_in_flight: u64,
     /// Arrival times and sizes of the messages on their way.
@@ -175,9 +180,12 @@ impl Network {
             retransmit: nanos(spec.retransmit_seconds),
             shards: ranges.len(),
             last: vec![0; learners * ranges.len() * 2],
+            ingress: 1.0 / spec.shard_bandwidth,
+            ingress_free: vec![0; ranges.len()],
             resent: 0,
             bytes: 0,
             payload: [0, 0],
+            payload_in: vec![0; ranges.len()],
             peak_in_flight: 0,
             in_flight: BinaryHeap::new(),
             flying: 0,
@@ -196,7 +204,10 @@ impl Network {
         let size = pick(self.sizes[s]);
         match route.payload {
             Payload::Pull => {}
-            Payload::Up => self.payload[0] += self.values[s],
+            Payload::Up => {
+                self.payload[0] += self.values[s];
+                self.payload_in[s] += self.values[s];
+            }
             Payload::Down => self.payload[1] += self.values[s],
         }
         if self.jitter > 0.0 {
@@ -211,7 +222,12 @@ impl Network {
         let down = usize::from(route.payload == Payload::Down);
         let link = &mut self.last[(route.learner.index() * self.shards + s) * 2 + down];
         *link = (*link).max(at);
-        let at = *link;
+        let mut at = *link;
+        // What comes up, by whatever link, goes into the shard one message after another.
+        if route.payload != Payload::Down && self.ingress > 0.0 {
+            at = at.max(self.ingress_free[s] + nanos(size as f64 * self.ingress));
+            self.ingress_free[s] = at;
+        }
         self.count(now, at, size);
         at
     }
@@ -288,6 +304,7 @@ mod tests {
             latency: 0.001,
             learner_latency: Vec::new(),
             bandwidth: 1e6,
+            shard_bandwidth: f64::INFINITY,
             jitter: 0.0,
             drop_probability: 0.0,
             retransmit_seconds: 1.0,
@@ -327,7 +344,7 @@ mod tests {
         assert!(net.resent >= late as u64);
 
         // Per learner, cycled: learner 1 and 3 are 20 ms away, 0 and 2 at 1 ms.
-        let sites = NetworkSpec { learner_latency: vec![0.001, 0.020], ..spec };
+        let sites = NetworkSpec { learner_latency: vec![0.001, 0.020], ..spec.clone() };
         let mut net = Network::new(&sites, 4, &[1000]).unwrap();
         let mut pull = |net: &mut Network, l| {
             net.arrival(0, Route { learner: LearnerId(l), ..route(Payload::Pull) }, &mut rng)
@@ -337,5 +354,13 @@ mod tests {
             (1_000_000..1_200_000).contains(&near) && (20_000_000..20_200_000).contains(&far),
             "{near} {far}"
         );
+
+        // Into a shard at 1 MB/s: two pushes on two links at once go in one after the other.
+        let narrow = NetworkSpec { shard_bandwidth: 1e6, ..spec };
+        let mut net = Network::new(&narrow, 2, &[1000]).unwrap();
+        let first = net.arrival(0, route(Payload::Up), &mut rng);
+        let second = net.arrival(0, Route { learner: LearnerId(1), ..route(Payload::Up) }, &mut rng);
+        assert!((5_000_000..5_200_000).contains(&first), "its own link sets the first: {first}");
+        assert_eq!(second - first, up_bytes * 1000, "the second waits its bytes' time at the shard");
     }
 }

@@ -47,6 +47,8 @@ pub struct SimReport {
     pub params: Vec<f32>,
     /// Test loss and accuracy at the end (model gradients only).
     pub test: Option<(f64, f64)>,
+    /// Payload bytes each shard received.
+    pub shard_payload_in: Vec<u64>,
 }
 
 /// Whether the objective went to its minimum, blew up, or neither.
@@ -188,7 +190,7 @@ impl SimSummary {
             .collect();
         let run = RunReport {
             batch_sizes: Vec::new(),
-            shard_payload_in: Vec::new(),
+            shard_payload_in: report.shard_payload_in.clone(),
             timeline: Vec::new(),
             updates_lost: 0,
             metrics: Vec::new(),

@@ -35,6 +35,9 @@ pub struct RawSimulation {
     pub learner_latency: Vec<f64>,
     /// Bytes per second of every learner–shard link.
     pub bandwidth: f64,
+    /// Bytes per second into each shard, whatever link they come by (0: no limit).
+    #[serde(default)]
+    pub shard_bandwidth: f64,
     /// Extra delay of every message, uniform in `[0, jitter)` seconds.
     pub jitter: f64,
     /// Probability that a message is lost and sent again.
@@ -160,6 +163,8 @@ pub struct NetworkSpec {
     pub learner_latency: Vec<f64>,
     /// Bytes per second.
     pub bandwidth: f64,
+    /// Bytes per second into each shard (infinite: no limit).
+    pub shard_bandwidth: f64,
     /// Uniform extra delay bound, seconds.
     pub jitter: f64,
     /// Probability a message is lost (and sent again).
@@ -319,6 +324,15 @@ impl Simulation {
                 .map(|&l| check("simulation.learner_latency", l, l >= 0.0, "a list of 0 or more"))
                 .collect::<Result<_, _>>()?,
             bandwidth: check("simulation.bandwidth", s.bandwidth, s.bandwidth > 0.0, "positive")?,
+            shard_bandwidth: match check(
+                "simulation.shard_bandwidth",
+                s.shard_bandwidth,
+                s.shard_bandwidth >= 0.0,
+                "0 or more",
+            )? {
+                0.0 => f64::INFINITY,
+                b => b,
+            },
             jitter: check("simulation.jitter", s.jitter, s.jitter >= 0.0, "0 or more")?,
             drop_probability: check(
                 "simulation.drop_probability",

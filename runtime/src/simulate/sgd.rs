@@ -1,11 +1,15 @@
 //! Rudra's SGD protocols (hardsync, n-softsync, async) in the simulator: the [`SgdShard`] and
-//! [`LearnerCore`] cores, fed the inputs the shard and learner actors feed them.
+//! [`LearnerCore`] cores, fed the inputs the shard and learner actors feed them, and with
+//! learner groups the [`GroupRound`] of each group's aggregator (`docs/src/algorithms.md` §4.2).
 
 use rudra_transport::Floats;
 use std::ops::Range;
 use std::sync::Arc;
 
-use rudra_proto::{LearnerCore, LearnerEvent, NextPull, SgdShard, ShardEvent, Weights};
+use rudra_proto::{
+    Batch, Contribution, GroupRound, LearnerCore, LearnerEvent, NextPull, SgdShard, ShardEvent, Weights,
+    mean_over_examples,
+};
 use rudra_transport::{Clock, LearnerId, ShardId};
 
 use super::driver::{Engine, Message, ShardReport, World};
@@ -42,6 +46,22 @@ pub enum SgdMsg {
         /// The pull it carries.
         pull: NextPull,
     },
+    /// A group's aggregator → shard, by the link of the group's first learner (the aggregator
+    /// sits with its group): its members' gradients on one clock, as one mean.
+    Aggregate {
+        /// The group's first learner, whose link it takes.
+        via: LearnerId,
+        /// For whom.
+        shard: ShardId,
+        /// The clock they were computed on.
+        computed_on: Clock,
+        /// Whose.
+        members: Vec<Contribution>,
+        /// The mean of the shard's range of their gradients, over all their examples.
+        grad: Vec<f32>,
+        /// The members' next pulls, in the order of `members`.
+        pulls: Vec<NextPull>,
+    },
     /// Shard → learner: weights.
     Weights {
         /// For whom.
@@ -57,7 +77,9 @@ impl Message for SgdMsg {
     fn route(&self) -> Route {
         let (learner, shard, payload) = match self {
             Self::Pull { learner, shard, .. } => (*learner, *shard, Payload::Pull),
-            Self::Push { learner, shard, .. } => (*learner, *shard, Payload::Up),
+            Self::Push { learner, shard, .. } | Self::Aggregate { via: learner, shard, .. } => {
+                (*learner, *shard, Payload::Up)
+            }
             Self::Weights { learner, weights, .. } => (*learner, weights.shard, Payload::Down),
         };
         Route { learner, shard, payload }
@@ -67,6 +89,7 @@ impl Message for SgdMsg {
         let (kind, clock) = match self {
             Self::Pull { last, .. } => (u64::from(*last), 0),
             Self::Push { computed_on, .. } => (2, computed_on.0),
+            Self::Aggregate { computed_on, members, .. } => (4 + members.len() as u64, computed_on.0),
             Self::Weights { weights, .. } => (3, weights.clock.0),
         };
         let route = self.route();
@@ -84,11 +107,25 @@ struct Learner {
     grad: Option<Arc<Vec<f32>>>,
 }
 
+/// A held push at an aggregator: the whole gradient and the pull riding on it.
+type Held = (Arc<Vec<f32>>, NextPull);
+
+/// Learner groups: each learner's group, and each group's round for each shard.
+struct Groups {
+    of: Vec<usize>,
+    rounds: Vec<Vec<GroupRound<Held>>>,
+    /// Each group's first learner, where its aggregator sits.
+    via: Vec<LearnerId>,
+    /// μ: the examples of every gradient.
+    batch: u32,
+}
+
 /// Shards and learners of an SGD protocol.
 pub struct SgdWorld {
     shards: Vec<SgdShard>,
     ranges: Vec<Range<usize>>,
     learners: Vec<Learner>,
+    groups: Option<Groups>,
 }
 
 impl SgdWorld {
@@ -99,7 +136,60 @@ impl SgdWorld {
             .into_iter()
             .map(|core| Learner { core, weights: vec![None; ranges.len()], grad: None })
             .collect();
-        Self { shards, ranges, learners }
+        Self { shards, ranges, learners, groups: None }
+    }
+
+    /// The learners push through their groups' aggregators: `groups` (more than one) lists
+    /// each group's learners; every gradient is over `batch` examples.
+    #[must_use]
+    pub fn with_groups(mut self, groups: &[Vec<LearnerId>], batch: u32) -> Self {
+        if groups.len() > 1 {
+            let mut of = vec![0; self.learners.len()];
+            for (g, members) in groups.iter().enumerate() {
+                members.iter().for_each(|l| of[l.index()] = g);
+            }
+            let rounds = (groups.iter())
+                .map(|m| (0..self.shards.len()).map(|_| GroupRound::new(m.iter().copied())).collect())
+                .collect();
+            let via = groups.iter().map(|m| m.first().copied().unwrap_or(LearnerId(0))).collect();
+            self.groups = Some(Groups { of, rounds, via, batch });
+        }
+        self
+    }
+
+    /// A learner's push or last pull reaches its group's aggregator (`push`: the push; `None`:
+    /// the learner's last pull went to the shard alone); what the round sends on, sent.
+    fn aggregate(
+        &mut self,
+        eng: &mut Engine<SgdMsg>,
+        (learner, shard): (LearnerId, ShardId),
+        push: Option<(u64, Clock, Held)>,
+    ) -> Result<(), RuntimeError> {
+        let Some(groups) = &mut self.groups else { return Ok(()) };
+        let g = groups.of[learner.index()];
+        let round = &mut groups.rounds[g][shard.index()];
+        let mut batches = Vec::new();
+        let last = match push {
+            Some((seq, computed_on, held)) => {
+                let last = held.1.last;
+                let c = Contribution { learner, seq, examples: groups.batch };
+                batches.extend(round.push(c, computed_on, held)?.unwrap_or_default());
+                last
+            }
+            None => true,
+        };
+        if last {
+            batches.extend(round.finish(learner));
+        }
+        let (via, range) = (groups.via[g], self.ranges[shard.index()].clone());
+        for Batch { computed_on, members, values } in batches {
+            let mut grad = Vec::new();
+            let parts = members.iter().zip(&values).map(|(m, (g, _))| (m.examples, &g[range.clone()]));
+            mean_over_examples(parts, &mut grad);
+            let pulls = values.into_iter().map(|(_, pull)| pull).collect();
+            eng.send(SgdMsg::Aggregate { via, shard, computed_on, members, grad, pulls });
+        }
+        Ok(())
     }
 
     /// Carry out a learner core's effects, as the learner actor does.
@@ -109,15 +199,22 @@ impl SgdWorld {
         learner: LearnerId,
         events: impl IntoIterator<Item = LearnerEvent>,
     ) -> Result<(), RuntimeError> {
-        let me = &mut self.learners[learner.index()];
         for event in events {
+            let me = &mut self.learners[learner.index()];
             match event {
                 LearnerEvent::Pull { shard, last, seq } => {
-                    eng.send(SgdMsg::Pull { learner, shard, last, seq })
+                    eng.send(SgdMsg::Pull { learner, shard, last, seq });
+                    if last {
+                        self.aggregate(eng, (learner, shard), None)?;
+                    }
                 }
                 LearnerEvent::Push { shard, computed_on, seq, pull } => {
                     let grad = me.grad.clone().ok_or_else(|| internal("a push without a gradient"))?;
-                    eng.send(SgdMsg::Push { learner, shard, computed_on, seq, grad, pull });
+                    if self.groups.is_some() {
+                        self.aggregate(eng, (learner, shard), Some((seq, computed_on, (grad, pull))))?;
+                    } else {
+                        eng.send(SgdMsg::Push { learner, shard, computed_on, seq, grad, pull });
+                    }
                 }
                 LearnerEvent::Compute => {
                     let weights: Vec<Floats> = me.weights.iter().flatten().cloned().collect();
@@ -186,6 +283,19 @@ impl World for SgdWorld {
                 } else {
                     core.on_pull(learner, pull.seq)
                 }?);
+                Self::carry_out_shard(eng, shard, events)?;
+            }
+            SgdMsg::Aggregate { shard, computed_on, members, grad, pulls, .. } => {
+                let core = &mut self.shards[shard.index()];
+                eng.arrived(shard, computed_on);
+                let mut events = core.on_aggregate(&members, computed_on, &grad)?;
+                for (m, pull) in members.iter().zip(pulls) {
+                    events.extend(if pull.last {
+                        core.on_last_pull(m.learner, pull.seq)
+                    } else {
+                        core.on_pull(m.learner, pull.seq)
+                    }?);
+                }
                 Self::carry_out_shard(eng, shard, events)?;
             }
             SgdMsg::Weights { learner, weights, seq } => {

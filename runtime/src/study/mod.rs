@@ -56,6 +56,9 @@ pub struct Point {
     /// before it was measured).
     #[serde(default)]
     pub goodput: f64,
+    /// Payload bytes into the busiest shard per update it applied (NaN where not measured).
+    #[serde(default = "nan", deserialize_with = "rudra_actors::report::nan_if_null")]
+    pub shard_bytes_per_update: f64,
     /// `completed`, `diverged` or `failed`.
     pub outcome: String,
     /// `staleness_histogram[σ]`: applied gradients of staleness σ.
@@ -75,6 +78,7 @@ impl Point {
             samples_per_second: s.samples_per_second,
             payload_bytes: s.bytes.payload,
             goodput: s.goodput,
+            shard_bytes_per_update: s.shard_payload_in_per_update,
             outcome: s.outcome.clone(),
             staleness_histogram: s.staleness.histogram.clone(),
         }
@@ -97,6 +101,7 @@ impl Point {
             Measure::SamplesPerSecond => self.samples_per_second,
             Measure::PayloadBytes => self.payload_bytes as f64,
             Measure::Goodput => self.goodput,
+            Measure::ShardBytesPerUpdate => self.shard_bytes_per_update,
         }
     }
 
@@ -256,13 +261,17 @@ fn run_point(runs: StudyRuns, config: &Config, sets: &[String], dir: &RunDir) ->
     Ok(point)
 }
 
+fn nan() -> f64 {
+    f64::NAN
+}
+
 /// A number for a table: empty when there is none.
 fn cell(v: Option<f64>) -> String {
     v.filter(|v| v.is_finite()).map_or_else(String::new, |v| format!("{v:.4}"))
 }
 
 const MEASURES: &str = "test_accuracy,test_error,time_to_target,updates_to_target,mean_staleness,\
-                        max_staleness,samples_per_second,payload_bytes,goodput,outcome";
+                        max_staleness,samples_per_second,payload_bytes,goodput,shard_bytes_per_update,outcome";
 
 /// The measured cells of `p`, in the order of [`MEASURES`].
 fn measures(p: &Point) -> Vec<String> {
@@ -276,6 +285,9 @@ fn measures(p: &Point) -> Vec<String> {
         format!("{:.0}", p.samples_per_second),
         p.payload_bytes.to_string(),
         format!("{:.3}", p.goodput),
+        Some(p.shard_bytes_per_update)
+            .filter(|b| b.is_finite())
+            .map_or_else(String::new, |b| format!("{b:.0}")),
         p.outcome.clone(),
     ]
 }

@@ -87,10 +87,12 @@ pub enum Measure {
     PayloadBytes,
     /// Goodput (`docs/src/algorithms.md` §5.3).
     Goodput,
+    /// Payload bytes into the busiest shard per update.
+    ShardBytesPerUpdate,
 }
 
 impl Measure {
-    const ALL: [(&'static str, Measure); 7] = [
+    const ALL: [(&'static str, Measure); 8] = [
         ("test_error", Self::TestError),
         ("time_to_target", Self::TimeToTarget),
         ("updates_to_target", Self::UpdatesToTarget),
@@ -98,6 +100,7 @@ impl Measure {
         ("samples_per_second", Self::SamplesPerSecond),
         ("payload_bytes", Self::PayloadBytes),
         ("goodput", Self::Goodput),
+        ("shard_bytes_per_update", Self::ShardBytesPerUpdate),
     ];
 
     /// Its name in a study file, its figure's file and its axis label.
