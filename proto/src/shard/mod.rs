@@ -447,14 +447,9 @@ impl SgdShard {
         let lr = self.held.last().map_or(0.0, |h| h.lr);
         let alpha_update = (!self.cfg.modulation.is_per_gradient())
             .then(|| self.cfg.modulation.alpha(lr, Staleness(0), self.stats.mean()));
-        // Σ s_k is exactly c when every gradient is over μ examples. A group's aggregate can
-        // bring more than the c an n-softsync update takes: each still weighs 1/c (§4.2).
+        // Σ s_k is exactly c when every gradient is over μ examples.
         let shares: f32 = self.held.iter().map(|h| h.share).sum();
-        let over = match self.cfg.rule {
-            SyncRule::Hardsync => 1.0,
-            _ => self.gradients_per_update().min(c) as f32 / c as f32,
-        };
-        let scale = -alpha_update.unwrap_or(1.0) / (shares * over);
+        let scale = -alpha_update.unwrap_or(1.0) / shares;
         let params = Arc::make_mut(&mut self.params);
         if !self.round.is_empty() {
             for (_, (weight, grad)) in std::mem::take(&mut self.round) {

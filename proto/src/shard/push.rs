@@ -47,10 +47,10 @@ impl SgdShard {
     }
 
     /// A learner group's aggregate: the mean over all the examples of `members`' gradients,
-    /// every one computed on `computed_on` (`Σ_k μ_k g_k / Σ_k μ_k`). Each member is taken as
-    /// if its own push had arrived alone — its step, its staleness, its record, one of the `c`
-    /// gradients of an update — and the values are applied once, with the members' shares
-    /// summed. Refused whole, changing nothing, if any member could not push alone.
+    /// every one computed on `computed_on` (`ḡ = Σ_k μ_k g_k / Σ_k μ_k`). The members are taken
+    /// one after another, in order, each as if its own push of ḡ had arrived then: its step,
+    /// its staleness at its turn, its α(σ) and share, its record, one of the `c` gradients of
+    /// an update. Refused whole, changing nothing, if any member could not push alone.
     pub fn on_aggregate(
         &mut self,
         members: &[Contribution],
@@ -58,80 +58,78 @@ impl SgdShard {
         grad: &[f32],
     ) -> Result<Vec<ShardEvent>, CoreError> {
         self.check_push(members, computed_on, grad)?;
-        let folded = self.folds() && computed_on < self.clock;
-        for &Contribution { learner, seq, .. } in members {
-            if self.outstanding.seq(learner).is_some_and(|s| s <= seq) {
-                self.outstanding.remove(learner);
-            }
-            self.last_pushed.entry(learner).or_default().insert(seq);
-            if self.cfg.prefetch > 0 {
-                self.used.insert(learner, computed_on.min(self.clock));
-            }
-        }
-        let lr = self.learning_rate();
-        self.received += members.len() as u64;
-        let staleness = self.clock.staleness_of(computed_on).unwrap_or_default();
-        let lapsed = |l: &Contribution| self.removed_at.get(&l.learner).is_some_and(|&c| computed_on < c);
-        let drop = match (self.cfg.rule, self.cfg.max_staleness) {
-            _ if !cpu::all_finite(grad) => Some(DropReason::NonFinite),
-            _ if computed_on > self.clock => Some(DropReason::RolledBack),
-            _ if members.iter().any(lapsed) => Some(DropReason::Lapsed),
-            (SyncRule::Hardsync, _) if staleness.0 > 0 && !folded => Some(DropReason::StaleRound),
-            (_, Some(bound)) if staleness.0 > bound => Some(DropReason::TooStale),
-            _ => None,
-        };
-        if let Some(reason) = drop {
-            for m in members {
-                self.stats.record_dropped(reason);
-                self.events.push(ShardEvent::Gradient(GradientRecord {
-                    shard: self.cfg.id,
-                    learner: m.learner,
-                    computed_on,
-                    staleness,
-                    outcome: Outcome::Dropped(reason),
-                }));
-            }
-            // A hardsync round does not wait for a gradient that can never be applied.
-            if reason == DropReason::NonFinite
-                && self.cfg.rule == SyncRule::Hardsync
-                && computed_on == self.clock
-            {
-                self.voided.extend(members.iter().map(|m| m.learner));
-                if self.round_complete() {
-                    self.apply(None);
-                }
-            }
-        } else {
-            let mut shares = 0.0;
-            let mut alpha = 0.0;
-            for m in members {
-                self.stats.record_applied(staleness);
-                alpha = self.cfg.modulation.alpha(lr, staleness, self.stats.mean());
-                let share = m.examples as f32 / self.cfg.batch.max(1) as f32;
-                shares += share;
-                self.held.push(Held { learner: m.learner, computed_on, staleness, alpha, lr, share });
-            }
-            let weight = (if self.cfg.modulation.is_per_gradient() { alpha } else { 1.0 }) * shares;
-            // A push overtaken by its learner's last pull is applied rather than left held.
-            let complete = self.round_complete() || self.all_finished();
-            if self.cfg.rule == SyncRule::Hardsync {
-                let mut buf = self.spare.pop().unwrap_or_default();
-                buf.clear();
-                buf.extend_from_slice(grad);
-                self.round.insert((members[0].learner, computed_on), (weight, buf));
-                if complete {
-                    self.apply(None);
-                }
-            } else if complete {
-                self.apply(Some((weight, grad)));
-            } else {
-                cpu::axpy(weight, grad, &mut self.acc);
-            }
+        for &member in members {
+            self.take(member, computed_on, grad);
         }
         // A new clock, the oldest outstanding gradient, or this learner's own push may each
         // open the gate for a deferred pull.
         self.release_deferred();
         Ok(self.take_events())
+    }
+
+    /// Take one learner's checked push of `grad`, computed on `computed_on`: held, applied
+    /// when it completes an update, or dropped with its reason.
+    fn take(&mut self, Contribution { learner, seq, examples }: Contribution, computed_on: Clock, grad: &[f32]) {
+        let folded = self.folds() && computed_on < self.clock;
+        if self.outstanding.seq(learner).is_some_and(|s| s <= seq) {
+            self.outstanding.remove(learner);
+        }
+        self.last_pushed.entry(learner).or_default().insert(seq);
+        if self.cfg.prefetch > 0 {
+            self.used.insert(learner, computed_on.min(self.clock));
+        }
+        let lr = self.learning_rate();
+        self.received += 1;
+        let staleness = self.clock.staleness_of(computed_on).unwrap_or_default();
+        let drop = match (self.cfg.rule, self.cfg.max_staleness) {
+            _ if !cpu::all_finite(grad) => Some(DropReason::NonFinite),
+            _ if computed_on > self.clock => Some(DropReason::RolledBack),
+            _ if self.removed_at.get(&learner).is_some_and(|&c| computed_on < c) => Some(DropReason::Lapsed),
+            (SyncRule::Hardsync, _) if staleness.0 > 0 && !folded => Some(DropReason::StaleRound),
+            (_, Some(bound)) if staleness.0 > bound => Some(DropReason::TooStale),
+            _ => None,
+        };
+        if let Some(reason) = drop {
+            self.stats.record_dropped(reason);
+            self.events.push(ShardEvent::Gradient(GradientRecord {
+                shard: self.cfg.id,
+                learner,
+                computed_on,
+                staleness,
+                outcome: Outcome::Dropped(reason),
+            }));
+            // A hardsync round does not wait for a gradient that can never be applied.
+            if reason == DropReason::NonFinite
+                && self.cfg.rule == SyncRule::Hardsync
+                && computed_on == self.clock
+            {
+                self.voided.insert(learner);
+                if self.round_complete() {
+                    self.apply(None);
+                }
+            }
+            return;
+        }
+        self.stats.record_applied(staleness);
+        let alpha = self.cfg.modulation.alpha(lr, staleness, self.stats.mean());
+        let share = examples as f32 / self.cfg.batch.max(1) as f32;
+        let weight = (if self.cfg.modulation.is_per_gradient() { alpha } else { 1.0 }) * share;
+        self.held.push(Held { learner, computed_on, staleness, alpha, lr, share });
+        // A push overtaken by its learner's last pull is applied rather than left held.
+        let complete = self.round_complete() || self.all_finished();
+        if self.cfg.rule == SyncRule::Hardsync {
+            let mut buf = self.spare.pop().unwrap_or_default();
+            buf.clear();
+            buf.extend_from_slice(grad);
+            self.round.insert((learner, computed_on), (weight, buf));
+            if complete {
+                self.apply(None);
+            }
+        } else if complete {
+            self.apply(Some((weight, grad)));
+        } else {
+            cpu::axpy(weight, grad, &mut self.acc);
+        }
     }
 
     /// Whether `members` may push `grad` on `computed_on`: each an active learner pushing a

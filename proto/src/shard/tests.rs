@@ -678,19 +678,20 @@ fn a_group_aggregate_counts_each_member_as_if_it_had_arrived_alone() {
         push(&mut alone, *l, Clock(0), &g).unwrap();
     }
     assert_eq!(values(&alone), values(&s));
-    // Async: an aggregate of two stale members is applied once with α(σ) of their shared σ.
+    // Async (c = 1): an aggregate of two members is two updates, one per member in order,
+    // each with the entry's mean and the α(σ) of its own turn: σ = 1, then σ = 2.
     let mut a = shard(SyncRule::Async, LrModulation::PerGradient, None, 3);
     for l in &L[..3] {
         pull(&mut a, *l).unwrap();
     }
     push(&mut a, L[2], Clock(0), &[0.0, 0.0, 1.0]).unwrap();
+    drain(&mut a);
     let events = a.core.on_aggregate(&[member(L[0]), member(L[1])], Clock(0), &[1.0, 0.0, 0.0]);
     a.keep(events).unwrap();
     let (_, grads, updates) = drain(&mut a);
-    assert!(grads[1..].iter().all(|g| g.staleness == Staleness(1)), "{grads:?}");
-    assert_eq!(updates.last().map(|u| u.gradients), Some(2));
-    // The second update weighs each member 1/c (c = 1): θ − (α0/σ)·(g0 + g1) with σ = 1 and
-    // ḡ = (g0 + g1)/2; the clock moves once.
-    close(&values(&a), &[1.0 - 0.5 * 2.0, 2.0, 3.0 - 0.5]);
-    assert_eq!(a.clock(), Clock(2));
+    assert_eq!(grads.iter().map(|g| g.staleness).collect::<Vec<_>>(), vec![Staleness(1), Staleness(2)]);
+    assert_eq!(updates.iter().map(|u| u.gradients).collect::<Vec<_>>(), vec![1, 1]);
+    // θ − (α0/1)·ḡ − (α0/2)·ḡ, α0 = 0.5.
+    close(&values(&a), &[1.0 - 0.5 - 0.25, 2.0, 3.0 - 0.5]);
+    assert_eq!(a.clock(), Clock(3));
 }
