@@ -69,7 +69,12 @@ impl SgdShard {
 
     /// Take one learner's checked push of `grad`, computed on `computed_on`: held, applied
     /// when it completes an update, or dropped with its reason.
-    fn take(&mut self, Contribution { learner, seq, examples }: Contribution, computed_on: Clock, grad: &[f32]) {
+    fn take(
+        &mut self,
+        Contribution { learner, seq, examples }: Contribution,
+        computed_on: Clock,
+        grad: &[f32],
+    ) {
         let folded = self.folds() && computed_on < self.clock;
         if self.outstanding.seq(learner).is_some_and(|s| s <= seq) {
             self.outstanding.remove(learner);
