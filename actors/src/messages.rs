@@ -9,9 +9,8 @@ use actix::prelude::*;
 use rudra_transport::{Clock, LearnerId, Payload, ShardId};
 
 use crate::ActorError;
-use crate::goodput::LearnerCounts;
-pub use crate::report::Progress;
-use rudra_proto::{Contribution, GradientRecord, StalenessSummary, UpdateRecord, Weights};
+pub use crate::report::{Progress, TrackerReport};
+use rudra_proto::{Contribution, GradientRecord, UpdateRecord, Weights};
 
 // ---- to a shard --------------------------------------------------------------------------
 
@@ -321,18 +320,3 @@ impl Records {
 #[derive(Message)]
 #[rtype(result = "TrackerReport")]
 pub struct GetStats;
-
-/// What the tracker knows (kept in a restarting scheduler's state).
-#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
-pub struct TrackerReport {
-    /// Staleness over all shards' gradients.
-    pub staleness: StalenessSummary,
-    /// Updates applied by the shard that applied the most (shards advance together).
-    pub updates: u64,
-    /// Each learner's contributions the shards applied and dropped, by learner id.
-    #[serde(default)]
-    pub by_learner: Vec<LearnerCounts>,
-    /// Payload bytes each shard received, by shard id.
-    #[serde(default)]
-    pub shard_payload_in: Vec<u64>,
-}

@@ -5,8 +5,7 @@ use actix::Message;
 use rudra_transport::LearnerId;
 use serde::{Deserialize, Serialize};
 
-use crate::goodput::{LearnerClocks, LearnerSeconds, LearnerTime, goodput};
-use crate::messages::TrackerReport;
+use crate::goodput::{LearnerClocks, LearnerCounts, LearnerSeconds, LearnerTime, goodput};
 use rudra_proto::{SchedulerCore, StalenessSummary};
 
 /// One evaluation of the model during a run (a row of `metrics.csv`).
@@ -368,6 +367,21 @@ pub struct TimelineEntry {
 /// Read a number that JSON may hold as `null` (serde_json writes NaN and ±Inf so) as NaN.
 pub fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
     Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+}
+
+/// What the tracker knows (kept in a restarting scheduler's state).
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct TrackerReport {
+    /// Staleness over all shards' gradients.
+    pub staleness: StalenessSummary,
+    /// Updates applied by the shard that applied the most (shards advance together).
+    pub updates: u64,
+    /// Each learner's contributions the shards applied and dropped, by learner id.
+    #[serde(default)]
+    pub by_learner: Vec<LearnerCounts>,
+    /// Payload bytes each shard received, by shard id.
+    #[serde(default)]
+    pub shard_payload_in: Vec<u64>,
 }
 
 #[cfg(test)]
