@@ -27,15 +27,18 @@ pub struct Aggregator {
 }
 
 impl Aggregator {
-    /// The aggregator of the group of `members`, in front of the shard taking `shard` and
-    /// `pulls`, encoding as `encoding` says.
+    /// The aggregator of the group of `members` (whose rounds are hardsync's, told by their
+    /// clock, if `hardsync`), in front of the shard taking `shard` and `pulls`, encoding as
+    /// `encoding` says.
     #[must_use]
     pub fn new(
-        members: impl IntoIterator<Item = LearnerId>,
+        (members, hardsync): (Vec<LearnerId>, bool),
         (shard, pulls): (Recipient<Aggregate>, Recipient<Pull>),
         encoding: Encoding,
     ) -> Self {
-        Self { shard, pulls, round: GroupRound::new(members), encoding, feedback: Vec::new() }
+        let round = GroupRound::new(members);
+        let round = if hardsync { round.by_clock() } else { round };
+        Self { shard, pulls, round, encoding, feedback: Vec::new() }
     }
 
     /// `learner` has sent its last gradient: no round waits for it.
@@ -77,9 +80,12 @@ impl Handler<Push> for Aggregator {
         let contribution = Contribution { learner, seq, examples };
         match self.round.push(contribution, computed_on, (values, then.clone())) {
             Ok(Some(batches)) => self.send(batches),
-            // A copy of a push already sent on: the shard answers the pull riding on it.
+            // A copy of a push held: the shard answers the pull riding on it.
             Ok(None) => self.pulls.do_send(then),
-            Err(e) => return tracing::warn!(%learner, "an aggregator rejected a push: {e}"),
+            Err(e) => {
+                tracing::warn!(%learner, "an aggregator rejected a push: {e}");
+                return self.pulls.do_send(then);
+            }
         }
         if last {
             self.finished(learner);
@@ -90,11 +96,9 @@ impl Handler<Push> for Aggregator {
 impl Handler<Pull> for Aggregator {
     type Result = ();
     fn handle(&mut self, msg: Pull, _: &mut Context<Self>) {
-        let (learner, last) = (msg.learner, msg.last);
+        // A pull alone is a learner's first or a retry: its last push, not its last pull,
+        // ends its part in the rounds.
         self.pulls.do_send(msg);
-        if last {
-            self.finished(learner);
-        }
     }
 }
 

@@ -126,14 +126,15 @@ fn grouped(
     }
     let mut by_learner = vec![Vec::new(); spec.learners as usize];
     let mut aggregators = Vec::new();
+    // Groups are for the SGD rules: rounds that wait for all are hardsync's.
+    let hardsync = spec.protocol.waits_for_all();
     for members in spec.learner_groups() {
         let thread = on_own_thread();
         let group: Vec<ShardLink> = (links.iter().zip(shards))
             .map(|(link, shard)| {
                 let to = (shard.clone().recipient(), link.pull.clone());
-                let (members, encoding) = (members.clone(), spec.codecs.gradients);
-                let a =
-                    Aggregator::start_in_arbiter(&thread, move |_| Aggregator::new(members, to, encoding));
+                let (group, encoding) = ((members.clone(), hardsync), spec.codecs.gradients);
+                let a = Aggregator::start_in_arbiter(&thread, move |_| Aggregator::new(group, to, encoding));
                 aggregators.push(a.clone().recipient());
                 ShardLink { pull: a.clone().recipient(), push: a.recipient(), ..link.clone() }
             })

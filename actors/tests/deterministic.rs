@@ -30,6 +30,7 @@ fn run(
         lr,
         retry_every: 1_000_000,
         horizon: 1_000_000,
+        groups: 1,
     };
     run_sgd(&setup, FaultSchedule { max_delay: 1, ..FaultSchedule::default() }, 0, grad)
         .unwrap_or_else(|v| panic!("{rule:?}: {v}"))
@@ -193,6 +194,7 @@ fn prefetch_one_is_delayed_sgd_exactly() {
         lr,
         retry_every: 1_000_000,
         horizon: 1_000_000,
+        groups: 1,
     };
     let out =
         run_sgd(&setup, FaultSchedule { max_delay: 1, ..FaultSchedule::default() }, 0, &mut pull_towards_b)

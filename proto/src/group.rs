@@ -30,8 +30,14 @@ pub struct GroupRound<T> {
     finished: BTreeSet<LearnerId>,
     /// The pushes of the open round.
     held: BTreeMap<LearnerId, (Contribution, Clock, T)>,
-    /// Each member's newest step sent on: an older or repeated push is not taken again.
-    sent: BTreeMap<LearnerId, u64>,
+    /// Each member's newest step sent on, and the clock it was computed on: an older or
+    /// repeated push is not taken again.
+    sent: BTreeMap<LearnerId, (u64, Clock)>,
+    /// Hardsync: a round of pushes on clock j is the shard's round j, and does not wait for a
+    /// member that sent one on j or later (one back from a failure joins the shard's round,
+    /// which the others may have pushed to). Otherwise a round waits for a push from every
+    /// member, so that a group's rounds keep step at every shard.
+    by_clock: bool,
 }
 
 impl<T> GroupRound<T> {
@@ -40,12 +46,20 @@ impl<T> GroupRound<T> {
     pub fn new(members: impl IntoIterator<Item = LearnerId>) -> Self {
         let members: BTreeSet<LearnerId> = members.into_iter().collect();
         let (held, sent, finished) = (BTreeMap::new(), BTreeMap::new(), BTreeSet::new());
-        Self { active: members.clone(), members, finished, held, sent }
+        Self { active: members.clone(), members, finished, held, sent, by_clock: false }
     }
 
-    /// A member's push. `Ok(None)` for a copy of a push already sent on (its driver forwards
-    /// the pull it carries alone); the round's batches once it is complete. A push from a
-    /// learner outside the group, or a second push of a member in one round, is refused.
+    /// Rounds are the shard's hardsync rounds, told by their clock.
+    #[must_use]
+    pub fn by_clock(mut self) -> Self {
+        self.by_clock = true;
+        self
+    }
+
+    /// A member's push: the round's batches once it is complete. `Ok(None)` for a copy of a
+    /// push held (its driver forwards the pull it carries alone); a copy of one sent on goes
+    /// again, alone. A later step of a member sends the one held on alone, and is held in its
+    /// place. A push from a learner outside the group, or not training, is refused.
     pub fn push(
         &mut self,
         c: Contribution,
@@ -53,24 +67,28 @@ impl<T> GroupRound<T> {
         value: T,
     ) -> Result<Option<Vec<Batch<T>>>, CoreError> {
         let l = c.learner;
+        if self.sent.get(&l).is_some_and(|&(s, _)| c.seq <= s) {
+            // Sent on before, and pushed again: the shard may have lost it (a restart from a
+            // checkpoint). It goes again, alone; a shard that has it takes it once.
+            return Ok(Some(vec![Batch { computed_on, members: vec![c], values: vec![value] }]));
+        }
+        if self.held.get(&l).is_some_and(|h| c.seq <= h.0.seq) {
+            return Ok(None);
+        }
         if !self.training(l) {
             return Err(CoreError::Protocol(format!(
                 "{l} pushed to the aggregator of a group it is not training in"
             )));
         }
-        if self.sent.get(&l).is_some_and(|&s| c.seq <= s)
-            || self.held.get(&l).is_some_and(|h| h.0.seq == c.seq)
-        {
-            return Ok(None);
+        // A member that moved on (its pull answered by a shard that lost the push it rode on,
+        // or a new incarnation) sends the step held on at once, alone.
+        let mut batches = Vec::new();
+        if let Some((c, computed_on, value)) = self.held.insert(l, (c, computed_on, value)) {
+            self.sent.insert(l, (c.seq, computed_on));
+            batches.push(Batch { computed_on, members: vec![c], values: vec![value] });
         }
-        if self.held.contains_key(&l) {
-            return Err(CoreError::Protocol(format!(
-                "{l} pushed step {} before its group's round was sent",
-                c.seq
-            )));
-        }
-        self.held.insert(l, (c, computed_on, value));
-        Ok(Some(self.take_if_complete()))
+        batches.extend(self.take_if_complete());
+        Ok(Some(batches))
     }
 
     /// `learner`'s last push is in: no round waits for it. The open round's batches if that
@@ -80,9 +98,11 @@ impl<T> GroupRound<T> {
         self.take_if_complete()
     }
 
-    /// The run's active learners are `active`: no round waits for a member that is not.
+    /// The run's active learners are `active`: no round waits for a member that is not, and
+    /// what one that is not had pushed is dropped (the shards would refuse it).
     pub fn on_membership(&mut self, active: &BTreeSet<LearnerId>) -> Vec<Batch<T>> {
         self.active = self.members.intersection(active).copied().collect();
+        self.held.retain(|l, _| active.contains(l));
         self.take_if_complete()
     }
 
@@ -90,16 +110,18 @@ impl<T> GroupRound<T> {
         self.active.contains(&l) && !self.finished.contains(&l)
     }
 
-    /// The held pushes, by clock, if every member training has pushed (the held ones of
-    /// members that left go too).
+    /// The held pushes, by clock, once every member training has pushed in this round: its
+    /// push is held (or, by clock, it sent one on a clock no older than the oldest held).
     fn take_if_complete(&mut self) -> Vec<Batch<T>> {
-        let waiting = self.active.iter().any(|&l| self.training(l) && !self.held.contains_key(&l));
-        if self.held.is_empty() || waiting {
+        let Some(oldest) = self.held.values().map(|h| h.1).min() else { return Vec::new() };
+        let turn_taken = |l: &LearnerId| self.by_clock && self.sent.get(l).is_some_and(|&(_, j)| j >= oldest);
+        let pushed = |l: &LearnerId| self.held.contains_key(l) || turn_taken(l);
+        if self.active.iter().any(|&l| self.training(l) && !pushed(&l)) {
             return Vec::new();
         }
         let mut by_clock: BTreeMap<Clock, Batch<T>> = BTreeMap::new();
         for (l, (c, computed_on, value)) in std::mem::take(&mut self.held) {
-            self.sent.insert(l, c.seq);
+            self.sent.insert(l, (c.seq, computed_on));
             let batch = by_clock.entry(computed_on).or_insert_with(|| Batch {
                 computed_on,
                 members: Vec::new(),
@@ -110,6 +132,14 @@ impl<T> GroupRound<T> {
         }
         by_clock.into_values().collect()
     }
+}
+
+/// The learners of each of `groups` groups of `learners`: contiguous runs of ids, of ⌊λ/G⌋ or
+/// ⌈λ/G⌉ each.
+#[must_use]
+pub fn learner_groups(learners: u32, groups: u32) -> Vec<Vec<LearnerId>> {
+    let (g, l) = (u64::from(groups.max(1)), u64::from(learners));
+    (0..g).map(|k| ((k * l / g)..((k + 1) * l / g)).map(|i| LearnerId(i as u32)).collect()).collect()
 }
 
 /// The mean over all examples of gradients each the mean over its own (`Σ μ_k g_k / Σ μ_k`),
@@ -146,17 +176,19 @@ mod tests {
         let mut r = GroupRound::new([LearnerId(0), LearnerId(1), LearnerId(2)]);
         assert_eq!(r.push(push(2, 1), Clock(3), 'c').unwrap(), Some(vec![]));
         assert_eq!(r.push(push(0, 1), Clock(4), 'a').unwrap(), Some(vec![]));
-        // A copy of a held push is not taken twice; a second step before the round left is refused.
+        // A copy of a held push is not taken twice; a later step sends the held one on alone.
         assert_eq!(r.push(push(0, 1), Clock(4), 'x').unwrap(), None);
-        assert!(r.push(push(0, 2), Clock(4), 'x').is_err());
+        let alone = r.push(push(0, 1 << 40), Clock(4), 'a').unwrap().unwrap();
+        assert_eq!((alone.len(), alone[0].members.clone()), (1, vec![push(0, 1)]));
         assert!(r.push(push(7, 1), Clock(4), 'x').is_err(), "not a member");
         let batches = r.push(push(1, 1), Clock(4), 'b').unwrap().unwrap();
         assert_eq!(batches.len(), 2);
         assert_eq!((batches[0].computed_on, batches[0].values.clone()), (Clock(3), vec!['c']));
         assert_eq!((batches[1].computed_on, batches[1].values.clone()), (Clock(4), vec!['a', 'b']));
-        assert_eq!(batches[1].members, vec![push(0, 1), push(1, 1)]);
-        // A late copy of a step already sent on is not taken again.
-        assert_eq!(r.push(push(1, 1), Clock(4), 'y').unwrap(), None);
+        assert_eq!(batches[1].members, vec![push(0, 1 << 40), push(1, 1)]);
+        // A late copy of a step already sent on goes again, alone (the shard may have lost it).
+        let again = r.push(push(1, 1), Clock(4), 'y').unwrap().unwrap();
+        assert_eq!((again.len(), again[0].members.clone()), (1, vec![push(1, 1)]));
     }
 
     #[test]
@@ -176,6 +208,25 @@ mod tests {
         assert_eq!(r.push(push(0, 1), Clock(0), 1).unwrap().unwrap().len(), 1, "not waiting for 1");
         assert!(r.on_membership(&[LearnerId(0), LearnerId(1)].into()).is_empty());
         assert_eq!(r.push(push(0, 2), Clock(1), 1).unwrap(), Some(vec![]), "waiting for 1 again");
+        // A member lost while its push is held: the push goes with it, and the round leaves
+        // without it.
+        assert_eq!(r.push(push(1, 2), Clock(1), 7).unwrap().unwrap().len(), 1);
+        assert_eq!(r.push(push(1, 3), Clock(2), 7).unwrap(), Some(vec![]));
+        let batches = r.on_membership(&[LearnerId(0)].into());
+        assert!(batches.is_empty(), "nothing held but the lost member's: {batches:?}");
+        assert_eq!(r.push(push(0, 3), Clock(2), 1).unwrap().unwrap()[0].members, vec![push(0, 3)]);
+        // By clock (hardsync), a member back joins the round the others already sent theirs
+        // to: it is not held for their next.
+        let mut back = GroupRound::new([LearnerId(0), LearnerId(1)]).by_clock();
+        back.on_membership(&[LearnerId(0)].into());
+        assert_eq!(back.push(push(0, 1), Clock(3), 1).unwrap().unwrap().len(), 1);
+        back.on_membership(&[LearnerId(0), LearnerId(1)].into());
+        assert_eq!(
+            back.push(push(1, 1 << 40), Clock(3), 2).unwrap().unwrap()[0].members,
+            vec![push(1, 1 << 40)]
+        );
+        assert_eq!(back.push(push(1, (1 << 40) + 1), Clock(4), 2).unwrap(), Some(vec![]), "now in step");
+        assert_eq!(back.push(push(0, 2), Clock(4), 1).unwrap().unwrap()[0].members.len(), 2);
     }
 
     #[test]

@@ -262,8 +262,7 @@ impl ClusterSpec {
     /// or ⌈λ/G⌉ each.
     #[must_use]
     pub fn learner_groups(&self) -> Vec<Vec<LearnerId>> {
-        let (g, l) = (u64::from(self.groups.max(1)), u64::from(self.learners));
-        (0..g).map(|k| ((k * l / g)..((k + 1) * l / g)).map(|i| LearnerId(i as u32)).collect()).collect()
+        rudra_proto::learner_groups(self.learners, self.groups)
     }
 
     /// With a quorum: the rule of its shards' grace windows.

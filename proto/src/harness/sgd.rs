@@ -1,6 +1,7 @@
 //! The SGD family (hardsync, n-softsync, async) under the harness: SGD shard cores and
 //! learner loops, their messages on faulty links, learners dying and rejoining, shards
-//! restarting from checkpoints.
+//! restarting from checkpoints; with learner groups, each group's aggregator at the shard's
+//! end of its members' links.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap};
@@ -10,8 +11,9 @@ use std::sync::Arc;
 use super::network::{FaultSchedule, Network};
 use super::{Dice, Violation};
 use crate::{
-    Clock, CoreError, Floats, GradientRecord, LearnerCore, LearnerEvent, LearnerId, LrModulation, LrSchedule,
-    NextPull, Outcome, SgdShard, SgdShardConfig, ShardEvent, ShardId, ShardState, SyncRule, shard_ranges,
+    Clock, CoreError, Floats, GradientRecord, GroupRound, LearnerCore, LearnerEvent, LearnerId, LrModulation,
+    LrSchedule, NextPull, Outcome, SgdShard, SgdShardConfig, ShardEvent, ShardId, ShardState, SyncRule,
+    learner_groups, shard_ranges,
 };
 
 /// What an SGD-family harness run trains.
@@ -44,7 +46,15 @@ pub struct SgdSetup {
     pub retry_every: u64,
     /// The run must finish within this many ticks.
     pub horizon: u64,
+    /// Learner groups (1: none): each group's aggregator for a shard sits at the shard's end
+    /// of its members' links.
+    pub groups: u32,
 }
+
+mod groups;
+
+/// A push held at an aggregator: the gradient and the pull riding on it.
+type Held = (Arc<Vec<f32>>, NextPull);
 
 /// How an SGD-family harness run ended.
 #[derive(Clone, Debug)]
@@ -139,6 +149,9 @@ struct Run<'a, 'g> {
     records: Vec<GradientRecord>,
     /// Rejoins still to come: the run is not over before them.
     pending: usize,
+    /// With groups: each learner's group, and each group's round for each shard.
+    group_of: Vec<usize>,
+    rounds: Vec<Vec<GroupRound<Held>>>,
 }
 
 /// Run `setup` under `faults` with `seed` (link dice, compute times), learners computing
@@ -216,7 +229,21 @@ impl<'a, 'g> Run<'a, 'g> {
             armed: 0,
             now: 0,
             records: Vec::new(),
+            group_of: Vec::new(),
+            rounds: Vec::new(),
         };
+        if setup.groups > 1 {
+            let groups = learner_groups(setup.learners, setup.groups);
+            run.group_of = vec![0; setup.learners as usize];
+            for (g, members) in groups.iter().enumerate() {
+                members.iter().for_each(|l| run.group_of[l.index()] = g);
+            }
+            let round = |m: &Vec<LearnerId>| {
+                let r = GroupRound::new(m.iter().copied());
+                if setup.rule == SyncRule::Hardsync { r.by_clock() } else { r }
+            };
+            run.rounds = groups.iter().map(|m| (0..run.ranges.len()).map(|_| round(m)).collect()).collect();
+        }
         let faults = run.net.faults().clone();
         for (i, d) in faults.deaths.iter().enumerate() {
             run.arm(d.at, Timer::Die(i));
@@ -354,11 +381,18 @@ impl<'a, 'g> Run<'a, 'g> {
         Ok(())
     }
 
-    /// The active set changed: every shard hears of it at once, as the scheduler tells them.
+    /// The active set changed: every shard and aggregator hears of it at once, as the
+    /// scheduler tells them.
     fn membership(&mut self) -> Result<(), Violation> {
         for s in 0..self.shards.len() {
             let events = self.shards[s].core.on_membership(self.active.clone());
             self.shard_events(s, events)?;
+        }
+        for g in 0..self.rounds.len() {
+            for s in 0..self.shards.len() {
+                let batches = self.rounds[g][s].on_membership(&self.active);
+                self.aggregates(s, batches)?;
+            }
         }
         Ok(())
     }
@@ -394,6 +428,9 @@ impl<'a, 'g> Run<'a, 'g> {
     fn deliver(&mut self, msg: Msg) -> Result<(), Violation> {
         match msg {
             Msg::Pull { learner, shard, last, seq } => self.pull(shard.index(), learner, seq, last),
+            Msg::Push { learner, shard, computed_on, seq, grad, pull } if !self.rounds.is_empty() => {
+                self.to_aggregator(shard.index(), learner, (seq, computed_on, (grad, pull)))
+            }
             Msg::Push { learner, shard, computed_on, seq, grad, pull } => {
                 let s = shard.index();
                 match self.shards[s].core.on_push(learner, seq, computed_on, &grad) {

@@ -27,6 +27,7 @@ fn sgd(rule: SyncRule, max_staleness: Option<u64>) -> SgdSetup {
         lr: 0.1,
         retry_every: 12,
         horizon: 20_000,
+        groups: 1,
     }
 }
 
@@ -101,6 +102,34 @@ fn prefetch_keeps_every_invariant_under_link_faults_and_node_failures() {
                         panic!("prefetch {k}, {rule:?}, bound {bound:?}, seed {seed} ({faults:?}): {v}");
                     }
                 }
+            }
+        }
+    }
+}
+
+#[test]
+fn learner_groups_keep_every_invariant_under_link_faults_and_node_failures() {
+    // Two groups of two: hardsync still equals sequential SGD (to float rounding: an aggregate
+    // is a mean) on lossy, repeating, reordering links; every rule keeps its invariants
+    // through learner deaths, rejoins and (but for hardsync) shard restarts.
+    let want = sequential(&SgdSetup { modulation: LrModulation::None, ..sgd(SyncRule::Hardsync, None) });
+    for rule in [SyncRule::Hardsync, SyncRule::Softsync { n: 2 }, SyncRule::Async] {
+        let setup = SgdSetup { groups: 2, modulation: LrModulation::None, ..sgd(rule, None) };
+        for seed in 0..SCHEDULES / 2 {
+            let links = FaultSchedule::links(seed, setup.learners, 200);
+            let out = run_sgd(&setup, links.clone(), seed, &mut quadratic_gradient)
+                .unwrap_or_else(|v| panic!("{rule:?} in groups, seed {seed} ({links:?}): {v}"));
+            if rule == SyncRule::Hardsync {
+                let worst = out.params.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+                assert!(worst < 1e-5, "seed {seed}: hardsync in groups is {worst} off sequential SGD");
+                assert!(out.records.iter().all(|r| r.staleness.0 == 0));
+            }
+            let mut nodes = FaultSchedule::nodes(seed, setup.learners, setup.shards, 150);
+            if rule == SyncRule::Hardsync {
+                nodes.restarts.clear(); // as for every hardsync run: shards do not restart
+            }
+            if let Err(v) = run_sgd(&setup, nodes.clone(), seed, &mut quadratic_gradient) {
+                panic!("{rule:?} in groups, seed {seed} ({nodes:?}): {v}");
             }
         }
     }

@@ -50,7 +50,9 @@ impl SgdShard {
     /// every one computed on `computed_on` (`ḡ = Σ_k μ_k g_k / Σ_k μ_k`). The members are taken
     /// one after another, in order, each as if its own push of ḡ had arrived then: its step,
     /// its staleness at its turn, its α(σ) and share, its record, one of the `c` gradients of
-    /// an update. Refused whole, changing nothing, if any member could not push alone.
+    /// an update. A malformed aggregate is refused whole, changing nothing; a member that could
+    /// not push alone is left out (one no longer active is recorded as lapsed), and the
+    /// aggregate is refused only if no member is left.
     pub fn on_aggregate(
         &mut self,
         members: &[Contribution],
@@ -58,13 +60,40 @@ impl SgdShard {
         grad: &[f32],
     ) -> Result<Vec<ShardEvent>, CoreError> {
         self.check_push(members, computed_on, grad)?;
+        let (mut refused, mut gone, mut taken) = (None, Vec::new(), 0);
         for &member in members {
-            self.take(member, computed_on, grad);
+            match self.admit(member, computed_on) {
+                Ok(()) => {
+                    self.take(member, computed_on, grad);
+                    taken += 1;
+                }
+                Err(e) => {
+                    if !self.active.contains(&member.learner) {
+                        gone.push(member.learner);
+                    }
+                    refused.get_or_insert(e);
+                }
+            }
+        }
+        if let (0, Some(e)) = (taken, refused) {
+            return Err(e);
+        }
+        for learner in gone {
+            self.lapsed(learner, computed_on);
         }
         // A new clock, the oldest outstanding gradient, or this learner's own push may each
         // open the gate for a deferred pull.
         self.release_deferred();
         Ok(self.take_events())
+    }
+
+    /// Record the gradient of `learner`, no longer active, as lapsed.
+    fn lapsed(&mut self, learner: LearnerId, computed_on: Clock) {
+        let staleness = self.clock.staleness_of(computed_on).unwrap_or_default();
+        self.stats.record_dropped(DropReason::Lapsed);
+        let outcome = Outcome::Dropped(DropReason::Lapsed);
+        let record = GradientRecord { shard: self.cfg.id, learner, computed_on, staleness, outcome };
+        self.events.push(ShardEvent::Gradient(record));
     }
 
     /// Take one learner's checked push of `grad`, computed on `computed_on`: held, applied
@@ -137,10 +166,9 @@ impl SgdShard {
         }
     }
 
-    /// Whether `members` may push `grad` on `computed_on`: each an active learner pushing a
-    /// step not taken before, over 1 to μλ examples (all of them together too), and for
-    /// hardsync not twice in the open round; the values as long as the range, from no clock
-    /// after this shard's.
+    /// Whether `members` may push `grad` on `computed_on` as a message: at least one, each
+    /// once, over 1 to μλ examples (all of them together too), the values as long as the
+    /// range, from no clock after this shard's.
     fn check_push(
         &self,
         members: &[Contribution],
@@ -150,15 +178,16 @@ impl SgdShard {
         let id = self.cfg.id;
         let most = self.cfg.batch.saturating_mul(self.learners.max(1) as u32); // μλ at the start
         let total = members.iter().map(|m| u64::from(m.examples)).sum::<u64>();
-        if members.is_empty() || total > u64::from(most) {
+        let Some(first) = members.first().map(|m| m.learner) else {
+            return Err(CoreError::Protocol(format!("a push to {id} from no learner")));
+        };
+        if total > u64::from(most) {
             let n = members.len();
             return Err(CoreError::Protocol(format!(
                 "a push to {id} of {n} learners' gradients over {total} examples; at most {most}"
             )));
         }
-        let folded = self.folds() && computed_on < self.clock;
-        for (k, &Contribution { learner, seq, examples }) in members.iter().enumerate() {
-            self.check_member(learner)?;
+        for (k, &Contribution { learner, examples, .. }) in members.iter().enumerate() {
             if members[..k].iter().any(|m| m.learner == learner) {
                 return Err(CoreError::Protocol(format!(
                     "{learner} is twice in one aggregate pushed to {id}"
@@ -169,31 +198,42 @@ impl SgdShard {
                     format!("{learner} pushed a gradient over {examples} examples to {id}; at most {most}");
                 return Err(CoreError::Protocol(why));
             }
-            if self.window(learner).contains(seq) && !broken::accepts_duplicates() {
-                return Err(self.duplicate(learner, seq, "push"));
-            }
-            // A gradient on weights a restart lost is no part of the open round: it is dropped
-            // as rolled back, not refused as a second turn; nor is a late one folded in.
-            if self.cfg.rule == SyncRule::Hardsync
-                && self.in_round(learner)
-                && computed_on <= self.clock
-                && !folded
-            {
-                return Err(self.duplicate(learner, seq, "push in a round it already pushed to"));
-            }
         }
         if grad.len() != self.params.len() {
             let (n, holds) = (grad.len(), self.params.len());
             return Err(CoreError::Protocol(format!(
-                "{} pushed {n} gradient values to {id}, which holds {holds}",
-                members[0].learner
+                "{first} pushed {n} gradient values to {id}, which holds {holds}"
             )));
         }
         if computed_on > self.clock && !self.restored {
             return Err(CoreError::Protocol(format!(
-                "{} pushed a gradient on clock {computed_on} to {id}, which is at {}",
-                members[0].learner, self.clock
+                "{first} pushed a gradient on clock {computed_on} to {id}, which is at {}",
+                self.clock
             )));
+        }
+        Ok(())
+    }
+
+    /// Whether `learner` may push its step `seq` now: an active learner, a step not taken
+    /// before, and for hardsync not twice in the open round.
+    fn admit(
+        &self,
+        Contribution { learner, seq, .. }: Contribution,
+        computed_on: Clock,
+    ) -> Result<(), CoreError> {
+        self.check_member(learner)?;
+        if self.window(learner).contains(seq) && !broken::accepts_duplicates() {
+            return Err(self.duplicate(learner, seq, "push"));
+        }
+        // A gradient on weights a restart lost is no part of the open round: it is dropped as
+        // rolled back, not refused as a second turn; nor is a late one folded in.
+        let folded = self.folds() && computed_on < self.clock;
+        if self.cfg.rule == SyncRule::Hardsync
+            && self.in_round(learner)
+            && computed_on <= self.clock
+            && !folded
+        {
+            return Err(self.duplicate(learner, seq, "push in a round it already pushed to"));
         }
         Ok(())
     }

@@ -136,7 +136,7 @@ pub fn simulate(config: &Config, progress: ProgressMode) -> Result<SimReport, Ru
                 None => synthetic_cores(spec, sgd, &init, &ranges),
             };
             let mut world = SgdWorld::new(shards, ranges, cores)
-                .with_groups(&spec.learner_groups(), spec.batch_size as u32);
+                .with_groups(&spec.learner_groups(), (spec.batch_size as u32, spec.protocol.waits_for_all()));
             let engine = Engine::new(rng, compute, net, gradients, learners)
                 .with_grace(spec.grace_window(), lens.len());
             (engine.run(&mut world, &sim.stop, run, &mut progress)?, summarize(&world))

@@ -140,16 +140,22 @@ impl SgdWorld {
     }
 
     /// The learners push through their groups' aggregators: `groups` (more than one) lists
-    /// each group's learners; every gradient is over `batch` examples.
+    /// each group's learners; every gradient is over `batch` examples; under hardsync a round
+    /// is told by its clock.
     #[must_use]
-    pub fn with_groups(mut self, groups: &[Vec<LearnerId>], batch: u32) -> Self {
+    pub fn with_groups(mut self, groups: &[Vec<LearnerId>], (batch, hardsync): (u32, bool)) -> Self {
         if groups.len() > 1 {
             let mut of = vec![0; self.learners.len()];
             for (g, members) in groups.iter().enumerate() {
                 members.iter().for_each(|l| of[l.index()] = g);
             }
             let rounds = (groups.iter())
-                .map(|m| (0..self.shards.len()).map(|_| GroupRound::new(m.iter().copied())).collect())
+                .map(|m| {
+                    let round = || GroupRound::new(m.iter().copied());
+                    (0..self.shards.len())
+                        .map(|_| if hardsync { round().by_clock() } else { round() })
+                        .collect()
+                })
                 .collect();
             let via = groups.iter().map(|m| m.first().copied().unwrap_or(LearnerId(0))).collect();
             self.groups = Some(Groups { of, rounds, via, batch });
@@ -157,27 +163,19 @@ impl SgdWorld {
         self
     }
 
-    /// A learner's push or last pull reaches its group's aggregator (`push`: the push; `None`:
-    /// the learner's last pull went to the shard alone); what the round sends on, sent.
+    /// A learner's push reaches its group's aggregator; what the round sends on, sent.
     fn aggregate(
         &mut self,
         eng: &mut Engine<SgdMsg>,
         (learner, shard): (LearnerId, ShardId),
-        push: Option<(u64, Clock, Held)>,
+        (seq, computed_on, held): (u64, Clock, Held),
     ) -> Result<(), RuntimeError> {
         let Some(groups) = &mut self.groups else { return Ok(()) };
         let g = groups.of[learner.index()];
         let round = &mut groups.rounds[g][shard.index()];
-        let mut batches = Vec::new();
-        let last = match push {
-            Some((seq, computed_on, held)) => {
-                let last = held.1.last;
-                let c = Contribution { learner, seq, examples: groups.batch };
-                batches.extend(round.push(c, computed_on, held)?.unwrap_or_default());
-                last
-            }
-            None => true,
-        };
+        let last = held.1.last;
+        let c = Contribution { learner, seq, examples: groups.batch };
+        let mut batches = round.push(c, computed_on, held)?.unwrap_or_default();
         if last {
             batches.extend(round.finish(learner));
         }
@@ -204,14 +202,11 @@ impl SgdWorld {
             match event {
                 LearnerEvent::Pull { shard, last, seq } => {
                     eng.send(SgdMsg::Pull { learner, shard, last, seq });
-                    if last {
-                        self.aggregate(eng, (learner, shard), None)?;
-                    }
                 }
                 LearnerEvent::Push { shard, computed_on, seq, pull } => {
                     let grad = me.grad.clone().ok_or_else(|| internal("a push without a gradient"))?;
                     if self.groups.is_some() {
-                        self.aggregate(eng, (learner, shard), Some((seq, computed_on, (grad, pull))))?;
+                        self.aggregate(eng, (learner, shard), (seq, computed_on, (grad, pull)))?;
                     } else {
                         eng.send(SgdMsg::Push { learner, shard, computed_on, seq, grad, pull });
                     }
