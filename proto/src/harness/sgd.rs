@@ -429,7 +429,7 @@ impl<'a, 'g> Run<'a, 'g> {
         match msg {
             Msg::Pull { learner, shard, last, seq } => self.pull(shard.index(), learner, seq, last),
             Msg::Push { learner, shard, computed_on, seq, grad, pull } if !self.rounds.is_empty() => {
-                self.to_aggregator(shard.index(), learner, (seq, computed_on, (grad, pull)))
+                self.at_aggregator(shard.index(), learner, (seq, computed_on, (grad, pull)))
             }
             Msg::Push { learner, shard, computed_on, seq, grad, pull } => {
                 let s = shard.index();

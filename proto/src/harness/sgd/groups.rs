@@ -7,7 +7,7 @@ use crate::{Batch, Clock, Contribution, LearnerId, mean_over_examples};
 impl Run<'_, '_> {
     /// A push reached `learner`'s group's aggregator for shard `s`: held, or sent on with its
     /// round; a copy, or a push of a learner no longer training, has its pull go on alone.
-    pub(super) fn to_aggregator(
+    pub(super) fn at_aggregator(
         &mut self,
         s: usize,
         learner: LearnerId,
