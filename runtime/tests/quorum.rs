@@ -48,7 +48,17 @@ fn a_quorum_round_drops_a_straggler_as_a_stale_round() {
 
 #[test]
 fn a_sync_diloco_quorum_round_folds_a_straggler_in_and_the_center_moves_on() {
-    let s = quorum_run(&["protocol.kind=diloco", "protocol.sync=true", "protocol.tau=4"], "fold");
+    // A wider network and three times the examples of the short run: the fast learners' run
+    // lasts long enough for the straggler to exchange several times (once, it can arrive
+    // after they finished, on time), and its rounds are the learners' compute, not messages.
+    let diloco = [
+        "protocol.kind=diloco",
+        "protocol.sync=true",
+        "protocol.tau=4",
+        "training.hidden=[256]",
+        "training.train_examples=12000",
+    ];
+    let s = quorum_run(&diloco, "fold");
     let st = &s["staleness"];
     assert_eq!(s["outcome"], "completed", "{s}");
     assert_eq!(st["dropped"], 0, "folded, not dropped: {st}");
