@@ -33,8 +33,9 @@ fn free_port() -> u16 {
     std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-/// Wait for every child; kill them all if any runs past `limit`.
-fn wait_all(children: &mut [(String, Child)], limit: Duration) {
+/// Wait for every child; kill them all if any runs past `limit`. A child that fails is named
+/// with the end of its log, when its stderr went to `logs/NAME.log`.
+fn wait_all(children: &mut [(String, Child)], limit: Duration, logs: Option<&Path>) {
     let start = Instant::now();
     let mut done = vec![false; children.len()];
     while done.iter().any(|d| !d) {
@@ -42,7 +43,25 @@ fn wait_all(children: &mut [(String, Child)], limit: Duration) {
             if !done[i]
                 && let Some(status) = child.try_wait().unwrap()
             {
-                assert!(status.success(), "{name} exited with {status}");
+                let log = || {
+                    let file = logs?.join(format!("{}.log", name.split(' ').next()?));
+                    let text = std::fs::read_to_string(file).ok()?;
+                    Some(
+                        text.lines()
+                            .rev()
+                            .take(30)
+                            .collect::<Vec<_>>()
+                            .into_iter()
+                            .rev()
+                            .collect::<Vec<_>>()
+                            .join("\n"),
+                    )
+                };
+                assert!(
+                    status.success(),
+                    "{name} exited with {status}; its log ends:\n{}",
+                    log().unwrap_or_default()
+                );
                 done[i] = true;
             }
         }
@@ -126,7 +145,7 @@ fn hardsync_across_processes_trains_and_equals_local_mode() {
     assert_eq!(value(&s, "rudra_learners_alive", None), 2.0);
     assert!(value(&s, "rudra_gradients_applied_total", Some(("shard", "0"))) > 0.0);
     assert!(value(&s, "rudra_transport_sent_bytes_total", None) > 0.0);
-    wait_all(&mut children, Duration::from_secs(300));
+    wait_all(&mut children, Duration::from_secs(300), None);
 
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("quic/summary.json")).unwrap()).unwrap();
@@ -237,7 +256,7 @@ fn a_killed_learner_process_is_dropped_and_the_run_finishes() {
     killed.kill().unwrap();
     killed.wait().unwrap();
     children.push(("scheduler".into(), scheduler));
-    wait_all(&mut children, Duration::from_secs(300));
+    wait_all(&mut children, Duration::from_secs(300), None);
     let log = std::fs::read_to_string(dir.join("scheduler.log")).unwrap();
     assert!(log.contains("learner lost") && log.contains("learner-2"), "{log}");
     let summary: serde_json::Value =
@@ -330,7 +349,7 @@ fn a_killed_shard_process_resumes_from_its_checkpoint_and_a_restarted_learner_re
     killed.wait().unwrap();
     children.push(("learner-1 (restarted)".into(), spawn("learner-1", &[])));
     children.push(("scheduler".into(), scheduler));
-    wait_all(&mut children, Duration::from_secs(300));
+    wait_all(&mut children, Duration::from_secs(300), Some(dir));
     let log = std::fs::read_to_string(&sched_log).unwrap();
     assert!(log.contains("rejoined the running job") && log.contains("learner-1"), "{log}");
     // The restarted shard reset learner 0's connection to the killed one: no idle timeout.
