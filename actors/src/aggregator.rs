@@ -5,7 +5,7 @@
 //! ride on no push go straight through.
 
 use actix::prelude::*;
-use rudra_proto::{Batch, Contribution, GroupRound, mean_over_examples};
+use rudra_proto::{Batch, Contribution, GroupRound};
 use rudra_transport::{Encoding, Floats, LearnerId};
 
 use crate::messages::{Aggregate, Membership, Pull, Push};
@@ -49,10 +49,9 @@ impl Aggregator {
 
     /// Send the shard each batch of a round as one aggregate.
     fn send(&mut self, batches: Vec<Batch<Held>>) {
-        for Batch { computed_on, members, values } in batches {
-            let mut mean = Vec::new();
-            let parts = members.iter().zip(&values).map(|(m, (v, _))| (m.examples, &v[..]));
-            mean_over_examples(parts, &mut mean);
+        for batch in batches {
+            let mean = batch.mean(|(v, _)| &v[..]);
+            let Batch { computed_on, members, values } = batch;
             let feedback = self.encoding.codec.needs_feedback().then(|| {
                 self.feedback.resize(mean.len(), 0.0);
                 &mut self.feedback[..]

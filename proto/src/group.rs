@@ -5,6 +5,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use rudra_compute::cpu;
+
 use crate::{Clock, Contribution, CoreError, LearnerId};
 
 /// The pushes of one round that were computed on one clock: what one aggregate carries.
@@ -16,6 +18,25 @@ pub struct Batch<T> {
     pub members: Vec<Contribution>,
     /// Their values (and whatever the driver keeps with them), in the order of `members`.
     pub values: Vec<T>,
+}
+
+impl<T> Batch<T> {
+    /// The mean over all the members' examples of their gradients, each the mean over its
+    /// own (`Σ_k μ_k g_k / Σ_k μ_k`), each seen in its value by `gradient`.
+    #[must_use]
+    pub fn mean<'a>(&'a self, gradient: impl Fn(&'a T) -> &'a [f32]) -> Vec<f32> {
+        let mut mean = Vec::new();
+        for (m, value) in self.members.iter().zip(&self.values) {
+            let g = gradient(value);
+            mean.resize(g.len(), 0.0);
+            cpu::axpy(m.examples as f32, g, &mut mean);
+        }
+        let total: u64 = self.members.iter().map(|m| u64::from(m.examples)).sum();
+        if total > 0 {
+            cpu::scale(1.0 / total as f32, &mut mean);
+        }
+        mean
+    }
 }
 
 /// One group's open round for one shard.
@@ -142,27 +163,6 @@ pub fn learner_groups(learners: u32, groups: u32) -> Vec<Vec<LearnerId>> {
     (0..g).map(|k| ((k * l / g)..((k + 1) * l / g)).map(|i| LearnerId(i as u32)).collect()).collect()
 }
 
-/// The mean over all examples of gradients each the mean over its own (`Σ μ_k g_k / Σ μ_k`),
-/// into `out`; the gradients must be as long as each other.
-pub fn mean_over_examples<'a>(parts: impl IntoIterator<Item = (u32, &'a [f32])>, out: &mut Vec<f32>) {
-    out.clear();
-    let mut total = 0.0f32;
-    for (examples, g) in parts {
-        if out.is_empty() {
-            out.resize(g.len(), 0.0);
-        }
-        let w = examples as f32;
-        total += w;
-        for (o, &v) in out.iter_mut().zip(g) {
-            *o += w * v;
-        }
-    }
-    if total > 0.0 {
-        let inv = 1.0 / total;
-        out.iter_mut().for_each(|o| *o *= inv);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -231,8 +231,12 @@ mod tests {
 
     #[test]
     fn the_mean_over_examples_weighs_every_example_the_same() {
-        let mut out = Vec::new();
-        mean_over_examples([(6, &[1.0, 2.0][..]), (2, &[5.0, -2.0][..])], &mut out);
-        assert_eq!(out, vec![2.0, 1.0]);
+        let member = |l, examples| Contribution { learner: LearnerId(l), seq: 1, examples };
+        let batch = Batch {
+            computed_on: Clock(0),
+            members: vec![member(0, 6), member(1, 2)],
+            values: vec![vec![1.0, 2.0], vec![5.0, -2.0]],
+        };
+        assert_eq!(batch.mean(|g| &g[..]), vec![2.0, 1.0]);
     }
 }

@@ -564,7 +564,7 @@ impl<M: Message> Engine<M> {
             self.loss_row(world);
         }
         (self.counts.resent, self.counts.bytes) = (self.net.resent, self.net.bytes);
-        [self.counts.payload_up_bytes, self.counts.payload_down_bytes] = self.net.payload;
+        [self.counts.payload_up_bytes, self.counts.payload_down_bytes] = self.net.payload();
         self.counts.peak_bytes_in_flight = self.net.peak_in_flight;
         for values in world.values() {
             for v in values.iter() {

@@ -122,10 +122,10 @@ pub struct Network {
     pub resent: u64,
     /// Frame bytes sent, every message counted once.
     pub bytes: u64,
-    /// Bytes of values among them: sent by the learners (up) and to them (down).
-    pub payload: [u64; 2],
-    /// Of those sent up, each shard's.
+    /// Bytes of values among them sent up, by the shard they went to …
     pub payload_in: Vec<u64>,
+    /// … and sent down.
+    payload_down: u64,
     /// The most bytes sent and not yet arrived at any one time.
     pub peak_in_flight: u64,
     /// Arrival times and sizes of the messages on their way.
@@ -184,12 +184,18 @@ impl Network {
             ingress_free: vec![0; ranges.len()],
             resent: 0,
             bytes: 0,
-            payload: [0, 0],
             payload_in: vec![0; ranges.len()],
+            payload_down: 0,
             peak_in_flight: 0,
             in_flight: BinaryHeap::new(),
             flying: 0,
         })
+    }
+
+    /// Bytes of values sent by the learners (up) and to them (down).
+    #[must_use]
+    pub fn payload(&self) -> [u64; 2] {
+        [self.payload_in.iter().sum(), self.payload_down]
     }
 
     /// When a message sent at `now` along `route` arrives.
@@ -204,11 +210,8 @@ impl Network {
         let size = pick(self.sizes[s]);
         match route.payload {
             Payload::Pull => {}
-            Payload::Up => {
-                self.payload[0] += self.values[s];
-                self.payload_in[s] += self.values[s];
-            }
-            Payload::Down => self.payload[1] += self.values[s],
+            Payload::Up => self.payload_in[s] += self.values[s],
+            Payload::Down => self.payload_down += self.values[s],
         }
         if self.jitter > 0.0 {
             at += (self.jitter * uniform(rng)) as Nanos;
@@ -330,7 +333,7 @@ mod tests {
             (2 * up_bytes + 2 * pull_bytes, up_bytes + 2 * pull_bytes)
         );
         assert_eq!(net.flying, up_bytes);
-        assert_eq!(net.payload, [2 * 4000, 0], "the values of the two pushes");
+        assert_eq!(net.payload(), [2 * 4000, 0], "the values of the two pushes");
 
         let lossy = NetworkSpec { drop_probability: 0.5, ..spec.clone() };
         let mut net = Network::new(&lossy, 1000, &[1]).unwrap();

@@ -8,7 +8,6 @@ use std::sync::Arc;
 
 use rudra_proto::{
     Batch, Contribution, GroupRound, LearnerCore, LearnerEvent, NextPull, SgdShard, ShardEvent, Weights,
-    mean_over_examples,
 };
 use rudra_transport::{Clock, LearnerId, ShardId};
 
@@ -180,10 +179,9 @@ impl SgdWorld {
             batches.extend(round.finish(learner));
         }
         let (via, range) = (groups.via[g], self.ranges[shard.index()].clone());
-        for Batch { computed_on, members, values } in batches {
-            let mut grad = Vec::new();
-            let parts = members.iter().zip(&values).map(|(m, (g, _))| (m.examples, &g[range.clone()]));
-            mean_over_examples(parts, &mut grad);
+        for batch in batches {
+            let grad = batch.mean(|(g, _)| &g[range.clone()]);
+            let Batch { computed_on, members, values } = batch;
             let pulls = values.into_iter().map(|(_, pull)| pull).collect();
             eng.send(SgdMsg::Aggregate { via, shard, computed_on, members, grad, pulls });
         }

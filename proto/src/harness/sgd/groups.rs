@@ -2,7 +2,7 @@
 //! the shard's end of its members' links, and the shard taking its aggregates.
 
 use super::{Held, Run, Violation};
-use crate::{Batch, Clock, Contribution, LearnerId, mean_over_examples};
+use crate::{Batch, Clock, Contribution, LearnerId};
 
 impl Run<'_, '_> {
     /// A push reached `learner`'s group's aggregator for shard `s`: held, or sent on with its
@@ -28,12 +28,9 @@ impl Run<'_, '_> {
 
     /// Shard `s` takes each batch as one aggregate, then the pulls riding on it.
     pub(super) fn aggregates(&mut self, s: usize, batches: Vec<Batch<Held>>) -> Result<(), Violation> {
-        for Batch { computed_on, members, values } in batches {
-            let mut mean = Vec::new();
-            mean_over_examples(
-                members.iter().zip(&values).map(|(m, (g, _))| (m.examples, &g[..])),
-                &mut mean,
-            );
+        for batch in batches {
+            let mean = batch.mean(|(g, _)| &g[..]);
+            let Batch { computed_on, members, values } = batch;
             let fresh: Vec<Contribution> = members
                 .iter()
                 .copied()
