@@ -103,7 +103,11 @@ async fn learn(
     // The scheduler may stop the run while this learner reaches the shards (one failed).
     let (links, connections) = tokio::select! {
         connected = connect_shards(ep, opts, welcome, &models) => connected?,
-        ended = link.peer().ended() => return Err(scheduler_gone(ended)),
+        ended = link.peer().ended() => return match ended {
+            // The run ended before this learner took part (it joined late): a stop.
+            Ended::Closed { goodbye: Some(Goodbye::Stopped), .. } => stopped(link, ep, opts).await,
+            ended => Err(scheduler_gone(ended)),
+        },
     };
     let me = LearnerId(welcome.id);
     // Fault injection: this learner's side of its links, its speed and its crash, timed
@@ -156,10 +160,7 @@ async fn learn(
                         reports.do_send(AnswerEvaluate { request, measured });
                     });
                 }
-                Ok(Ok(ToLearner::Summary(json))) => match serde_json::from_str::<Summary>(&json) {
-                    Ok(_) => summary = Some(json),
-                    Err(e) => tracing::warn!("the scheduler's summary of the run is not one: {e}"),
-                },
+                Ok(Ok(ToLearner::Summary(json))) => summary = checked(json).or(summary),
                 Ok(Ok(ToLearner::Stop)) => break Ok(Exit::Stopped(summary)),
                 Ok(Err(e)) => tracing::warn!("from the scheduler: {e}"),
                 Err(e) => break Err(e),
@@ -178,6 +179,30 @@ async fn learn(
     learner.handle().stop.do_send(StopLearner::default());
     arbiter.stop();
     result
+}
+
+/// The scheduler's messages up to its stop, once it closed the connection: the run's summary
+/// if it sent one.
+async fn stopped(link: &mut UpLink, ep: &QuicEndpoint, opts: &NodeOptions) -> Result<Exit, RuntimeError> {
+    let mut summary = None;
+    loop {
+        match codec::to_learner(link.next(ep, opts).await?) {
+            Ok(ToLearner::Summary(json)) => summary = checked(json).or(summary),
+            Ok(ToLearner::Stop) => return Ok(Exit::Stopped(summary)),
+            _ => {}
+        }
+    }
+}
+
+/// The run's summary `json` if it is one.
+fn checked(json: String) -> Option<String> {
+    match serde_json::from_str::<Summary>(&json) {
+        Ok(_) => Some(json),
+        Err(e) => {
+            tracing::warn!("the scheduler's summary of the run is not one: {e}");
+            None
+        }
+    }
 }
 
 /// Resolves once the learner is interrupted; never without [`NodeOptions::interrupt`].
