@@ -53,6 +53,7 @@ fn main() -> anyhow::Result<()> {
         codecs: Codecs::default(),
         batch_sizing: BatchSizing::Fixed,
         groups: 1,
+        hierarchical: false,
     };
     // The shards start from the parameters of one copy; every learner and the evaluator get
     // copies of their own.

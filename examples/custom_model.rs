@@ -167,6 +167,7 @@ fn main() -> anyhow::Result<()> {
         codecs: Codecs::default(),
         batch_sizing: BatchSizing::Fixed,
         groups: 1,
+        hierarchical: false,
     };
     let decay = 1e-4;
     let models = Models::custom(vec![0.0; WEIGHTS + CLASSES], move || Ok(PooledSoftmax::new(decay)));

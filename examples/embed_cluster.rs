@@ -37,6 +37,7 @@ fn main() -> anyhow::Result<()> {
         codecs: Codecs::default(),
         batch_sizing: BatchSizing::Fixed,
         groups: 1,
+        hierarchical: false,
     };
     let models = Models::builtin(&ModelSpec::dense(784, vec![], 10), spec.seed, Device::Cpu(CpuBackend));
     let cluster = Cluster::new(spec, models, data)?;

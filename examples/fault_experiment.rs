@@ -39,6 +39,7 @@ fn spec() -> ClusterSpec {
         codecs: Codecs::default(),
         batch_sizing: BatchSizing::Fixed,
         groups: 1,
+        hierarchical: false,
     }
 }
 

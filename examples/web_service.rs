@@ -62,6 +62,7 @@ async fn main() -> anyhow::Result<()> {
         codecs: Codecs::default(),
         batch_sizing: BatchSizing::Fixed,
         groups: 1,
+        hierarchical: false,
     };
     let models = Models::builtin(&ModelSpec::dense(784, vec![], 10), spec.seed, Device::Cpu(CpuBackend));
     let metrics = Arc::new(Metrics::new());

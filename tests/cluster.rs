@@ -49,6 +49,7 @@ fn spec(learners: u32, shards: u32, rule: SyncRule, batch_size: usize) -> Cluste
         codecs: Codecs::default(),
         batch_sizing: BatchSizing::Fixed,
         groups: 1,
+        hierarchical: false,
     }
 }
 
@@ -202,6 +203,42 @@ fn async_with_learner_groups_applies_every_members_gradient_once() -> anyhow::Re
     let s = &report.staleness;
     assert_eq!((s.applied, s.dropped), (2 * (learners * steps) as u64, 0));
     assert!(report.updates <= (learners * steps) as u64);
+    assert!(report.learner_time.iter().all(|t| t.applied == 2 * steps as u64), "{:?}", report.learner_time);
+    Ok(())
+}
+
+#[test]
+fn hierarchical_groups_under_hardsync_are_sequential_sgd_with_batch_mu_lambda() -> anyhow::Result<()> {
+    // λ = 5 in groups of 2 and 3, each running rounds of its own: a shard takes one gradient
+    // per group and round, the mean over the group's examples, weighed by them.
+    let (learners, mu, steps) = (5usize, 8usize, 12usize);
+    let (train, test) = mnist();
+    let train = train.head(learners * mu * steps);
+    let data = TrainingData { train: Arc::new(train.clone()), test: Arc::new(test.head(200)) };
+    let spec =
+        ClusterSpec { groups: 2, hierarchical: true, ..spec(learners as u32, 2, SyncRule::Hardsync, mu) };
+    let report = run(&spec, data)?;
+    assert_eq!(report.updates, steps as u64);
+    assert_eq!(report.staleness.max, 0);
+    assert_eq!(report.staleness.applied, (2 * steps * 2) as u64, "one gradient per group, round and shard");
+    let worst = max_difference(&hardsync_reference(&train, &spec, steps)?, &report.params);
+    assert!(worst < 1e-5, "hierarchical hardsync differs from sequential SGD by {worst}");
+    Ok(())
+}
+
+#[test]
+fn hierarchical_groups_under_async_apply_each_group_round_once_with_its_staleness() -> anyhow::Result<()> {
+    let (learners, mu, steps) = (4usize, 8usize, 30usize);
+    let (train, test) = mnist();
+    let spec = ClusterSpec { groups: 2, hierarchical: true, ..spec(learners as u32, 2, SyncRule::Async, mu) };
+    let data =
+        TrainingData { train: Arc::new(train.head(learners * mu * steps)), test: Arc::new(test.head(200)) };
+    let report = run(&spec, data)?;
+    let s = &report.staleness;
+    // Per shard, each group's rounds are one gradient each, and the two groups' interleave.
+    assert_eq!((s.applied, s.dropped), ((2 * 2 * steps) as u64, 0));
+    assert_eq!(report.updates, (2 * steps) as u64, "async: every group gradient an update");
+    // Each member is credited with its group's gradients: one per round and shard.
     assert!(report.learner_time.iter().all(|t| t.applied == 2 * steps as u64), "{:?}", report.learner_time);
     Ok(())
 }
@@ -376,7 +413,7 @@ fn a_checkpoint_of_another_model_is_refused_naming_the_file() -> anyhow::Result<
     let spec = spec(2, 1, SyncRule::Softsync { n: 1 }, 8);
     let models = Models::builtin(&model(), spec.seed, Device::Cpu(CpuBackend));
     let refused = actix::System::new().block_on(async {
-        let tracker = start_tracker(None).recipient();
+        let tracker = start_tracker(None, None).recipient();
         let arbiter = actix::Arbiter::current();
         start_shard(
             (&spec, &models, 100),

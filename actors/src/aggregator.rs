@@ -6,7 +6,7 @@
 
 use actix::prelude::*;
 use rudra_proto::{Batch, Contribution, GroupRound};
-use rudra_transport::{Encoding, Floats, LearnerId};
+use rudra_transport::{Encoding, Floats, LearnerId, Payload};
 
 use crate::messages::{Aggregate, Membership, Pull, Push};
 
@@ -20,10 +20,29 @@ pub struct Aggregator {
     /// … and its pulls.
     pulls: Recipient<Pull>,
     round: GroupRound<Held>,
-    /// How aggregates are encoded (the job's gradients codec), with this aggregator's own
-    /// error feedback below 16 bits.
+    encoder: GroupEncoder,
+}
+
+/// How a group's gradients leave for a shard: the job's gradients codec, with the group's own
+/// error feedback below 16 bits.
+pub(crate) struct GroupEncoder {
     encoding: Encoding,
     feedback: Vec<f32>,
+}
+
+impl GroupEncoder {
+    pub(crate) fn new(encoding: Encoding) -> Self {
+        Self { encoding, feedback: Vec::new() }
+    }
+
+    /// `mean`, encoded.
+    pub(crate) fn encode(&mut self, mean: Vec<f32>) -> Payload {
+        let feedback = self.encoding.codec.needs_feedback().then(|| {
+            self.feedback.resize(mean.len(), 0.0);
+            &mut self.feedback[..]
+        });
+        self.encoding.encode(&Floats::from(mean), feedback)
+    }
 }
 
 impl Aggregator {
@@ -38,7 +57,7 @@ impl Aggregator {
     ) -> Self {
         let round = GroupRound::new(members);
         let round = if hardsync { round.by_clock() } else { round };
-        Self { shard, pulls, round, encoding, feedback: Vec::new() }
+        Self { shard, pulls, round, encoder: GroupEncoder::new(encoding) }
     }
 
     /// `learner` has sent its last gradient: no round waits for it.
@@ -50,13 +69,8 @@ impl Aggregator {
     /// Send the shard each batch of a round as one aggregate.
     fn send(&mut self, batches: Vec<Batch<Held>>) {
         for batch in batches {
-            let mean = batch.mean(|(v, _)| &v[..]);
+            let values_out = self.encoder.encode(batch.mean(|(v, _)| &v[..]));
             let Batch { computed_on, members, values } = batch;
-            let feedback = self.encoding.codec.needs_feedback().then(|| {
-                self.feedback.resize(mean.len(), 0.0);
-                &mut self.feedback[..]
-            });
-            let values_out = self.encoding.encode(&Floats::from(mean), feedback);
             let then = values.into_iter().map(|(_, pull)| pull).collect();
             self.shard.do_send(Aggregate { members, computed_on, values: values_out, then });
         }

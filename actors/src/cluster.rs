@@ -19,6 +19,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::aggregator::Aggregator;
 use crate::checkpoint::Checkpoints;
 use crate::faults::{FaultPlan, Liveness, Node};
+use crate::group_leader::GroupLeader;
 use crate::links::{Members, ShardHandle, ShardLink};
 use crate::messages::{Joined, Membership, Note, ShardRestarted, StopLearner};
 use crate::metrics::Metrics;
@@ -113,8 +114,8 @@ fn inject(
 }
 
 /// Each learner's links to the shards: the shards' own, or with learner groups its group's
-/// aggregators' (one per group and shard, each group's on a thread of its own), which are
-/// returned too.
+/// aggregators' (one per group and shard, each group's on a thread of its own; with
+/// hierarchical groups, the groups' rounds), which are returned too.
 fn grouped(
     spec: &ClusterSpec,
     links: Vec<ShardLink>,
@@ -128,15 +129,27 @@ fn grouped(
     let mut aggregators = Vec::new();
     // Groups are for the SGD rules: rounds that wait for all are hardsync's.
     let hardsync = spec.protocol.waits_for_all();
+    let encoding = spec.codecs.gradients;
     for members in spec.learner_groups() {
+        let Some(&leader) = members.first() else { continue };
         let thread = on_own_thread();
         let group: Vec<ShardLink> = (links.iter().zip(shards))
             .map(|(link, shard)| {
-                let to = (shard.clone().recipient(), link.pull.clone());
-                let (group, encoding) = ((members.clone(), hardsync), spec.codecs.gradients);
-                let a = Aggregator::start_in_arbiter(&thread, move |_| Aggregator::new(group, to, encoding));
-                aggregators.push(a.clone().recipient());
-                ShardLink { pull: a.clone().recipient(), push: a.recipient(), ..link.clone() }
+                let (pull, push, membership) = if spec.hierarchical {
+                    let (group, to) = ((leader, members.clone()), (link.push.clone(), link.pull.clone()));
+                    let a = GroupLeader::start_in_arbiter(&thread, move |_| {
+                        GroupLeader::new(group, to, encoding)
+                    });
+                    (a.clone().recipient(), a.clone().recipient(), a.recipient())
+                } else {
+                    let (group, to) =
+                        ((members.clone(), hardsync), (shard.clone().recipient(), link.pull.clone()));
+                    let a =
+                        Aggregator::start_in_arbiter(&thread, move |_| Aggregator::new(group, to, encoding));
+                    (a.clone().recipient(), a.clone().recipient(), a.recipient())
+                };
+                aggregators.push(membership);
+                ShardLink { pull, push, ..link.clone() }
             })
             .collect();
         for l in members {
@@ -217,7 +230,7 @@ impl Cluster {
             arbiters.push(arbiter);
             handle
         };
-        let tracker = start_tracker(None);
+        let tracker = start_tracker(None, spec.own_round_groups());
         let train_len = data.train.len();
         let shards = (0..spec.shards)
             .map(|s| {

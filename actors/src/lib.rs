@@ -12,6 +12,8 @@
 //!   its links, fault wrappers, metrics and checkpoints.
 //! - [`messages`]: every actor message; [`links`]: how an actor reaches its peers.
 //! - [`shard`], [`learner`], [`tracker`], [`scheduler`]: the actix actors.
+//! - [`aggregator`], [`group_leader`]: a learner group's tree in front of a shard, and a group
+//!   with rounds of its own.
 //! - [`remote`]: stand-ins for actors on other nodes, and the codec between actor messages and
 //!   wire messages.
 //! - [`cluster`]: [`Cluster`], the roles started over local addresses.
@@ -29,6 +31,7 @@ pub mod error;
 mod evaluation;
 pub mod faults;
 pub mod goodput;
+pub mod group_leader;
 pub mod learner;
 pub mod links;
 pub mod messages;

@@ -28,10 +28,14 @@ use crate::tracker::StalenessTracker;
 use crate::{ActorError, ClusterSpec, Models, TrainingData};
 
 /// Start the staleness tracker; it also counts every record into `metrics`, if given (a node
-/// whose shards live elsewhere and report here).
+/// whose shards live elsewhere and report here), and credits each gradient of a group with
+/// rounds of its own among `groups` to every member.
 #[must_use]
-pub fn start_tracker(metrics: Option<Arc<Metrics>>) -> Addr<StalenessTracker> {
-    StalenessTracker::new(metrics).start()
+pub fn start_tracker(
+    metrics: Option<Arc<Metrics>>,
+    groups: Option<Vec<Vec<LearnerId>>>,
+) -> Addr<StalenessTracker> {
+    StalenessTracker::new(metrics).with_groups(groups).start()
 }
 
 /// Start the staleness tracker of a run taken back by a restarted scheduler: it goes on from
@@ -88,8 +92,9 @@ pub fn start_shard(
     };
     let counters = metrics.map(|m| m.shard(id));
     let (weights, grace) = (spec.codecs.weights, spec.grace_window());
+    let groups = spec.own_round_groups();
     let addr = ShardActor::start_in_arbiter(arbiter, move |_| {
-        ShardActor::new(core, tracker, counters, checkpoints, weights).with_grace(grace)
+        ShardActor::new(core, tracker, counters, checkpoints, weights).with_grace(grace).with_groups(groups)
     });
     Ok((addr, resumed))
 }

@@ -49,6 +49,9 @@ pub struct ShardActor {
     grace: Option<(GraceWindow, std::time::Instant)>,
     /// Payload bytes received since the last update.
     payload_in: u64,
+    /// Groups with rounds of their own (`docs/src/algorithms.md` §4.3): the core serves each
+    /// by its first member, active while any member is.
+    groups: Option<Vec<Vec<LearnerId>>>,
 }
 
 impl ShardActor {
@@ -77,7 +80,15 @@ impl ShardActor {
             encoded: None,
             grace: None,
             payload_in: 0,
+            groups: None,
         }
+    }
+
+    /// The learners push through `groups` with rounds of their own, when given.
+    #[must_use]
+    pub fn with_groups(mut self, groups: Option<Vec<Vec<LearnerId>>>) -> Self {
+        self.groups = groups;
+        self
     }
 
     /// Quorum rounds close at the end of grace windows that `window` chooses.
@@ -305,8 +316,12 @@ impl Handler<Exchange> for ShardActor {
 impl Handler<Membership> for ShardActor {
     type Result = ();
     fn handle(&mut self, msg: Membership, ctx: &mut Context<Self>) {
-        tracing::info!(shard = %self.core.id(), "λ = {}", msg.active.len());
-        let events = self.core.on_membership(msg.active);
+        let active = match &self.groups {
+            Some(groups) => rudra_proto::active_groups(groups, &msg.active),
+            None => msg.active,
+        };
+        tracing::info!(shard = %self.core.id(), "λ = {}", active.len());
+        let events = self.core.on_membership(active);
         self.carry_out(Ok(events), "membership", ctx);
     }
 }

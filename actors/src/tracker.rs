@@ -20,6 +20,9 @@ pub struct StalenessTracker {
     payload_in: Vec<u64>,
     /// Each learner's contributions applied and dropped.
     by_learner: BTreeMap<LearnerId, LearnerCounts>,
+    /// Groups with rounds of their own, by their first member: a group's gradient is each
+    /// member's contribution.
+    groups: BTreeMap<LearnerId, Vec<LearnerId>>,
     metrics: Option<Arc<Metrics>>,
 }
 
@@ -29,6 +32,14 @@ impl StalenessTracker {
     #[must_use]
     pub fn new(metrics: Option<Arc<Metrics>>) -> Self {
         Self { metrics, ..Self::default() }
+    }
+
+    /// The shards' records of each group in `groups` (rounds of their own, recorded under
+    /// the group's first member) count for each of its members.
+    #[must_use]
+    pub fn with_groups(mut self, groups: Option<Vec<Vec<LearnerId>>>) -> Self {
+        self.groups = groups.into_iter().flatten().filter_map(|g| Some((*g.first()?, g))).collect();
+        self
     }
 
     /// Go on from the counts of `report` (a scheduler restarted from its state).
@@ -53,11 +64,14 @@ impl Handler<Records> for StalenessTracker {
             m.record(&msg.gradients, &msg.updates);
         }
         for g in &msg.gradients {
-            let fresh = LearnerCounts { learner: g.learner, applied: 0, dropped: 0 };
-            let counts = self.by_learner.entry(g.learner).or_insert(fresh);
-            match g.outcome {
-                Outcome::Applied { .. } => counts.applied += 1,
-                Outcome::Dropped(_) => counts.dropped += 1,
+            let members = self.groups.get(&g.learner).map_or(std::slice::from_ref(&g.learner), Vec::as_slice);
+            for &learner in members {
+                let fresh = LearnerCounts { learner, applied: 0, dropped: 0 };
+                let counts = self.by_learner.entry(learner).or_insert(fresh);
+                match g.outcome {
+                    Outcome::Applied { .. } => counts.applied += 1,
+                    Outcome::Dropped(_) => counts.dropped += 1,
+                }
             }
             match g.outcome {
                 Outcome::Applied { .. } => self.stats.record_applied(g.staleness),

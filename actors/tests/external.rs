@@ -90,6 +90,7 @@ fn spec(rule: SyncRule) -> ClusterSpec {
         codecs: Codecs::default(),
         batch_sizing: BatchSizing::Fixed,
         groups: 1,
+        hierarchical: false,
     }
 }
 

@@ -1,7 +1,8 @@
 //! A learner group's round at its aggregator (`docs/src/algorithms.md` §4.2): each member's
 //! push for one shard is held until every member still training has pushed; the round's
 //! pushes then leave as one aggregate per weights clock among them, the mean over all their
-//! examples (members that got the same weights share a clock, so it is usually one).
+//! examples (members that got the same weights share a clock, so it is usually one). A group
+//! with rounds of its own (§4.3) sends the round on as one gradient of the group instead.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -54,11 +55,23 @@ pub struct GroupRound<T> {
     /// Each member's newest step sent on, and the clock it was computed on: an older or
     /// repeated push is not taken again.
     sent: BTreeMap<LearnerId, (u64, Clock)>,
+    mode: Mode,
+}
+
+/// How a group's rounds are told apart and leave.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// A round waits for a push from every member, so that a group's rounds keep step at
+    /// every shard, and leaves as one aggregate per clock, every member counted at the shard.
+    Aggregate,
     /// Hardsync: a round of pushes on clock j is the shard's round j, and does not wait for a
     /// member that sent one on j or later (one back from a failure joins the shard's round,
-    /// which the others may have pushed to). Otherwise a round waits for a push from every
-    /// member, so that a group's rounds keep step at every shard.
-    by_clock: bool,
+    /// which the others may have pushed to).
+    ByClock,
+    /// The group's own round (§4.3): it leaves as one gradient of the group, on the oldest
+    /// clock among its pushes; a push is never sent on twice, and a member's later step takes
+    /// the place of the one held.
+    Own,
 }
 
 impl<T> GroupRound<T> {
@@ -67,20 +80,41 @@ impl<T> GroupRound<T> {
     pub fn new(members: impl IntoIterator<Item = LearnerId>) -> Self {
         let members: BTreeSet<LearnerId> = members.into_iter().collect();
         let (held, sent, finished) = (BTreeMap::new(), BTreeMap::new(), BTreeSet::new());
-        Self { active: members.clone(), members, finished, held, sent, by_clock: false }
+        Self { active: members.clone(), members, finished, held, sent, mode: Mode::Aggregate }
     }
 
     /// Rounds are the shard's hardsync rounds, told by their clock.
     #[must_use]
     pub fn by_clock(mut self) -> Self {
-        self.by_clock = true;
+        self.mode = Mode::ByClock;
         self
+    }
+
+    /// Rounds are the group's own (§4.3): each leaves as one batch, the group's gradient.
+    #[must_use]
+    pub fn own_rounds(mut self) -> Self {
+        self.mode = Mode::Own;
+        self
+    }
+
+    /// Whether a push of `learner` is held in the open round.
+    #[must_use]
+    pub fn holds(&self, learner: LearnerId) -> bool {
+        self.held.contains_key(&learner)
+    }
+
+    /// Whether no member is training any more: each has finished or is not active.
+    #[must_use]
+    pub fn done(&self) -> bool {
+        !self.active.iter().any(|&l| self.training(l))
     }
 
     /// A member's push: the round's batches once it is complete. `Ok(None)` for a copy of a
     /// push held (its driver forwards the pull it carries alone); a copy of one sent on goes
     /// again, alone. A later step of a member sends the one held on alone, and is held in its
-    /// place. A push from a learner outside the group, or not training, is refused.
+    /// place. A push from a learner outside the group, or not training, is refused. In the
+    /// group's own rounds a copy of one sent on is `Ok(None)` too, and the held one a later
+    /// step replaces is dropped.
     pub fn push(
         &mut self,
         c: Contribution,
@@ -88,7 +122,11 @@ impl<T> GroupRound<T> {
         value: T,
     ) -> Result<Option<Vec<Batch<T>>>, CoreError> {
         let l = c.learner;
+        let own = self.mode == Mode::Own;
         if self.sent.get(&l).is_some_and(|&(s, _)| c.seq <= s) {
+            if own {
+                return Ok(None);
+            }
             // Sent on before, and pushed again: the shard may have lost it (a restart from a
             // checkpoint). It goes again, alone; a shard that has it takes it once.
             return Ok(Some(vec![Batch { computed_on, members: vec![c], values: vec![value] }]));
@@ -104,7 +142,9 @@ impl<T> GroupRound<T> {
         // A member that moved on (its pull answered by a shard that lost the push it rode on,
         // or a new incarnation) sends the step held on at once, alone.
         let mut batches = Vec::new();
-        if let Some((c, computed_on, value)) = self.held.insert(l, (c, computed_on, value)) {
+        if let Some((c, computed_on, value)) = self.held.insert(l, (c, computed_on, value))
+            && !own
+        {
             self.sent.insert(l, (c.seq, computed_on));
             batches.push(Batch { computed_on, members: vec![c], values: vec![value] });
         }
@@ -135,24 +175,36 @@ impl<T> GroupRound<T> {
     /// push is held (or, by clock, it sent one on a clock no older than the oldest held).
     fn take_if_complete(&mut self) -> Vec<Batch<T>> {
         let Some(oldest) = self.held.values().map(|h| h.1).min() else { return Vec::new() };
-        let turn_taken = |l: &LearnerId| self.by_clock && self.sent.get(l).is_some_and(|&(_, j)| j >= oldest);
+        let by_clock = self.mode == Mode::ByClock;
+        let turn_taken = |l: &LearnerId| by_clock && self.sent.get(l).is_some_and(|&(_, j)| j >= oldest);
         let pushed = |l: &LearnerId| self.held.contains_key(l) || turn_taken(l);
         if self.active.iter().any(|&l| self.training(l) && !pushed(&l)) {
             return Vec::new();
         }
-        let mut by_clock: BTreeMap<Clock, Batch<T>> = BTreeMap::new();
+        let mut batches: BTreeMap<Clock, Batch<T>> = BTreeMap::new();
         for (l, (c, computed_on, value)) in std::mem::take(&mut self.held) {
             self.sent.insert(l, (c.seq, computed_on));
-            let batch = by_clock.entry(computed_on).or_insert_with(|| Batch {
-                computed_on,
+            let clock = if self.mode == Mode::Own { oldest } else { computed_on };
+            let batch = batches.entry(clock).or_insert_with(|| Batch {
+                computed_on: clock,
                 members: Vec::new(),
                 values: Vec::new(),
             });
             batch.members.push(c);
             batch.values.push(value);
         }
-        by_clock.into_values().collect()
+        batches.into_values().collect()
     }
+}
+
+/// The groups among `groups` with a member in `active`, each by its first member: whom a shard
+/// serves when groups run rounds of their own (`docs/src/algorithms.md` §4.3).
+#[must_use]
+pub fn active_groups(groups: &[Vec<LearnerId>], active: &BTreeSet<LearnerId>) -> BTreeSet<LearnerId> {
+    (groups.iter())
+        .filter(|members| members.iter().any(|l| active.contains(l)))
+        .filter_map(|members| members.first().copied())
+        .collect()
 }
 
 /// The learners of each of `groups` groups of `learners`: contiguous runs of ids, of ⌊λ/G⌋ or
@@ -227,6 +279,28 @@ mod tests {
         );
         assert_eq!(back.push(push(1, (1 << 40) + 1), Clock(4), 2).unwrap(), Some(vec![]), "now in step");
         assert_eq!(back.push(push(0, 2), Clock(4), 1).unwrap().unwrap()[0].members.len(), 2);
+    }
+
+    #[test]
+    fn a_group_s_own_round_leaves_as_one_batch_on_its_oldest_clock_and_nothing_goes_twice() {
+        let mut r = GroupRound::new([LearnerId(0), LearnerId(1), LearnerId(2)]).own_rounds();
+        assert_eq!(r.push(push(0, 1), Clock(3), 'a').unwrap(), Some(vec![]));
+        // A member's later step takes the place of the one held; nothing leaves alone.
+        assert_eq!(r.push(push(0, 2), Clock(4), 'b').unwrap(), Some(vec![]));
+        assert_eq!(r.push(push(1, 1), Clock(4), 'c').unwrap(), Some(vec![]));
+        assert!(!r.done());
+        let batches = r.push(push(2, 1), Clock(5), 'd').unwrap().unwrap();
+        assert_eq!(batches.len(), 1);
+        assert_eq!(batches[0].computed_on, Clock(4));
+        assert_eq!(batches[0].members, vec![push(0, 2), push(1, 1), push(2, 1)]);
+        assert_eq!(batches[0].values, vec!['b', 'c', 'd']);
+        // A copy of a step sent on is a copy: the group's gradient went once.
+        assert_eq!(r.push(push(1, 1), Clock(4), 'x').unwrap(), None);
+        assert!(r.finish(LearnerId(0)).is_empty() && r.finish(LearnerId(1)).is_empty());
+        assert!(!r.done());
+        assert_eq!(r.push(push(2, 2), Clock(6), 'e').unwrap().unwrap()[0].members, vec![push(2, 2)]);
+        r.finish(LearnerId(2));
+        assert!(r.done());
     }
 
     #[test]

@@ -53,6 +53,30 @@ fn a_killed_learner_is_dropped_and_the_run_finishes() {
 }
 
 #[test]
+fn groups_with_rounds_of_their_own_go_on_without_a_killed_member_and_past_a_restarted_shard() {
+    for kind in ["hardsync", "async"] {
+        let hierarchical = ["cluster.groups=2", "cluster.hierarchical=true"];
+        let kind = format!("protocol.kind={kind}");
+        let crash = "faults.crash=[{learner = 3, at_ms = 50}]";
+        let (report, _) = run("learner-killed.toml", &[&hierarchical[..], &[kind.as_str(), crash]].concat());
+        assert!(said(&report, "detected", "learner-3 lost"), "{kind}: {:?}", report.timeline);
+        assert!(report.final_test_accuracy > 0.85, "{kind}: {}", report.final_test_accuracy);
+        let done = &report.learner_samples;
+        assert!(done[3] < done[2] && done[2] == done[0], "{kind}: learner 2's group went on: {done:?}");
+        let set = [
+            "cluster.retry_ms=100",
+            "checkpoint.every_updates=20",
+            "faults.crash=[{shard = 1, at_ms = 200, restart_after_ms = 200}]",
+        ];
+        let (report, _) = run("shard-restarted.toml", &[&hierarchical[..], &[kind.as_str()], &set].concat());
+        assert!(said(&report, "recovered", "shard-1 restarted"), "{kind}: {:?}", report.timeline);
+        assert!(report.final_test_accuracy > 0.85, "{kind}: {}", report.final_test_accuracy);
+        let done = &report.learner_samples;
+        assert!(done.iter().all(|&d| d == done[0]), "{kind}: every member finished: {done:?}");
+    }
+}
+
+#[test]
 fn a_crashed_shard_restarts_from_its_checkpoint_and_loses_at_most_the_interval() {
     let set = [
         "cluster.retry_ms=100",

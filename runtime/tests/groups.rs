@@ -26,6 +26,18 @@ fn two_groups_of_two_halve_the_bytes_each_update_brings_the_shard() {
 }
 
 #[test]
+fn hierarchical_groups_train_and_each_group_round_is_one_gradient() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hierarchical = ["cluster.groups=2", "cluster.hierarchical=true", "cluster.shards=1"];
+    short_run(tmp.path(), &[&hierarchical[..], &["protocol.kind=async", "cluster.learners=4"]].concat());
+    let s = summary(tmp.path());
+    assert!(s["final_test_accuracy"].as_f64().unwrap() > 0.8, "{s}");
+    // 4,000 examples over λ = 4 at μ = 32 is 31 steps a learner, 2 epochs: 62 rounds a group.
+    assert_eq!(s["gradients_applied"], 2 * 62, "{s}");
+    assert_eq!(s["updates"], 2 * 62, "async between groups: every group's round an update");
+}
+
+#[test]
 fn groups_are_refused_across_processes_and_beside_what_would_hold_a_push() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().to_str().unwrap();
@@ -36,6 +48,13 @@ fn groups_are_refused_across_processes_and_beside_what_would_hold_a_push() {
         let o = node(&[command, &["--set", set, "--set", "cluster.learners=4"]].concat());
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(!o.status.success() && err.contains("cluster.groups"), "{command:?} {set}: {err}");
+    }
+    // Rounds of their own need groups, and the shards count groups.
+    for (set, also) in [("cluster.groups=1", "protocol.n=1"), ("cluster.groups=2", "protocol.n=3")] {
+        let args = ["--set", set, "--set", "cluster.hierarchical=true", "--set", also];
+        let o = node(&[&["local", "--out", out, "--set", "protocol.kind=softsync"][..], &args].concat());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains("cluster.hierarchical"), "{set} {also}: {err}");
     }
     for refused in ["protocol.max_staleness=4", "protocol.prefetch=1", "protocol.kind=diloco"] {
         let o = node(&[

@@ -50,6 +50,10 @@ pub struct ClusterSpec {
     /// (`docs/src/algorithms.md` §4.2); 1: none.
     #[serde(default = "one_group")]
     pub groups: u32,
+    /// Each group runs hardsync rounds of its own and pushes each round's mean as one gradient
+    /// of the group; the shards' rule counts groups (`docs/src/algorithms.md` §4.3).
+    #[serde(default)]
+    pub hierarchical: bool,
 }
 
 fn one_group() -> u32 {
@@ -233,6 +237,9 @@ impl ClusterSpec {
     /// learner wait on another member's push while the aggregator holds it.
     fn check_groups(&self) -> Result<(), InvalidSetting> {
         let g = self.groups;
+        if self.hierarchical {
+            return self.check_hierarchical();
+        }
         if g == 1 {
             return Ok(());
         }
@@ -256,6 +263,39 @@ impl ClusterSpec {
             ProtocolSpec::Sgd(_) => return Ok(()),
         };
         Err(InvalidSetting::new("cluster.groups", format!("is {g}; {why}")))
+    }
+
+    /// The groups, when they run rounds of their own (`docs/src/algorithms.md` §4.3).
+    #[must_use]
+    pub fn own_round_groups(&self) -> Option<Vec<Vec<LearnerId>>> {
+        self.hierarchical.then(|| self.learner_groups())
+    }
+
+    /// Groups with rounds of their own: two or more, for the SGD rules, with softsync's n at
+    /// most G (the shards count groups); the staleness bound holds between groups, and nothing
+    /// that lets a member wait on another's push while its group's round holds it.
+    fn check_hierarchical(&self) -> Result<(), InvalidSetting> {
+        let g = self.groups;
+        let why = match &self.protocol {
+            _ if !(2..=self.learners).contains(&g) => {
+                format!("and cluster.groups is {g}: groups with rounds of their own need 2 to λ = {} groups", self.learners)
+            }
+            ProtocolSpec::Elastic(_) => {
+                "groups run rounds of their own under Rudra's SGD rules (hardsync, softsync, async); the EASGD \
+                 family and DiLoCo exchange with the center directly"
+                    .to_owned()
+            }
+            ProtocolSpec::Sgd(s) if s.prefetch > 0 || s.backups > 0 || s.quorum.is_some() => {
+                "and protocol.prefetch, protocol.backups or protocol.quorum is set: a group's round waits for \
+                 every member, which none of them allows; use one or the other"
+                    .to_owned()
+            }
+            ProtocolSpec::Sgd(SgdSpec { rule: SyncRule::Softsync { n }, .. }) if *n > g => {
+                format!("and protocol.n is {n}: between groups the shards count the G = {g} groups, so n is at most G")
+            }
+            ProtocolSpec::Sgd(_) => return Ok(()),
+        };
+        Err(InvalidSetting::new("cluster.hierarchical", format!("is true {why}")))
     }
 
     /// The learners of each of the [`Self::groups`] groups: contiguous runs of ids, of ⌊λ/G⌋
@@ -299,9 +339,11 @@ impl ClusterSpec {
             backups: p.backups,
             quorum: p.quorum.map(|q| q.rounds()),
             schedule: self.schedule,
-            batch: self.batch_size as u32,
+            // A group's gradient is over all its members' examples: its share is relative to
+            // the largest group's.
+            batch: self.batch_size as u32 * self.pushers_per_gradient(),
             gradients_per_epoch: self.steps_per_learner(train_len) / u64::from(self.epochs)
-                * u64::from(self.learners),
+                * self.active_learners().len() as u64,
             prefetch: p.prefetch,
         }
     }
@@ -327,8 +369,23 @@ impl ClusterSpec {
         }
     }
 
+    /// Whom the shards serve at the start: every learner, or with hierarchical groups every
+    /// group, by its first member.
     fn active_learners(&self) -> BTreeSet<LearnerId> {
-        (0..self.learners).map(LearnerId).collect()
+        let all = (0..self.learners).map(LearnerId).collect();
+        match self.own_round_groups() {
+            Some(groups) => rudra_proto::active_groups(&groups, &all),
+            None => all,
+        }
+    }
+
+    /// The learners behind one gradient a shard takes: 1, or the largest group's size with
+    /// hierarchical groups.
+    fn pushers_per_gradient(&self) -> u32 {
+        match self.hierarchical {
+            true => self.learner_groups().iter().map(Vec::len).max().unwrap_or(1) as u32,
+            false => 1,
+        }
     }
 
     /// Gradient steps each learner takes over the run, for a training set of `train_len`.

@@ -322,6 +322,7 @@ impl TryFrom<RawConfig> for Config {
             codecs: keys::codecs(&raw.transport)?,
             batch_sizing: keys::batch_sizing(t)?,
             groups: raw.cluster.groups,
+            hierarchical: raw.cluster.hierarchical,
         };
         if batch_size > MAX_BATCH {
             return Err(invalid("training.batch_size", format!("is {batch_size}; at most {MAX_BATCH}")));

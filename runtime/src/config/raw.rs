@@ -98,6 +98,9 @@ pub struct RawCluster {
     /// Learner groups whose gradients are aggregated on the way to a shard (default 1: none).
     #[serde(default = "one")]
     pub groups: u32,
+    /// Each group runs hardsync rounds of its own and pushes their means (default false).
+    #[serde(default)]
+    pub hierarchical: bool,
 }
 
 fn one() -> u32 {

@@ -146,7 +146,7 @@ async fn drive(
     };
     let tracker = match &resume {
         Some((_, counts)) => resume_tracker(metrics.clone(), counts),
-        None => start_tracker(metrics.clone()),
+        None => start_tracker(metrics.clone(), None),
     };
     let shard_peers: Vec<Addr<RemoteShard>> = (shards.iter().enumerate())
         .map(|(s, j)| RemoteShard::new(ShardId(s as u32), j.peer.clone()).start())

@@ -307,7 +307,7 @@ mod tests {
         )
         .expect("bound");
         let addr = ep.local_addr().expect("an address");
-        let tracker = start_tracker(None);
+        let tracker = start_tracker(None, None);
         let shard =
             ShardActor::new(core, tracker.clone().recipient(), None, None, Encoding::default()).start();
         let policy = LearnerPolicy {

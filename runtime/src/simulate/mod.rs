@@ -80,6 +80,13 @@ pub fn validate(config: &Config) -> Result<(), RuntimeError> {
              SGD rules",
         )));
     }
+    if config.cluster.hierarchical {
+        return Err(RuntimeError::Invalid(rudra_actors::InvalidSetting::new(
+            "cluster.hierarchical",
+            "groups with rounds of their own run in one process (`rudra-node run`, `local`); the simulator \
+             models the groups of an aggregation tree (false)",
+        )));
+    }
     Ok(())
 }
 
