@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::aggregator::Aggregator;
 use crate::checkpoint::Checkpoints;
 use crate::faults::{FaultPlan, Liveness, Node};
-use crate::group_leader::GroupLeader;
+use crate::group_leader::GroupLeaderActor;
 use crate::links::{Members, ShardHandle, ShardLink};
 use crate::messages::{Joined, Membership, Note, ShardRestarted, StopLearner};
 use crate::metrics::Metrics;
@@ -137,8 +137,8 @@ fn grouped(
             .map(|(link, shard)| {
                 let (pull, push, membership) = if spec.hierarchical {
                     let (group, to) = ((leader, members.clone()), (link.push.clone(), link.pull.clone()));
-                    let a = GroupLeader::start_in_arbiter(&thread, move |_| {
-                        GroupLeader::new(group, to, encoding)
+                    let a = GroupLeaderActor::start_in_arbiter(&thread, move |_| {
+                        GroupLeaderActor::new(group, to, encoding)
                     });
                     (a.clone().recipient(), a.clone().recipient(), a.recipient())
                 } else {
