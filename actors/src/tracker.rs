@@ -9,7 +9,7 @@ use actix::prelude::*;
 use crate::goodput::LearnerCounts;
 use crate::messages::{GetStats, Records, TrackerReport};
 use crate::metrics::Metrics;
-use rudra_proto::{LearnerId, Outcome, StalenessStats};
+use rudra_proto::{Credits, LearnerId, Outcome, StalenessStats};
 
 /// The tracker actor.
 #[derive(Default)]
@@ -20,9 +20,8 @@ pub struct StalenessTracker {
     payload_in: Vec<u64>,
     /// Each learner's contributions applied and dropped.
     by_learner: BTreeMap<LearnerId, LearnerCounts>,
-    /// Groups with rounds of their own, by their first member: a group's gradient is each
-    /// member's contribution.
-    groups: BTreeMap<LearnerId, Vec<LearnerId>>,
+    /// Whose contributions each record counts (groups with rounds of their own).
+    credits: Credits,
     metrics: Option<Arc<Metrics>>,
 }
 
@@ -38,7 +37,7 @@ impl StalenessTracker {
     /// the group's first member) count for each of its members.
     #[must_use]
     pub fn with_groups(mut self, groups: Option<Vec<Vec<LearnerId>>>) -> Self {
-        self.groups = groups.into_iter().flatten().filter_map(|g| Some((*g.first()?, g))).collect();
+        self.credits = Credits::of(groups);
         self
     }
 
@@ -64,8 +63,7 @@ impl Handler<Records> for StalenessTracker {
             m.record(&msg.gradients, &msg.updates);
         }
         for g in &msg.gradients {
-            let members = self.groups.get(&g.learner).map_or(std::slice::from_ref(&g.learner), Vec::as_slice);
-            for &learner in members {
+            for &learner in self.credits.members(&g.learner) {
                 let fresh = LearnerCounts { learner, applied: 0, dropped: 0 };
                 let counts = self.by_learner.entry(learner).or_insert(fresh);
                 match g.outcome {

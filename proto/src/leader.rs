@@ -194,6 +194,25 @@ impl<T, P> GroupLeader<T, P> {
     }
 }
 
+/// Whose contributions a shard's record of a gradient counts: its learner's, or with groups
+/// that run rounds of their own, every member of the group the record names by its first.
+#[derive(Clone, Debug, Default)]
+pub struct Credits(BTreeMap<LearnerId, Vec<LearnerId>>);
+
+impl Credits {
+    /// Credits for `groups` with rounds of their own, if any (none: each learner its own).
+    #[must_use]
+    pub fn of(groups: Option<Vec<Vec<LearnerId>>>) -> Self {
+        Self(groups.into_iter().flatten().filter_map(|g| Some((*g.first()?, g))).collect())
+    }
+
+    /// Those a record naming `learner` counts for.
+    #[must_use]
+    pub fn members<'a>(&'a self, learner: &'a LearnerId) -> &'a [LearnerId] {
+        self.0.get(learner).map_or(std::slice::from_ref(learner), Vec::as_slice)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -63,7 +63,7 @@ pub use error::CoreError;
 pub use floats::Floats;
 pub use group::{Batch, GroupRound, active_groups, learner_groups};
 pub use ids::{Clock, LearnerId, Role, ShardId, Staleness};
-pub use leader::{GroupLeader, LeaderEvent, MemberPull};
+pub use leader::{Credits, GroupLeader, LeaderEvent, MemberPull};
 pub use learner::{Answered, LearnerCore, LearnerEvent, MAX_PREFETCH, NextPull};
 pub use modulation::LrModulation;
 pub use optimizer::{LocalOptimizer, OptimizerSpec};

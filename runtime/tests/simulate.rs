@@ -222,6 +222,30 @@ fn learner_groups_cut_the_bytes_into_a_shard_and_free_a_round_from_its_ingress()
     assert_eq!(grouped.staleness.applied, 64 * grouped.updates, "every member counted");
 }
 
+/// Groups with rounds of their own at λ = 64 in 8 groups, async between them: each group's round
+/// is one gradient, so the shard's clock moves once per group round and σ stays below G; the
+/// members are each credited with their group's gradients.
+#[test]
+fn groups_with_rounds_of_their_own_make_one_gradient_a_round_and_keep_staleness_below_g() {
+    let report = run(&[
+        "cluster.learners=64",
+        "cluster.shards=1",
+        "protocol.kind=async",
+        "cluster.groups=8",
+        "cluster.hierarchical=true",
+        "simulation.dimension=2500",
+        "simulation.compute=constant",
+        "simulation.stop_gradients=0",
+        "simulation.stop_seconds=5",
+    ]);
+    let s = &report.staleness;
+    assert!(report.updates > 8 * 10, "{} updates", report.updates);
+    assert_eq!(s.applied, report.updates, "async: every group gradient an update");
+    assert!(s.max < 8, "σ below G = 8 for groups of equal speed: {}", s.max);
+    let credited: Vec<u64> = report.learners.iter().map(|l| l.applied).collect();
+    assert!(credited.iter().all(|&a| a * 8 >= s.applied / 2 && a > 0), "every member credited: {credited:?}");
+}
+
 /// Churn: learners leave at random, losing what they were computing and had not sent; the
 /// rounds go on without them, and each joins again from the current center; one event log
 /// per seed.

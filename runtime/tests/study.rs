@@ -122,7 +122,7 @@ fn every_shipped_study_and_each_of_its_points_load() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/studies");
     let mut files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
     files.retain(|p| p.extension().is_some_and(|e| e == "toml"));
-    assert_eq!(files.len(), 13);
+    assert_eq!(files.len(), 14);
     for file in files {
         let base = rudra_runtime::Config::load(Some(&file), &[]).unwrap();
         let points = base.study.points();

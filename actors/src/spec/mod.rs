@@ -343,7 +343,7 @@ impl ClusterSpec {
             // the largest group's.
             batch: self.batch_size as u32 * self.pushers_per_gradient(),
             gradients_per_epoch: self.steps_per_learner(train_len) / u64::from(self.epochs)
-                * self.active_learners().len() as u64,
+                * self.served().len() as u64,
             prefetch: p.prefetch,
         }
     }
@@ -355,23 +355,22 @@ impl ClusterSpec {
     pub fn shard_core(&self, s: usize, train_len: usize, init: &[f32]) -> ShardCore {
         let values = init[self.shard_ranges(init.len())[s].clone()].to_vec();
         match &self.protocol {
-            ProtocolSpec::Sgd(p) => ShardCore::Sgd(SgdShard::new(
-                self.sgd_shard_config(p, s, train_len),
-                values,
-                self.active_learners(),
-            )),
+            ProtocolSpec::Sgd(p) => {
+                ShardCore::Sgd(SgdShard::new(self.sgd_shard_config(p, s, train_len), values, self.served()))
+            }
             ProtocolSpec::Elastic(e) => ShardCore::Center(e.center_shard(
                 ShardId(s as u32),
                 self.schedule.base,
                 values,
-                self.active_learners(),
+                self.served(),
             )),
         }
     }
 
     /// Whom the shards serve at the start: every learner, or with hierarchical groups every
     /// group, by its first member.
-    fn active_learners(&self) -> BTreeSet<LearnerId> {
+    #[must_use]
+    pub fn served(&self) -> BTreeSet<LearnerId> {
         let all = (0..self.learners).map(LearnerId).collect();
         match self.own_round_groups() {
             Some(groups) => rudra_proto::active_groups(&groups, &all),

@@ -7,7 +7,7 @@ use rudra_transport::Floats;
 use rand_chacha::ChaCha8Rng;
 use std::time::Duration;
 
-use rudra_proto::{GraceWindow, GradientRecord, Outcome, StalenessStats, UpdateRecord};
+use rudra_proto::{Credits, GraceWindow, GradientRecord, Outcome, StalenessStats, UpdateRecord};
 use rudra_transport::{Clock, LearnerId, ShardId};
 use serde::Serialize;
 
@@ -228,6 +228,8 @@ pub struct Engine<M> {
     /// The run ends once this many learners are done (a quorum's run does not wait for the
     /// rest, nor does any run wait for a learner away).
     end_after: Option<usize>,
+    /// Whose contributions each gradient record counts (groups with rounds of their own).
+    credits: Credits,
 }
 
 /// What a finished run of the driver leaves.
@@ -275,7 +277,15 @@ impl<M: Message> Engine<M> {
             grace: Vec::new(),
             churn: None,
             end_after: None,
+            credits: Credits::default(),
         }
+    }
+
+    /// Credit each record of a group's gradient to its members, as `credits` says.
+    #[must_use]
+    pub fn crediting(mut self, credits: Credits) -> Self {
+        self.credits = credits;
+        self
     }
 
     /// End the run once `learners` learners are done ([`World::done`]).
@@ -402,9 +412,11 @@ impl<M: Message> Engine<M> {
                 self.counts.dropped += 1;
             }
         }
-        if let Some(t) = self.learners.get_mut(g.learner.index()) {
-            let applied = matches!(g.outcome, Outcome::Applied { .. });
-            (t.applied, t.dropped) = (t.applied + u64::from(applied), t.dropped + u64::from(!applied));
+        let applied = matches!(g.outcome, Outcome::Applied { .. });
+        for learner in self.credits.members(&g.learner) {
+            if let Some(t) = self.learners.get_mut(learner.index()) {
+                (t.applied, t.dropped) = (t.applied + u64::from(applied), t.dropped + u64::from(!applied));
+            }
         }
     }
 

@@ -33,7 +33,7 @@ use rudra_actors::{ClusterSpec, ElasticMethod, ElasticSpec, ProtocolSpec, SgdSpe
 use rudra_compute::{CpuBackend, Device};
 use rudra_proto::shard_ranges;
 use rudra_proto::{
-    CenterShard, ElasticWorker, LearnerCore, LearnerLoop, SgdShard, SgdShardConfig, ShardCore,
+    CenterShard, Credits, ElasticWorker, LearnerCore, LearnerLoop, SgdShard, SgdShardConfig, ShardCore,
 };
 use rudra_transport::{LearnerId, ShardId};
 
@@ -78,13 +78,6 @@ pub fn validate(config: &Config) -> Result<(), RuntimeError> {
             "simulation.churn",
             "learners leave and join again in simulations of the EASGD family and DiLoCo; use 0 with Rudra's \
              SGD rules",
-        )));
-    }
-    if config.cluster.hierarchical {
-        return Err(RuntimeError::Invalid(rudra_actors::InvalidSetting::new(
-            "cluster.hierarchical",
-            "groups with rounds of their own run in one process (`rudra-node run`, `local`); the simulator \
-             models the groups of an aggregation tree (false)",
         )));
     }
     Ok(())
@@ -142,10 +135,15 @@ pub fn simulate(config: &Config, progress: ProgressMode) -> Result<SimReport, Ru
                 Some((loops, train_len)) => model_sgd_cores(spec, loops, (train_len, &init))?,
                 None => synthetic_cores(spec, sgd, &init, &ranges),
             };
-            let mut world = SgdWorld::new(shards, ranges, cores)
-                .with_groups(&spec.learner_groups(), (spec.batch_size as u32, spec.protocol.waits_for_all()));
+            let batch = spec.batch_size as u32;
+            let mut world = match spec.own_round_groups() {
+                Some(groups) => SgdWorld::new(shards, ranges, cores).with_own_rounds(Some(groups), batch),
+                None => SgdWorld::new(shards, ranges, cores)
+                    .with_groups(&spec.learner_groups(), (batch, spec.protocol.waits_for_all())),
+            };
             let engine = Engine::new(rng, compute, net, gradients, learners)
-                .with_grace(spec.grace_window(), lens.len());
+                .with_grace(spec.grace_window(), lens.len())
+                .crediting(Credits::of(spec.own_round_groups()));
             (engine.run(&mut world, &sim.stop, run, &mut progress)?, summarize(&world))
         }
     };
@@ -257,19 +255,18 @@ fn synthetic_cores(
     init: &[f32],
     ranges: &[std::ops::Range<usize>],
 ) -> (Vec<SgdShard>, Vec<LearnerCore>) {
-    let active: BTreeSet<LearnerId> = (0..spec.learners).map(LearnerId).collect();
     let shards = ranges
         .iter()
         .enumerate()
         .map(|(s, r)| {
             // The quadratic has no epochs: the base rate stays where it starts.
             let cfg = SgdShardConfig { gradients_per_epoch: u64::MAX, ..spec.sgd_shard_config(sgd, s, 0) };
-            SgdShard::new(cfg, init[r.clone()].to_vec(), active.clone())
+            SgdShard::new(cfg, init[r.clone()].to_vec(), spec.served())
         })
         .collect();
-    let learners = active
-        .iter()
-        .map(|&l| LearnerCore::new(l, ranges.len(), u64::MAX).with_prefetch(sgd.prefetch))
+    let learners = (0..spec.learners)
+        .map(LearnerId)
+        .map(|l| LearnerCore::new(l, ranges.len(), u64::MAX).with_prefetch(sgd.prefetch))
         .collect();
     (shards, learners)
 }

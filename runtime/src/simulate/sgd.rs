@@ -1,13 +1,15 @@
 //! Rudra's SGD protocols (hardsync, n-softsync, async) in the simulator: the [`SgdShard`] and
 //! [`LearnerCore`] cores, fed the inputs the shard and learner actors feed them, and with
-//! learner groups the [`GroupRound`] of each group's aggregator (`docs/src/algorithms.md` §4.2).
+//! learner groups the [`GroupRound`] of each group's aggregator (`docs/src/algorithms.md` §4.2),
+//! or with rounds of their own each group's [`GroupLeader`] (§4.3).
 
 use rudra_transport::Floats;
 use std::ops::Range;
 use std::sync::Arc;
 
 use rudra_proto::{
-    Batch, Contribution, GroupRound, LearnerCore, LearnerEvent, NextPull, SgdShard, ShardEvent, Weights,
+    Batch, Contribution, GroupLeader, GroupRound, LeaderEvent, LearnerCore, LearnerEvent, MemberPull,
+    NextPull, SgdShard, ShardEvent, Weights,
 };
 use rudra_transport::{Clock, LearnerId, ShardId};
 
@@ -119,12 +121,27 @@ struct Groups {
     batch: u32,
 }
 
+/// Groups with rounds of their own (§4.3): each learner's group, and each group's core and the
+/// weights it holds for each shard. A group sits with its members, who reach it at no cost.
+struct Leaders {
+    of: Vec<usize>,
+    cores: Vec<Vec<GroupLeader<Arc<Vec<f32>>, LearnerId>>>,
+    weights: Vec<Vec<Option<Weights>>>,
+    /// μ: the examples of every member's gradient.
+    batch: u32,
+}
+
+/// A member's push as its group's core takes it: its step, the clock it was computed on and
+/// the whole gradient.
+type MemberPush = (u64, Clock, Arc<Vec<f32>>);
+
 /// Shards and learners of an SGD protocol.
 pub struct SgdWorld {
     shards: Vec<SgdShard>,
     ranges: Vec<Range<usize>>,
     learners: Vec<Learner>,
     groups: Option<Groups>,
+    leaders: Option<Leaders>,
 }
 
 impl SgdWorld {
@@ -135,7 +152,100 @@ impl SgdWorld {
             .into_iter()
             .map(|core| Learner { core, weights: vec![None; ranges.len()], grad: None })
             .collect();
-        Self { shards, ranges, learners, groups: None }
+        Self { shards, ranges, learners, groups: None, leaders: None }
+    }
+
+    /// The learners' groups run rounds of their own, when `groups` are given; every member's
+    /// gradient is over `batch` examples.
+    #[must_use]
+    pub fn with_own_rounds(mut self, groups: Option<Vec<Vec<LearnerId>>>, batch: u32) -> Self {
+        let Some(groups) = groups else { return self };
+        let mut of = vec![0; self.learners.len()];
+        let (mut cores, shards) = (Vec::new(), self.shards.len());
+        for (g, (leader, members)) in groups.into_iter().filter_map(|m| Some((*m.first()?, m))).enumerate() {
+            members.iter().for_each(|l| of[l.index()] = g);
+            cores.push((0..shards).map(|_| GroupLeader::new(leader, members.iter().copied())).collect());
+        }
+        let weights = vec![vec![None; shards]; cores.len()];
+        self.leaders = Some(Leaders { of, cores, weights, batch });
+        self
+    }
+
+    /// Feed a member's pull, or its push with the pull riding on it, to its group's core for
+    /// `shard`, and carry out what the core does.
+    fn lead(
+        &mut self,
+        eng: &mut Engine<SgdMsg>,
+        (learner, shard): (LearnerId, ShardId),
+        (pull, push): (MemberPull<LearnerId>, Option<MemberPush>),
+    ) -> Result<(), RuntimeError> {
+        let Some(leaders) = &mut self.leaders else { return Ok(()) };
+        let g = leaders.of[learner.index()];
+        let core = &mut leaders.cores[g][shard.index()];
+        let events = match push {
+            Some((seq, computed_on, grad)) => {
+                let c = Contribution { learner, seq, examples: leaders.batch };
+                let (events, refused) = core.on_push(c, computed_on, grad, pull);
+                if let Some(e) = refused {
+                    return Err(e.into());
+                }
+                events
+            }
+            None => core.on_pull(pull),
+        };
+        self.carry_out_group(eng, (g, shard), events)
+    }
+
+    /// Carry out a group's core's effects for `shard`: its pushes and pulls to the shard over
+    /// its first member's link, its answers to its members at once.
+    fn carry_out_group(
+        &mut self,
+        eng: &mut Engine<SgdMsg>,
+        (g, shard): (usize, ShardId),
+        events: Vec<LeaderEvent<Arc<Vec<f32>>, LearnerId>>,
+    ) -> Result<(), RuntimeError> {
+        let Some(leaders) = &self.leaders else { return Ok(()) };
+        let leader = leaders.cores[g][shard.index()].leader();
+        let range = self.ranges[shard.index()].clone();
+        for event in events {
+            match event {
+                LeaderEvent::Push { seq, batch, last } => {
+                    let examples = batch.members.iter().map(|m| m.examples).sum();
+                    let grad = batch.mean(|grad| &grad[range.clone()]);
+                    let members = vec![Contribution { learner: leader, seq, examples }];
+                    let (computed_on, pulls) = (batch.computed_on, vec![NextPull { seq: seq + 1, last }]);
+                    eng.send(SgdMsg::Aggregate { via: leader, shard, computed_on, members, grad, pulls });
+                }
+                LeaderEvent::Pull { seq, last } => {
+                    eng.send(SgdMsg::Pull { learner: leader, shard, last, seq })
+                }
+                // The simulated network loses nothing: no member retries.
+                LeaderEvent::Resend => {}
+                LeaderEvent::Serve { seq, reply } => {
+                    let held = self.leaders.as_ref().and_then(|l| l.weights[g][shard.index()].clone());
+                    let weights = held.ok_or_else(|| internal("a group served weights it does not hold"))?;
+                    self.weights_to_learner(eng, reply, weights, seq)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Weights reach `learner`, answering its pull `seq`.
+    fn weights_to_learner(
+        &mut self,
+        eng: &mut Engine<SgdMsg>,
+        learner: LearnerId,
+        weights: Weights,
+        seq: u64,
+    ) -> Result<(), RuntimeError> {
+        let me = &mut self.learners[learner.index()];
+        // The core decides first, as in the learner actor: a refused answer is not kept.
+        let answered = me.core.on_weights(weights.shard, weights.clock, seq)?;
+        if answered.newer {
+            me.weights[weights.shard.index()] = Some(weights.values);
+        }
+        self.carry_out(eng, learner, answered.events)
     }
 
     /// The learners push through their groups' aggregators: `groups` (more than one) lists
@@ -198,12 +308,19 @@ impl SgdWorld {
         for event in events {
             let me = &mut self.learners[learner.index()];
             match event {
+                LearnerEvent::Pull { shard, last, seq } if self.leaders.is_some() => {
+                    let pull = MemberPull { learner, seq, last, reply: learner };
+                    self.lead(eng, (learner, shard), (pull, None))?;
+                }
                 LearnerEvent::Pull { shard, last, seq } => {
                     eng.send(SgdMsg::Pull { learner, shard, last, seq });
                 }
                 LearnerEvent::Push { shard, computed_on, seq, pull } => {
                     let grad = me.grad.clone().ok_or_else(|| internal("a push without a gradient"))?;
-                    if self.groups.is_some() {
+                    if self.leaders.is_some() {
+                        let then = MemberPull { learner, seq: pull.seq, last: pull.last, reply: learner };
+                        self.lead(eng, (learner, shard), (then, Some((seq, computed_on, grad))))?;
+                    } else if self.groups.is_some() {
                         self.aggregate(eng, (learner, shard), (seq, computed_on, (grad, pull)))?;
                     } else {
                         eng.send(SgdMsg::Push { learner, shard, computed_on, seq, grad, pull });
@@ -291,15 +408,16 @@ impl World for SgdWorld {
                 }
                 Self::carry_out_shard(eng, shard, events)?;
             }
-            SgdMsg::Weights { learner, weights, seq } => {
-                let me = &mut self.learners[learner.index()];
-                // The core decides first, as in the learner actor: a refused answer is not kept.
-                let answered = me.core.on_weights(weights.shard, weights.clock, seq)?;
-                if answered.newer {
-                    me.weights[weights.shard.index()] = Some(weights.values);
+            // With rounds of their own the shards serve only the groups, by their first member.
+            SgdMsg::Weights { learner, weights, seq } => match &mut self.leaders {
+                Some(leaders) => {
+                    let (g, shard) = (leaders.of[learner.index()], weights.shard);
+                    let events = leaders.cores[g][shard.index()].on_weights(seq)?;
+                    leaders.weights[g][shard.index()] = Some(weights);
+                    self.carry_out_group(eng, (g, shard), events)?;
                 }
-                self.carry_out(eng, learner, answered.events)?;
-            }
+                None => self.weights_to_learner(eng, learner, weights, seq)?,
+            },
         }
         Ok(())
     }
