@@ -54,6 +54,7 @@ fn main() -> anyhow::Result<()> {
         batch_sizing: BatchSizing::Fixed,
         groups: 1,
         hierarchical: false,
+        group_n: 1,
     };
     // The shards start from the parameters of one copy; every learner and the evaluator get
     // copies of their own.

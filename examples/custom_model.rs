@@ -168,6 +168,7 @@ fn main() -> anyhow::Result<()> {
         batch_sizing: BatchSizing::Fixed,
         groups: 1,
         hierarchical: false,
+        group_n: 1,
     };
     let decay = 1e-4;
     let models = Models::custom(vec![0.0; WEIGHTS + CLASSES], move || Ok(PooledSoftmax::new(decay)));

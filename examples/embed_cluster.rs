@@ -38,6 +38,7 @@ fn main() -> anyhow::Result<()> {
         batch_sizing: BatchSizing::Fixed,
         groups: 1,
         hierarchical: false,
+        group_n: 1,
     };
     let models = Models::builtin(&ModelSpec::dense(784, vec![], 10), spec.seed, Device::Cpu(CpuBackend));
     let cluster = Cluster::new(spec, models, data)?;

@@ -40,6 +40,7 @@ fn spec() -> ClusterSpec {
         batch_sizing: BatchSizing::Fixed,
         groups: 1,
         hierarchical: false,
+        group_n: 1,
     }
 }
 

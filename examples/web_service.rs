@@ -63,6 +63,7 @@ async fn main() -> anyhow::Result<()> {
         batch_sizing: BatchSizing::Fixed,
         groups: 1,
         hierarchical: false,
+        group_n: 1,
     };
     let models = Models::builtin(&ModelSpec::dense(784, vec![], 10), spec.seed, Device::Cpu(CpuBackend));
     let metrics = Arc::new(Metrics::new());

@@ -50,6 +50,7 @@ fn spec(learners: u32, shards: u32, rule: SyncRule, batch_size: usize) -> Cluste
         batch_sizing: BatchSizing::Fixed,
         groups: 1,
         hierarchical: false,
+        group_n: 1,
     }
 }
 
@@ -240,6 +241,12 @@ fn hierarchical_groups_under_async_apply_each_group_round_once_with_its_stalenes
     assert_eq!(report.updates, (2 * steps) as u64, "async: every group gradient an update");
     // Each member is credited with its group's gradients: one per round and shard.
     assert!(report.learner_time.iter().all(|t| t.applied == 2 * steps as u64), "{:?}", report.learner_time);
+    // Rounds that are n-softsync among a group's members: in groups of 3 with n = 3, each
+    // round leaves with ⌊3/3⌋ = 1 push, so every member's gradient is one of the group's.
+    let spec = ClusterSpec { learners: 6, group_n: 3, ..spec };
+    let data = TrainingData { train: Arc::new(train.head(6 * mu * steps)), test: Arc::new(test.head(200)) };
+    let report = run(&spec, data)?;
+    assert_eq!((report.staleness.applied, report.staleness.dropped), ((2 * 6 * steps) as u64, 0));
     Ok(())
 }
 

@@ -136,7 +136,8 @@ fn grouped(
         let group: Vec<ShardLink> = (links.iter().zip(shards))
             .map(|(link, shard)| {
                 let (pull, push, membership) = if spec.hierarchical {
-                    let (group, to) = ((leader, members.clone()), (link.push.clone(), link.pull.clone()));
+                    let (group, to) =
+                        ((leader, members.clone(), spec.group_n), (link.push.clone(), link.pull.clone()));
                     let a = GroupLeaderActor::start_in_arbiter(&thread, move |_| {
                         GroupLeaderActor::new(group, to, encoding)
                     });

@@ -26,15 +26,15 @@ pub struct GroupLeaderActor {
 }
 
 impl GroupLeaderActor {
-    /// The rounds of the group of `members`, the first of them `leader`, in front of the shard
-    /// taking `shard`, encoding as `encoding` says.
+    /// The rounds of the group of `members`, the first of them `leader`, n-softsync among
+    /// them, in front of the shard taking `shard`, encoding as `encoding` says.
     #[must_use]
     pub fn new(
-        (leader, members): (LearnerId, Vec<LearnerId>),
+        (leader, members, n): (LearnerId, Vec<LearnerId>, u32),
         shard: (Recipient<Push>, Recipient<Pull>),
         encoding: Encoding,
     ) -> Self {
-        let core = GroupLeader::new(leader, members);
+        let core = GroupLeader::new(leader, members, n);
         Self { core, shard, encoder: GroupEncoder::new(encoding), weights: None, unanswered: None }
     }
 

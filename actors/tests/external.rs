@@ -91,6 +91,7 @@ fn spec(rule: SyncRule) -> ClusterSpec {
         batch_sizing: BatchSizing::Fixed,
         groups: 1,
         hierarchical: false,
+        group_n: 1,
     }
 }
 

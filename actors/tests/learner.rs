@@ -133,6 +133,7 @@ fn a_duplicated_answer_changes_neither_the_model_nor_the_clock_the_gradient_is_c
         batch_sizing: BatchSizing::Fixed,
         groups: 1,
         hierarchical: false,
+        group_n: 1,
     };
     let seen: Seen = Arc::default();
     let make = {

@@ -68,10 +68,14 @@ enum Mode {
     /// member that sent one on j or later (one back from a failure joins the shard's round,
     /// which the others may have pushed to).
     ByClock,
-    /// The group's own round (§4.3): it leaves as one gradient of the group, on the oldest
-    /// clock among its pushes; a push is never sent on twice, and a member's later step takes
-    /// the place of the one held.
-    Own,
+    /// The group's own round (§4.3), n-softsync among its members: it leaves once it holds
+    /// ⌊t/n⌋ (at least 1) pushes of the t members training, as one gradient of the group on
+    /// the oldest clock among them (n = 1: every member, hardsync); a push is never sent on
+    /// twice, and a member's later step takes the place of the one held.
+    Own {
+        /// n.
+        n: u32,
+    },
 }
 
 impl<T> GroupRound<T> {
@@ -90,10 +94,11 @@ impl<T> GroupRound<T> {
         self
     }
 
-    /// Rounds are the group's own (§4.3): each leaves as one batch, the group's gradient.
+    /// Rounds are the group's own (§4.3), n-softsync among its members (1: hardsync): each
+    /// leaves as one batch, the group's gradient.
     #[must_use]
-    pub fn own_rounds(mut self) -> Self {
-        self.mode = Mode::Own;
+    pub fn own_rounds(mut self, n: u32) -> Self {
+        self.mode = Mode::Own { n: n.max(1) };
         self
     }
 
@@ -122,7 +127,7 @@ impl<T> GroupRound<T> {
         value: T,
     ) -> Result<Option<Vec<Batch<T>>>, CoreError> {
         let l = c.learner;
-        let own = self.mode == Mode::Own;
+        let own = matches!(self.mode, Mode::Own { .. });
         if self.sent.get(&l).is_some_and(|&(s, _)| c.seq <= s) {
             if own {
                 return Ok(None);
@@ -178,13 +183,19 @@ impl<T> GroupRound<T> {
         let by_clock = self.mode == Mode::ByClock;
         let turn_taken = |l: &LearnerId| by_clock && self.sent.get(l).is_some_and(|&(_, j)| j >= oldest);
         let pushed = |l: &LearnerId| self.held.contains_key(l) || turn_taken(l);
-        if self.active.iter().any(|&l| self.training(l) && !pushed(&l)) {
+        let training: Vec<LearnerId> = self.active.iter().copied().filter(|&l| self.training(l)).collect();
+        let needed = match self.mode {
+            Mode::Own { n } if !training.is_empty() => (training.len() / n as usize).max(1),
+            _ => training.len(),
+        };
+        if training.iter().filter(|l| pushed(l)).count() < needed {
             return Vec::new();
         }
+        let own = matches!(self.mode, Mode::Own { .. });
         let mut batches: BTreeMap<Clock, Batch<T>> = BTreeMap::new();
         for (l, (c, computed_on, value)) in std::mem::take(&mut self.held) {
             self.sent.insert(l, (c.seq, computed_on));
-            let clock = if self.mode == Mode::Own { oldest } else { computed_on };
+            let clock = if own { oldest } else { computed_on };
             let batch = batches.entry(clock).or_insert_with(|| Batch {
                 computed_on: clock,
                 members: Vec::new(),
@@ -283,7 +294,7 @@ mod tests {
 
     #[test]
     fn a_group_s_own_round_leaves_as_one_batch_on_its_oldest_clock_and_nothing_goes_twice() {
-        let mut r = GroupRound::new([LearnerId(0), LearnerId(1), LearnerId(2)]).own_rounds();
+        let mut r = GroupRound::new([LearnerId(0), LearnerId(1), LearnerId(2)]).own_rounds(1);
         assert_eq!(r.push(push(0, 1), Clock(3), 'a').unwrap(), Some(vec![]));
         // A member's later step takes the place of the one held; nothing leaves alone.
         assert_eq!(r.push(push(0, 2), Clock(4), 'b').unwrap(), Some(vec![]));
@@ -301,6 +312,20 @@ mod tests {
         assert_eq!(r.push(push(2, 2), Clock(6), 'e').unwrap().unwrap()[0].members, vec![push(2, 2)]);
         r.finish(LearnerId(2));
         assert!(r.done());
+    }
+
+    #[test]
+    fn a_softsync_round_of_its_own_leaves_with_a_share_of_the_members() {
+        // Four members, n = 2: a round leaves with ⌊4/2⌋ = 2 pushes; the others join the next.
+        let mut r = GroupRound::new((0..4).map(LearnerId)).own_rounds(2);
+        assert_eq!(r.push(push(3, 1), Clock(0), 'd').unwrap(), Some(vec![]));
+        let batches = r.push(push(1, 1), Clock(0), 'b').unwrap().unwrap();
+        assert_eq!(batches[0].members, vec![push(1, 1), push(3, 1)]);
+        assert_eq!(r.push(push(0, 1), Clock(0), 'a').unwrap(), Some(vec![]));
+        // With one of four finished, ⌊3/2⌋ = 1 push of those training is a round.
+        assert_eq!(r.finish(LearnerId(1))[0].members, vec![push(0, 1)]);
+        assert!(r.finish(LearnerId(3)).is_empty());
+        assert_eq!(r.push(push(2, 1), Clock(0), 'c').unwrap().unwrap()[0].members, vec![push(2, 1)]);
     }
 
     #[test]

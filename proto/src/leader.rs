@@ -9,7 +9,7 @@
 //! `P` how it answers a member's pull (a reply address); the weights themselves stay with the
 //! driver.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use crate::{Batch, Clock, Contribution, CoreError, GroupRound, LearnerId};
 
@@ -62,14 +62,20 @@ pub enum LeaderEvent<T, P> {
 pub struct GroupLeader<T, P> {
     leader: LearnerId,
     round: GroupRound<T>,
-    /// Each member's newest pull that the group's next weights answer.
-    waiting: BTreeMap<LearnerId, MemberPull<P>>,
-    /// The group's weights are held (the driver holds them).
-    served: bool,
-    /// The group's pushes so far: its next pull is step `pushed + 1`.
+    /// Each member's newest pull not answered yet, and the group's answer it waits for: the
+    /// one to the group's push that carries the member's own push, or any.
+    waiting: BTreeMap<LearnerId, (MemberPull<P>, u64)>,
+    /// Rounds closed while a push of the group was unanswered, with their steps: each goes
+    /// once the one before is answered, so the group has one push on its way at a time.
+    ready: VecDeque<(u64, Batch<T>)>,
+    /// Rounds closed so far: round k is the group's step k.
+    closed: u64,
+    /// The group's pushes sent so far: its next pull is step `pushed + 1`.
     pushed: u64,
-    /// A push of the group has not been answered.
-    unanswered: bool,
+    /// The newest answer of the shard to a pull of the group (0 before any).
+    answered: u64,
+    /// Each member's newest push, by the group's step it went out in.
+    step_of: BTreeMap<LearnerId, u64>,
     /// The group's first pull is sent.
     asked: bool,
     /// The group's last pull is sent: every member has finished.
@@ -78,16 +84,19 @@ pub struct GroupLeader<T, P> {
 }
 
 impl<T, P> GroupLeader<T, P> {
-    /// The rounds of the group of `members`, named to the shard by `leader`, its first.
+    /// The rounds of the group of `members`, named to the shard by `leader`, its first,
+    /// n-softsync among them (1: hardsync).
     #[must_use]
-    pub fn new(leader: LearnerId, members: impl IntoIterator<Item = LearnerId>) -> Self {
+    pub fn new(leader: LearnerId, members: impl IntoIterator<Item = LearnerId>, n: u32) -> Self {
         Self {
             leader,
-            round: GroupRound::new(members).own_rounds(),
+            round: GroupRound::new(members).own_rounds(n),
             waiting: BTreeMap::new(),
-            served: false,
+            ready: VecDeque::new(),
+            closed: 0,
             pushed: 0,
-            unanswered: false,
+            answered: 0,
+            step_of: BTreeMap::new(),
             asked: false,
             finished: false,
             events: Vec::new(),
@@ -115,7 +124,7 @@ impl<T, P> GroupLeader<T, P> {
             Ok(Some(rounds)) => (rounds, None),
             // A copy: the member retries, and so does the group if its answer is missing.
             Ok(None) => {
-                if self.unanswered {
+                if self.answered <= self.pushed && self.pushed > 0 {
                     self.events.push(LeaderEvent::Resend);
                 }
                 (Vec::new(), None)
@@ -125,7 +134,7 @@ impl<T, P> GroupLeader<T, P> {
         if then.last {
             rounds.extend(self.round.finish(learner));
         }
-        self.go_on(rounds);
+        self.close(rounds);
         self.answer(then);
         (std::mem::take(&mut self.events), refused)
     }
@@ -133,61 +142,83 @@ impl<T, P> GroupLeader<T, P> {
     /// A member's pull alone: its first, a retry, or the last of a member with no step left.
     pub fn on_pull(&mut self, pull: MemberPull<P>) -> Vec<LeaderEvent<T, P>> {
         let rounds = if pull.last { self.round.finish(pull.learner) } else { Vec::new() };
-        self.go_on(rounds);
+        self.close(rounds);
         self.answer(pull);
         std::mem::take(&mut self.events)
     }
 
     /// The shard's answer to the group's pull `seq`: the driver holds the weights it brought,
-    /// unless it answers an earlier pull again ([`CoreError::Duplicate`]); every member
-    /// waiting is served them.
+    /// unless it is no newer than one already taken ([`CoreError::Duplicate`]); every member
+    /// waiting for it is served them, and the next round ready goes.
     pub fn on_weights(&mut self, seq: u64) -> Result<Vec<LeaderEvent<T, P>>, CoreError> {
-        if self.unanswered && seq <= self.pushed {
+        if seq <= self.answered {
             return Err(CoreError::Duplicate(format!(
-                "{}'s group got weights #{seq} again (awaiting #{})",
-                self.leader,
-                self.pushed + 1
+                "{}'s group got weights #{seq} again (answered #{})",
+                self.leader, self.answered
             )));
         }
-        (self.unanswered, self.served) = (false, true);
-        let waiting = std::mem::take(&mut self.waiting).into_values();
-        Ok(waiting.map(|p| LeaderEvent::Serve { seq: p.seq, reply: p.reply }).collect())
+        self.answered = seq;
+        let (now, later) =
+            std::mem::take(&mut self.waiting).into_iter().partition(|(_, (_, need))| *need <= seq);
+        self.waiting = later;
+        let now: BTreeMap<_, _> = now;
+        self.events.extend(now.into_values().map(|(p, _)| LeaderEvent::Serve { seq: p.seq, reply: p.reply }));
+        self.go_on();
+        Ok(std::mem::take(&mut self.events))
     }
 
     /// The run's active learners are `active`: no round waits for a member that is not.
     pub fn on_membership(&mut self, active: &BTreeSet<LearnerId>) -> Vec<LeaderEvent<T, P>> {
         self.waiting.retain(|l, _| active.contains(l));
         let rounds = self.round.on_membership(active);
-        self.go_on(rounds);
+        self.close(rounds);
         std::mem::take(&mut self.events)
     }
 
-    /// Answer `pull` now with the group's weights, when it holds some, none of the member's
-    /// push is in the open round and no push of the group is unanswered; else with its next
-    /// (the group's first pull goes with the first member's).
+    /// Answer `pull` now with the group's weights when they are the answer it waits for, else
+    /// when that answer comes: the answer to the group's push that carries the member's own,
+    /// or, of a member with a push in the open round, to the push of that round. The group's
+    /// first pull goes with the first member's.
     fn answer(&mut self, pull: MemberPull<P>) {
         if !self.asked {
             self.asked = true;
-            self.events.push(LeaderEvent::Pull { seq: self.pushed + 1, last: false });
+            self.events.push(LeaderEvent::Pull { seq: 1, last: false });
         }
-        if self.served && !self.unanswered && !self.round.holds(pull.learner) {
+        let l = pull.learner;
+        let need = match self.round.holds(l) {
+            true => self.closed + 2,
+            false => self.step_of.get(&l).map_or(1, |k| k + 1),
+        };
+        if self.answered >= need {
             self.events.push(LeaderEvent::Serve { seq: pull.seq, reply: pull.reply });
-        } else if self.waiting.get(&pull.learner).is_none_or(|p| p.seq <= pull.seq) {
-            self.waiting.insert(pull.learner, pull);
+        } else if self.waiting.get(&l).is_none_or(|(p, _)| p.seq <= pull.seq) {
+            self.waiting.insert(l, (pull, need));
         }
     }
 
-    /// Push each completed round as one gradient of the group, and pull for the last time
-    /// once every member has finished.
-    fn go_on(&mut self, rounds: Vec<Batch<T>>) {
-        let n = rounds.len();
-        for (k, batch) in rounds.into_iter().enumerate() {
-            self.pushed += 1;
-            self.finished = k + 1 == n && self.round.done();
-            self.unanswered = true;
-            self.events.push(LeaderEvent::Push { seq: self.pushed, batch, last: self.finished });
+    /// Number the rounds just closed as the group's next steps, and send what may go.
+    fn close(&mut self, rounds: Vec<Batch<T>>) {
+        for batch in rounds {
+            self.closed += 1;
+            for m in &batch.members {
+                self.step_of.insert(m.learner, self.closed);
+            }
+            self.ready.push_back((self.closed, batch));
         }
-        if self.round.done() && !self.finished {
+        self.go_on();
+    }
+
+    /// Push the next round ready as the group's gradient once its push before is answered,
+    /// and pull for the last time once every member has finished and every round has gone.
+    fn go_on(&mut self) {
+        if self.finished || (self.pushed > 0 && self.answered <= self.pushed) {
+            return;
+        }
+        if let Some((seq, batch)) = self.ready.pop_front() {
+            self.pushed = seq;
+            self.finished = self.ready.is_empty() && self.round.done();
+            self.events.push(LeaderEvent::Push { seq, batch, last: self.finished });
+        } else if self.round.done() {
             self.finished = true;
             self.events.push(LeaderEvent::Pull { seq: self.pushed + 1, last: true });
         }
@@ -237,7 +268,7 @@ mod tests {
 
     #[test]
     fn a_round_is_one_push_of_the_group_and_its_answer_serves_every_member() {
-        let mut g = Core::new(LearnerId(2), [LearnerId(2), LearnerId(3)]);
+        let mut g = Core::new(LearnerId(2), [LearnerId(2), LearnerId(3)], 1);
         // The first member's pull is the group's first; the other waits for the same answer.
         assert_eq!(g.on_pull(pull(3, 1, false)), vec![LeaderEvent::Pull { seq: 1, last: false }]);
         assert!(g.on_pull(pull(2, 1, false)).is_empty());
@@ -256,21 +287,41 @@ mod tests {
     }
 
     #[test]
+    fn a_round_complete_while_the_group_s_push_is_unanswered_goes_after_the_answer() {
+        // n = 2 among two members: each push is a round of its own.
+        let mut g = Core::new(LearnerId(0), [LearnerId(0), LearnerId(1)], 2);
+        g.on_pull(pull(0, 1, false));
+        g.on_weights(1).unwrap();
+        assert!(matches!(push(&mut g, 0, 1, 0, false)[..], [LeaderEvent::Push { seq: 1, .. }]));
+        assert!(push(&mut g, 1, 1, 0, false).is_empty(), "held behind the unanswered push");
+        // The answer serves the member whose push it took, then the held round goes; its
+        // member is served by that one's answer.
+        let events = g.on_weights(2).unwrap();
+        let [a, LeaderEvent::Push { seq: 2, .. }] = &events[..] else { panic!("{events:?}") };
+        assert_eq!(a, &serve(2, 0));
+        assert_eq!(g.on_weights(3).unwrap(), vec![serve(2, 1)]);
+        // The last member training lost after its push was answered: the group's last pull
+        // is for the step it was served.
+        assert_eq!(g.on_pull(pull(0, 2, true)), vec![serve(2, 0)], "member 0 finished");
+        assert_eq!(g.on_membership(&[LearnerId(0)].into()), vec![LeaderEvent::Pull { seq: 3, last: true }]);
+    }
+
+    #[test]
     fn the_group_s_last_push_or_pull_comes_once_every_member_has_finished() {
-        let mut g = Core::new(LearnerId(0), [LearnerId(0), LearnerId(1)]);
+        let mut g = Core::new(LearnerId(0), [LearnerId(0), LearnerId(1)], 1);
         g.on_pull(pull(0, 1, false));
         g.on_weights(1).unwrap();
         assert!(push(&mut g, 0, 1, 0, true).is_empty());
         let events = push(&mut g, 1, 1, 0, true);
         assert!(matches!(events[..], [LeaderEvent::Push { seq: 1, last: true, .. }]), "{events:?}");
         // A member lost while the other has finished: the group pulls for the last time.
-        let mut g = Core::new(LearnerId(0), [LearnerId(0), LearnerId(1)]);
+        let mut g = Core::new(LearnerId(0), [LearnerId(0), LearnerId(1)], 1);
         g.on_pull(pull(0, 1, false));
         g.on_weights(1).unwrap();
         assert!(push(&mut g, 0, 1, 0, true).is_empty());
         let events = g.on_membership(&[LearnerId(0)].into());
         assert!(matches!(events[..], [LeaderEvent::Push { seq: 1, last: true, .. }]), "{events:?}");
-        let mut g = Core::new(LearnerId(0), [LearnerId(0), LearnerId(1)]);
+        let mut g = Core::new(LearnerId(0), [LearnerId(0), LearnerId(1)], 1);
         assert_eq!(g.on_pull(pull(0, 1, true))[0], LeaderEvent::Pull { seq: 1, last: false });
         assert_eq!(g.on_pull(pull(1, 1, true)), vec![LeaderEvent::Pull { seq: 1, last: true }]);
     }

@@ -56,6 +56,13 @@ fn groups_are_refused_across_processes_and_beside_what_would_hold_a_push() {
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(!o.status.success() && err.contains("cluster.hierarchical"), "{set} {also}: {err}");
     }
+    // n-softsync inside groups of 2 has n ≤ 2, and needs groups with rounds of their own.
+    for also in ["cluster.hierarchical=true", "cluster.hierarchical=false"] {
+        let args = ["--set", "cluster.groups=2", "--set", "cluster.group_n=3", "--set", also];
+        let o = node(&[&["local", "--out", out, "--set", "protocol.kind=async"][..], &args].concat());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains("cluster.group_n"), "{also}: {err}");
+    }
     for refused in ["protocol.max_staleness=4", "protocol.prefetch=1", "protocol.kind=diloco"] {
         let o = node(&[
             "local",

@@ -54,6 +54,10 @@ pub struct ClusterSpec {
     /// of the group; the shards' rule counts groups (`docs/src/algorithms.md` §4.3).
     #[serde(default)]
     pub hierarchical: bool,
+    /// With hierarchical groups: each group's rounds are n-softsync among its members (1, the
+    /// default: hardsync).
+    #[serde(default = "one_group")]
+    pub group_n: u32,
 }
 
 fn one_group() -> u32 {
@@ -240,6 +244,13 @@ impl ClusterSpec {
         if self.hierarchical {
             return self.check_hierarchical();
         }
+        if self.group_n != 1 {
+            let why = format!(
+                "is {}; it sets the rounds of groups with rounds of their own: set cluster.hierarchical",
+                self.group_n
+            );
+            return Err(InvalidSetting::new("cluster.group_n", why));
+        }
         if g == 1 {
             return Ok(());
         }
@@ -276,6 +287,14 @@ impl ClusterSpec {
     /// that lets a member wait on another's push while its group's round holds it.
     fn check_hierarchical(&self) -> Result<(), InvalidSetting> {
         let g = self.groups;
+        let smallest = self.learner_groups().iter().map(Vec::len).min().unwrap_or(0) as u32;
+        if !(1..=smallest.max(1)).contains(&self.group_n) {
+            let n = self.group_n;
+            let why = format!(
+                "is {n}; a group's rounds are n-softsync among its members, 1 ≤ n ≤ {smallest} (the smallest group)"
+            );
+            return Err(InvalidSetting::new("cluster.group_n", why));
+        }
         let why = match &self.protocol {
             _ if !(2..=self.learners).contains(&g) => {
                 format!("and cluster.groups is {g}: groups with rounds of their own need 2 to λ = {} groups", self.learners)

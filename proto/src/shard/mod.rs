@@ -266,8 +266,11 @@ impl SgdShard {
             self.outstanding.remove(learner);
         }
         let old = |s: u64| s >= seq;
+        // A last pull for the step a learner was served says its push will not come (a group
+        // whose last member was lost, §4.3): it finishes the learner, unlike a repeat.
+        let owed = |s: u64| if last { s > seq } else { s >= seq };
         if seq <= self.last_pushed(learner)
-            || self.outstanding.seq(learner).is_some_and(old)
+            || self.outstanding.seq(learner).is_some_and(owed)
             || self.finished.get(&learner).copied().is_some_and(old)
         {
             self.events.push(ShardEvent::Serve { learner, seq, weights: self.snapshot() });

@@ -205,6 +205,28 @@ fn hardsync_waits_for_everyone_and_defers_early_pulls() {
 }
 
 #[test]
+fn a_last_pull_for_the_step_served_finishes_a_learner_whose_push_will_not_come() {
+    // A group whose last member training was lost tells the shard so with a last pull for
+    // the step it was served: a hardsync round no longer waits for it.
+    let mut s = shard(SyncRule::Hardsync, LrModulation::None, None, 2);
+    pull(&mut s, L[0]).unwrap();
+    pull(&mut s, L[1]).unwrap();
+    push(&mut s, L[0], Clock(0), &[2.0, 0.0, 0.0]).unwrap();
+    push(&mut s, L[1], Clock(0), &[0.0, 2.0, 0.0]).unwrap();
+    pull(&mut s, L[0]).unwrap();
+    pull(&mut s, L[1]).unwrap();
+    drain(&mut s);
+    push(&mut s, L[0], Clock(1), &[2.0, 0.0, 0.0]).unwrap();
+    assert_eq!(s.clock(), Clock(1), "the round waits for L1's step 2");
+    // A plain pull for that step again is a repeat and changes nothing; a last one finishes.
+    s.on_pull(L[1], 2).unwrap();
+    assert_eq!(s.clock(), Clock(1));
+    let events = s.core.on_last_pull(L[1], 2);
+    s.keep(events).unwrap();
+    assert_eq!(s.clock(), Clock(2), "the round closed without L1");
+}
+
+#[test]
 fn a_restored_shard_continues_from_its_checkpoint_exactly() {
     let new = || shard(SyncRule::Softsync { n: 2 }, LrModulation::PerGradient, None, 2);
     let (mut a, mut b) = (new(), new());

@@ -323,6 +323,7 @@ impl TryFrom<RawConfig> for Config {
             batch_sizing: keys::batch_sizing(t)?,
             groups: raw.cluster.groups,
             hierarchical: raw.cluster.hierarchical,
+            group_n: raw.cluster.group_n,
         };
         if batch_size > MAX_BATCH {
             return Err(invalid("training.batch_size", format!("is {batch_size}; at most {MAX_BATCH}")));

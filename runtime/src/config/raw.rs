@@ -101,6 +101,9 @@ pub struct RawCluster {
     /// Each group runs hardsync rounds of its own and pushes their means (default false).
     #[serde(default)]
     pub hierarchical: bool,
+    /// With hierarchical groups, n-softsync among a group's members (default 1: hardsync).
+    #[serde(default = "one")]
+    pub group_n: u32,
 }
 
 fn one() -> u32 {

@@ -137,7 +137,9 @@ pub fn simulate(config: &Config, progress: ProgressMode) -> Result<SimReport, Ru
             };
             let batch = spec.batch_size as u32;
             let mut world = match spec.own_round_groups() {
-                Some(groups) => SgdWorld::new(shards, ranges, cores).with_own_rounds(Some(groups), batch),
+                Some(groups) => {
+                    SgdWorld::new(shards, ranges, cores).with_own_rounds(Some(groups), (batch, spec.group_n))
+                }
                 None => SgdWorld::new(shards, ranges, cores)
                     .with_groups(&spec.learner_groups(), (batch, spec.protocol.waits_for_all())),
             };

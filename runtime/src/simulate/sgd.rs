@@ -155,16 +155,16 @@ impl SgdWorld {
         Self { shards, ranges, learners, groups: None, leaders: None }
     }
 
-    /// The learners' groups run rounds of their own, when `groups` are given; every member's
-    /// gradient is over `batch` examples.
+    /// The learners' groups run rounds of their own, when `groups` are given, n-softsync among
+    /// their members; every member's gradient is over `batch` examples.
     #[must_use]
-    pub fn with_own_rounds(mut self, groups: Option<Vec<Vec<LearnerId>>>, batch: u32) -> Self {
+    pub fn with_own_rounds(mut self, groups: Option<Vec<Vec<LearnerId>>>, (batch, n): (u32, u32)) -> Self {
         let Some(groups) = groups else { return self };
         let mut of = vec![0; self.learners.len()];
         let (mut cores, shards) = (Vec::new(), self.shards.len());
         for (g, (leader, members)) in groups.into_iter().filter_map(|m| Some((*m.first()?, m))).enumerate() {
             members.iter().for_each(|l| of[l.index()] = g);
-            cores.push((0..shards).map(|_| GroupLeader::new(leader, members.iter().copied())).collect());
+            cores.push((0..shards).map(|_| GroupLeader::new(leader, members.iter().copied(), n)).collect());
         }
         let weights = vec![vec![None; shards]; cores.len()];
         self.leaders = Some(Leaders { of, cores, weights, batch });
