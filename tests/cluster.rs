@@ -228,6 +228,19 @@ fn hierarchical_groups_under_hardsync_are_sequential_sgd_with_batch_mu_lambda() 
 }
 
 #[test]
+fn hierarchical_groups_count_a_shard_s_gradients_per_epoch_in_group_rounds() {
+    // λ = 6 in groups of 3 over 480 examples at μ = 8: 10 steps a learner per epoch, and a
+    // shard takes one gradient a round of each group (n = 1) or three (n = 3).
+    let base = ClusterSpec { groups: 2, hierarchical: true, ..spec(6, 1, SyncRule::Async, 8) };
+    let ProtocolSpec::Sgd(p) = &base.protocol else { unreachable!("an SGD spec") };
+    for (group_n, per_epoch) in [(1, 2 * 10), (3, 2 * 3 * 10)] {
+        let spec = ClusterSpec { group_n, ..base.clone() };
+        assert_eq!(spec.sgd_shard_config(p, 0, 480).gradients_per_epoch, per_epoch, "n = {group_n}");
+    }
+    assert_eq!(spec(6, 1, SyncRule::Async, 8).sgd_shard_config(p, 0, 480).gradients_per_epoch, 6 * 10);
+}
+
+#[test]
 fn hierarchical_groups_under_async_apply_each_group_round_once_with_its_staleness() -> anyhow::Result<()> {
     let (learners, mu, steps) = (4usize, 8usize, 30usize);
     let (train, test) = mnist();

@@ -50,8 +50,8 @@ pub struct ClusterSpec {
     /// (`docs/src/algorithms.md` §4.2); 1: none.
     #[serde(default = "one_group")]
     pub groups: u32,
-    /// Each group runs hardsync rounds of its own and pushes each round's mean as one gradient
-    /// of the group; the shards' rule counts groups (`docs/src/algorithms.md` §4.3).
+    /// Each group runs rounds of its own and pushes each round's mean as one gradient of the
+    /// group; the shards' rule counts groups (`docs/src/algorithms.md` §4.3).
     #[serde(default)]
     pub hierarchical: bool,
     /// With hierarchical groups: each group's rounds are n-softsync among its members (1, the
@@ -287,14 +287,6 @@ impl ClusterSpec {
     /// that lets a member wait on another's push while its group's round holds it.
     fn check_hierarchical(&self) -> Result<(), InvalidSetting> {
         let g = self.groups;
-        let smallest = self.learner_groups().iter().map(Vec::len).min().unwrap_or(0) as u32;
-        if !(1..=smallest.max(1)).contains(&self.group_n) {
-            let n = self.group_n;
-            let why = format!(
-                "is {n}; a group's rounds are n-softsync among its members, 1 ≤ n ≤ {smallest} (the smallest group)"
-            );
-            return Err(InvalidSetting::new("cluster.group_n", why));
-        }
         let why = match &self.protocol {
             _ if !(2..=self.learners).contains(&g) => {
                 format!("and cluster.groups is {g}: groups with rounds of their own need 2 to λ = {} groups", self.learners)
@@ -312,7 +304,17 @@ impl ClusterSpec {
             ProtocolSpec::Sgd(SgdSpec { rule: SyncRule::Softsync { n }, .. }) if *n > g => {
                 format!("and protocol.n is {n}: between groups the shards count the G = {g} groups, so n is at most G")
             }
-            ProtocolSpec::Sgd(_) => return Ok(()),
+            ProtocolSpec::Sgd(_) => {
+                let smallest = self.learner_groups().iter().map(Vec::len).min().unwrap_or(1) as u32;
+                if (1..=smallest).contains(&self.group_n) {
+                    return Ok(());
+                }
+                let why = format!(
+                    "is {}; a group's rounds are n-softsync among its members, 1 ≤ n ≤ {smallest} (the smallest group)",
+                    self.group_n
+                );
+                return Err(InvalidSetting::new("cluster.group_n", why));
+            }
         };
         Err(InvalidSetting::new("cluster.hierarchical", format!("is true {why}")))
     }
@@ -362,7 +364,7 @@ impl ClusterSpec {
             // the largest group's.
             batch: self.batch_size as u32 * self.pushers_per_gradient(),
             gradients_per_epoch: self.steps_per_learner(train_len) / u64::from(self.epochs)
-                * self.served().len() as u64,
+                * self.gradients_per_step(),
             prefetch: p.prefetch,
         }
     }
@@ -394,6 +396,17 @@ impl ClusterSpec {
         match self.own_round_groups() {
             Some(groups) => rudra_proto::active_groups(&groups, &all),
             None => all,
+        }
+    }
+
+    /// The gradients a shard takes per step of every learner: λ, or with hierarchical groups
+    /// each group's rounds per step, ⌈m / ⌊m/n⌋⌉ for a group of m.
+    fn gradients_per_step(&self) -> u64 {
+        match self.own_round_groups() {
+            Some(groups) => (groups.iter().map(|g| g.len() as u64))
+                .map(|m| m.div_ceil((m / u64::from(self.group_n.max(1))).max(1)))
+                .sum(),
+            None => u64::from(self.learners),
         }
     }
 
