@@ -254,19 +254,15 @@ impl SgdWorld {
     #[must_use]
     pub fn with_groups(mut self, groups: &[Vec<LearnerId>], (batch, hardsync): (u32, bool)) -> Self {
         if groups.len() > 1 {
-            let mut of = vec![0; self.learners.len()];
-            for (g, members) in groups.iter().enumerate() {
+            let (mut of, mut rounds, mut via) = (vec![0; self.learners.len()], Vec::new(), Vec::new());
+            for (g, (first, members)) in groups.iter().filter_map(|m| Some((*m.first()?, m))).enumerate() {
                 members.iter().for_each(|l| of[l.index()] = g);
+                let round = || GroupRound::new(members.iter().copied());
+                let by_shard =
+                    (0..self.shards.len()).map(|_| if hardsync { round().by_clock() } else { round() });
+                rounds.push(by_shard.collect());
+                via.push(first);
             }
-            let rounds = (groups.iter())
-                .map(|m| {
-                    let round = || GroupRound::new(m.iter().copied());
-                    (0..self.shards.len())
-                        .map(|_| if hardsync { round().by_clock() } else { round() })
-                        .collect()
-                })
-                .collect();
-            let via = groups.iter().map(|m| m.first().copied().unwrap_or(LearnerId(0))).collect();
             self.groups = Some(Groups { of, rounds, via, batch });
         }
         self
