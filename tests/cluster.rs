@@ -10,7 +10,7 @@ use rudra::actors::{
 };
 use rudra::compute::{BatchStream, CpuBackend, Dataset, Device, Model, ModelSpec, Partition};
 use rudra::proto::harness::{ElasticSetup, FaultSchedule, run_elastic};
-use rudra::proto::{LrModulation, LrSchedule, OptimizerSpec, SyncRule};
+use rudra::proto::{LeaderGroups, LrModulation, LrSchedule, OptimizerSpec, SyncRule};
 use rudra::transport::{Codecs, LearnerId, ShardId};
 
 fn mnist() -> (Dataset, Dataset) {
@@ -433,7 +433,7 @@ fn a_checkpoint_of_another_model_is_refused_naming_the_file() -> anyhow::Result<
     let spec = spec(2, 1, SyncRule::Softsync { n: 1 }, 8);
     let models = Models::builtin(&model(), spec.seed, Device::Cpu(CpuBackend));
     let refused = actix::System::new().block_on(async {
-        let tracker = start_tracker(None, None).recipient();
+        let tracker = start_tracker(None, LeaderGroups::default()).recipient();
         let arbiter = actix::Arbiter::current();
         start_shard(
             (&spec, &models, 100),

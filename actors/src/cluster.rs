@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
+use rudra_proto::LeaderGroups;
 use rudra_transport::{Clock, LearnerId, ShardId};
 use tokio::sync::{mpsc, oneshot};
 
@@ -231,7 +232,7 @@ impl Cluster {
             arbiters.push(arbiter);
             handle
         };
-        let tracker = start_tracker(None, spec.own_round_groups());
+        let tracker = start_tracker(None, LeaderGroups::of(spec.own_round_groups()));
         let train_len = data.train.len();
         let shards = (0..spec.shards)
             .map(|s| {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use rudra_compute::Dataset;
-use rudra_proto::{ElasticWorker, LearnerCore, LearnerLoop};
+use rudra_proto::{ElasticWorker, LeaderGroups, LearnerCore, LearnerLoop};
 use rudra_transport::{Clock, LearnerId, ShardId};
 use tokio::sync::{mpsc, oneshot};
 
@@ -31,10 +31,7 @@ use crate::{ActorError, ClusterSpec, Models, TrainingData};
 /// whose shards live elsewhere and report here), and credits each gradient of a group with
 /// rounds of its own among `groups` to every member.
 #[must_use]
-pub fn start_tracker(
-    metrics: Option<Arc<Metrics>>,
-    groups: Option<Vec<Vec<LearnerId>>>,
-) -> Addr<StalenessTracker> {
+pub fn start_tracker(metrics: Option<Arc<Metrics>>, groups: LeaderGroups) -> Addr<StalenessTracker> {
     StalenessTracker::new(metrics).with_groups(groups).start()
 }
 
@@ -92,7 +89,7 @@ pub fn start_shard(
     };
     let counters = metrics.map(|m| m.shard(id));
     let (weights, grace) = (spec.codecs.weights, spec.grace_window());
-    let groups = spec.own_round_groups();
+    let groups = LeaderGroups::of(spec.own_round_groups());
     let addr = ShardActor::start_in_arbiter(arbiter, move |_| {
         ShardActor::new(core, tracker, counters, checkpoints, weights).with_grace(grace).with_groups(groups)
     });

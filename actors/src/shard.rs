@@ -16,7 +16,7 @@ use crate::messages::{
 };
 use crate::metrics::ShardMetrics;
 use rudra_proto::{
-    Contribution, CoreError, DropReason, GraceWindow, Outcome, ShardCore, ShardEvent, Weights,
+    Contribution, CoreError, DropReason, GraceWindow, LeaderGroups, Outcome, ShardCore, ShardEvent, Weights,
 };
 
 /// Records are sent to the tracker in batches of this many (and on every snapshot and stop) …
@@ -51,7 +51,7 @@ pub struct ShardActor {
     payload_in: u64,
     /// Groups with rounds of their own (`docs/src/algorithms.md` §4.3): the core serves each
     /// by its first member, active while any member is.
-    groups: Option<Vec<Vec<LearnerId>>>,
+    groups: LeaderGroups,
 }
 
 impl ShardActor {
@@ -80,13 +80,13 @@ impl ShardActor {
             encoded: None,
             grace: None,
             payload_in: 0,
-            groups: None,
+            groups: LeaderGroups::default(),
         }
     }
 
     /// The learners push through `groups` with rounds of their own, when given.
     #[must_use]
-    pub fn with_groups(mut self, groups: Option<Vec<Vec<LearnerId>>>) -> Self {
+    pub fn with_groups(mut self, groups: LeaderGroups) -> Self {
         self.groups = groups;
         self
     }
@@ -316,10 +316,7 @@ impl Handler<Exchange> for ShardActor {
 impl Handler<Membership> for ShardActor {
     type Result = ();
     fn handle(&mut self, msg: Membership, ctx: &mut Context<Self>) {
-        let active = match &self.groups {
-            Some(groups) => rudra_proto::active_groups(groups, &msg.active),
-            None => msg.active,
-        };
+        let active = self.groups.served(&msg.active);
         tracing::info!(shard = %self.core.id(), "λ = {}", active.len());
         let events = self.core.on_membership(active);
         self.carry_out(Ok(events), "membership", ctx);

@@ -9,7 +9,7 @@ use actix::prelude::*;
 use crate::goodput::LearnerCounts;
 use crate::messages::{GetStats, Records, TrackerReport};
 use crate::metrics::Metrics;
-use rudra_proto::{Credits, LearnerId, Outcome, StalenessStats};
+use rudra_proto::{LeaderGroups, LearnerId, Outcome, StalenessStats};
 
 /// The tracker actor.
 #[derive(Default)]
@@ -21,7 +21,7 @@ pub struct StalenessTracker {
     /// Each learner's contributions applied and dropped.
     by_learner: BTreeMap<LearnerId, LearnerCounts>,
     /// Whose contributions each record counts (groups with rounds of their own).
-    credits: Credits,
+    groups: LeaderGroups,
     metrics: Option<Arc<Metrics>>,
 }
 
@@ -33,11 +33,11 @@ impl StalenessTracker {
         Self { metrics, ..Self::default() }
     }
 
-    /// The shards' records of each group in `groups` (rounds of their own, recorded under
-    /// the group's first member) count for each of its members.
+    /// The shards' records of each of `groups` (rounds of their own, recorded under the
+    /// group's first member) count for each of its members.
     #[must_use]
-    pub fn with_groups(mut self, groups: Option<Vec<Vec<LearnerId>>>) -> Self {
-        self.credits = Credits::of(groups);
+    pub fn with_groups(mut self, groups: LeaderGroups) -> Self {
+        self.groups = groups;
         self
     }
 
@@ -63,7 +63,7 @@ impl Handler<Records> for StalenessTracker {
             m.record(&msg.gradients, &msg.updates);
         }
         for g in &msg.gradients {
-            for &learner in self.credits.members(&g.learner) {
+            for &learner in self.groups.members(&g.learner) {
                 let fresh = LearnerCounts { learner, applied: 0, dropped: 0 };
                 let counts = self.by_learner.entry(learner).or_insert(fresh);
                 match g.outcome {

@@ -183,12 +183,12 @@ impl<T> GroupRound<T> {
         let by_clock = self.mode == Mode::ByClock;
         let turn_taken = |l: &LearnerId| by_clock && self.sent.get(l).is_some_and(|&(_, j)| j >= oldest);
         let pushed = |l: &LearnerId| self.held.contains_key(l) || turn_taken(l);
-        let training: Vec<LearnerId> = self.active.iter().copied().filter(|&l| self.training(l)).collect();
-        let needed = match self.mode {
-            Mode::Own { n } if !training.is_empty() => (training.len() / n as usize).max(1),
-            _ => training.len(),
+        let training = || self.active.iter().filter(|&&l| self.training(l));
+        let needed = match (self.mode, training().count()) {
+            (Mode::Own { n }, t) if t > 0 => (t / n as usize).max(1),
+            (_, t) => t,
         };
-        if training.iter().filter(|l| pushed(l)).count() < needed {
+        if training().filter(|l| pushed(l)).count() < needed {
             return Vec::new();
         }
         let own = matches!(self.mode, Mode::Own { .. });
@@ -206,16 +206,6 @@ impl<T> GroupRound<T> {
         }
         batches.into_values().collect()
     }
-}
-
-/// The groups among `groups` with a member in `active`, each by its first member: whom a shard
-/// serves when groups run rounds of their own (`docs/src/algorithms.md` §4.3).
-#[must_use]
-pub fn active_groups(groups: &[Vec<LearnerId>], active: &BTreeSet<LearnerId>) -> BTreeSet<LearnerId> {
-    (groups.iter())
-        .filter(|members| members.iter().any(|l| active.contains(l)))
-        .filter_map(|members| members.first().copied())
-        .collect()
 }
 
 /// The learners of each of `groups` groups of `learners`: contiguous runs of ids, of ⌊λ/G⌋ or

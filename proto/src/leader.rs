@@ -225,22 +225,33 @@ impl<T, P> GroupLeader<T, P> {
     }
 }
 
-/// Whose contributions a shard's record of a gradient counts: its learner's, or with groups
-/// that run rounds of their own, every member of the group the record names by its first.
+/// Groups with rounds of their own as the shards see them, each named by its first member
+/// (none: every learner stands for itself).
 #[derive(Clone, Debug, Default)]
-pub struct Credits(BTreeMap<LearnerId, Vec<LearnerId>>);
+pub struct LeaderGroups(BTreeMap<LearnerId, Vec<LearnerId>>);
 
-impl Credits {
-    /// Credits for `groups` with rounds of their own, if any (none: each learner its own).
+impl LeaderGroups {
+    /// `groups` with rounds of their own, if any.
     #[must_use]
     pub fn of(groups: Option<Vec<Vec<LearnerId>>>) -> Self {
         Self(groups.into_iter().flatten().filter_map(|g| Some((*g.first()?, g))).collect())
     }
 
-    /// Those a record naming `learner` counts for.
+    /// Those a shard's record naming `learner` counts for: its group's members.
     #[must_use]
     pub fn members<'a>(&'a self, learner: &'a LearnerId) -> &'a [LearnerId] {
         self.0.get(learner).map_or(std::slice::from_ref(learner), Vec::as_slice)
+    }
+
+    /// Whom a shard serves while the learners in `active` are active: each group with an
+    /// active member, by its first.
+    #[must_use]
+    pub fn served(&self, active: &BTreeSet<LearnerId>) -> BTreeSet<LearnerId> {
+        if self.0.is_empty() {
+            return active.clone();
+        }
+        let any_active = |members: &Vec<LearnerId>| members.iter().any(|l| active.contains(l));
+        self.0.iter().filter(|(_, members)| any_active(members)).map(|(&leader, _)| leader).collect()
     }
 }
 

@@ -61,9 +61,9 @@ pub use elastic::{
 pub use elastic_worker::{ElasticWorker, LocalRule, WorkerEvent};
 pub use error::CoreError;
 pub use floats::Floats;
-pub use group::{Batch, GroupRound, active_groups, learner_groups};
+pub use group::{Batch, GroupRound, learner_groups};
 pub use ids::{Clock, LearnerId, Role, ShardId, Staleness};
-pub use leader::{Credits, GroupLeader, LeaderEvent, MemberPull};
+pub use leader::{GroupLeader, LeaderEvent, LeaderGroups, MemberPull};
 pub use learner::{Answered, LearnerCore, LearnerEvent, MAX_PREFETCH, NextPull};
 pub use modulation::LrModulation;
 pub use optimizer::{LocalOptimizer, OptimizerSpec};

@@ -17,8 +17,8 @@ pub use protocol::{
 
 mod protocol;
 use rudra_proto::{
-    BatchPlanner, ElasticWorker, GraceWindow, LearnerCore, LearnerLoop, LrSchedule, MAX_PREFETCH,
-    SchedulerCore, SgdShard, SgdShardConfig, ShardCore, SyncRule, shard_ranges,
+    BatchPlanner, ElasticWorker, GraceWindow, LeaderGroups, LearnerCore, LearnerLoop, LrSchedule,
+    MAX_PREFETCH, SchedulerCore, SgdShard, SgdShardConfig, ShardCore, SyncRule, shard_ranges,
 };
 
 /// Everything that defines a run, already typed.
@@ -393,10 +393,7 @@ impl ClusterSpec {
     #[must_use]
     pub fn served(&self) -> BTreeSet<LearnerId> {
         let all = (0..self.learners).map(LearnerId).collect();
-        match self.own_round_groups() {
-            Some(groups) => rudra_proto::active_groups(&groups, &all),
-            None => all,
-        }
+        LeaderGroups::of(self.own_round_groups()).served(&all)
     }
 
     /// The gradients a shard takes per step of every learner: λ, or with hierarchical groups

@@ -22,6 +22,7 @@ use rudra_actors::scheduler::SchedulerActor;
 use rudra_actors::tracker::StalenessTracker;
 use rudra_actors::{Models, RunReport, SchedulerState, TrainingData};
 use rudra_compute::{CpuBackend, Device};
+use rudra_proto::LeaderGroups;
 use rudra_transport::quic::{Ended, Goodbye, Peer, QuicEndpoint};
 use rudra_transport::{Clock, LearnerId, Role, ShardId};
 use tokio::sync::mpsc;
@@ -146,7 +147,7 @@ async fn drive(
     };
     let tracker = match &resume {
         Some((_, counts)) => resume_tracker(metrics.clone(), counts),
-        None => start_tracker(metrics.clone(), None),
+        None => start_tracker(metrics.clone(), LeaderGroups::default()),
     };
     let shard_peers: Vec<Addr<RemoteShard>> = (shards.iter().enumerate())
         .map(|(s, j)| RemoteShard::new(ShardId(s as u32), j.peer.clone()).start())

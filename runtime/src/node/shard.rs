@@ -258,10 +258,10 @@ mod tests {
 
     use rudra_actors::messages::GetStats;
     use rudra_actors::roles::start_tracker;
-    use rudra_proto::DropReason;
     use rudra_proto::{
         CenterRule, CenterShard, LrModulation, LrSchedule, SgdShard, SgdShardConfig, ShardCore, SyncRule,
     };
+    use rudra_proto::{DropReason, LeaderGroups};
     use rudra_transport::quic::QuicSettings;
     use rudra_transport::tls::CertDir;
     use rudra_transport::{Clock, Codec, Encoding};
@@ -307,7 +307,7 @@ mod tests {
         )
         .expect("bound");
         let addr = ep.local_addr().expect("an address");
-        let tracker = start_tracker(None, None);
+        let tracker = start_tracker(None, LeaderGroups::default());
         let shard =
             ShardActor::new(core, tracker.clone().recipient(), None, None, Encoding::default()).start();
         let policy = LearnerPolicy {

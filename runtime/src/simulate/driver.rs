@@ -7,7 +7,7 @@ use rudra_transport::Floats;
 use rand_chacha::ChaCha8Rng;
 use std::time::Duration;
 
-use rudra_proto::{Credits, GraceWindow, GradientRecord, Outcome, StalenessStats, UpdateRecord};
+use rudra_proto::{GraceWindow, GradientRecord, LeaderGroups, Outcome, StalenessStats, UpdateRecord};
 use rudra_transport::{Clock, LearnerId, ShardId};
 use serde::Serialize;
 
@@ -229,7 +229,7 @@ pub struct Engine<M> {
     /// rest, nor does any run wait for a learner away).
     end_after: Option<usize>,
     /// Whose contributions each gradient record counts (groups with rounds of their own).
-    credits: Credits,
+    credits: LeaderGroups,
 }
 
 /// What a finished run of the driver leaves.
@@ -277,13 +277,13 @@ impl<M: Message> Engine<M> {
             grace: Vec::new(),
             churn: None,
             end_after: None,
-            credits: Credits::default(),
+            credits: LeaderGroups::default(),
         }
     }
 
     /// Credit each record of a group's gradient to its members, as `credits` says.
     #[must_use]
-    pub fn crediting(mut self, credits: Credits) -> Self {
+    pub fn crediting(mut self, credits: LeaderGroups) -> Self {
         self.credits = credits;
         self
     }

@@ -33,7 +33,7 @@ use rudra_actors::{ClusterSpec, ElasticMethod, ElasticSpec, ProtocolSpec, SgdSpe
 use rudra_compute::{CpuBackend, Device};
 use rudra_proto::shard_ranges;
 use rudra_proto::{
-    CenterShard, Credits, ElasticWorker, LearnerCore, LearnerLoop, SgdShard, SgdShardConfig, ShardCore,
+    CenterShard, ElasticWorker, LeaderGroups, LearnerCore, LearnerLoop, SgdShard, SgdShardConfig, ShardCore,
 };
 use rudra_transport::{LearnerId, ShardId};
 
@@ -145,7 +145,7 @@ pub fn simulate(config: &Config, progress: ProgressMode) -> Result<SimReport, Ru
             };
             let engine = Engine::new(rng, compute, net, gradients, learners)
                 .with_grace(spec.grace_window(), lens.len())
-                .crediting(Credits::of(spec.own_round_groups()));
+                .crediting(LeaderGroups::of(spec.own_round_groups()));
             (engine.run(&mut world, &sim.stop, run, &mut progress)?, summarize(&world))
         }
     };

@@ -160,12 +160,13 @@ impl SgdWorld {
     #[must_use]
     pub fn with_own_rounds(mut self, groups: Option<Vec<Vec<LearnerId>>>, (batch, n): (u32, u32)) -> Self {
         let Some(groups) = groups else { return self };
-        let mut of = vec![0; self.learners.len()];
-        let (mut cores, shards) = (Vec::new(), self.shards.len());
-        for (g, (leader, members)) in groups.into_iter().filter_map(|m| Some((*m.first()?, m))).enumerate() {
-            members.iter().for_each(|l| of[l.index()] = g);
-            cores.push((0..shards).map(|_| GroupLeader::new(leader, members.iter().copied(), n)).collect());
-        }
+        let (of, groups) = indexed(&groups, self.learners.len());
+        let shards = self.shards.len();
+        let cores: Vec<Vec<_>> = (groups.iter())
+            .map(|&(leader, members)| {
+                (0..shards).map(|_| GroupLeader::new(leader, members.iter().copied(), n)).collect()
+            })
+            .collect();
         let weights = vec![vec![None; shards]; cores.len()];
         self.leaders = Some(Leaders { of, cores, weights, batch });
         self
@@ -254,15 +255,16 @@ impl SgdWorld {
     #[must_use]
     pub fn with_groups(mut self, groups: &[Vec<LearnerId>], (batch, hardsync): (u32, bool)) -> Self {
         if groups.len() > 1 {
-            let (mut of, mut rounds, mut via) = (vec![0; self.learners.len()], Vec::new(), Vec::new());
-            for (g, (first, members)) in groups.iter().filter_map(|m| Some((*m.first()?, m))).enumerate() {
-                members.iter().for_each(|l| of[l.index()] = g);
-                let round = || GroupRound::new(members.iter().copied());
-                let by_shard =
-                    (0..self.shards.len()).map(|_| if hardsync { round().by_clock() } else { round() });
-                rounds.push(by_shard.collect());
-                via.push(first);
-            }
+            let (of, groups) = indexed(groups, self.learners.len());
+            let rounds = (groups.iter())
+                .map(|&(_, members)| {
+                    let round = || GroupRound::new(members.iter().copied());
+                    (0..self.shards.len())
+                        .map(|_| if hardsync { round().by_clock() } else { round() })
+                        .collect()
+                })
+                .collect();
+            let via = groups.iter().map(|&(first, _)| first).collect();
             self.groups = Some(Groups { of, rounds, via, batch });
         }
         self
@@ -353,6 +355,17 @@ impl SgdWorld {
         }
         Ok(())
     }
+}
+
+/// Each of `learners`' group among `groups`, and the groups with their first learners.
+fn indexed(groups: &[Vec<LearnerId>], learners: usize) -> (Vec<usize>, Vec<(LearnerId, &[LearnerId])>) {
+    let groups: Vec<(LearnerId, &[LearnerId])> =
+        groups.iter().filter_map(|m| Some((*m.first()?, m.as_slice()))).collect();
+    let mut of = vec![0; learners];
+    for (g, (_, members)) in groups.iter().enumerate() {
+        members.iter().for_each(|l| of[l.index()] = g);
+    }
+    (of, groups)
 }
 
 fn internal(what: &str) -> RuntimeError {
