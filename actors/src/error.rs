@@ -52,6 +52,9 @@ pub enum ActorError {
     /// A shard could not come back after a crash and the run was aborted.
     #[error("{0} failed: {1}; the run was stopped")]
     ShardFailed(ShardId, String),
+    /// A learner group's aggregator was lost and the run was aborted.
+    #[error("the aggregator of learner group {0} was lost ({1}); the run was stopped")]
+    AggregatorLost(u32, String),
     /// A learner's train loss is not finite: it stops computing and the scheduler, which sees
     /// the loss, stops the run as diverged.
     #[error("{0}")]

@@ -253,6 +253,17 @@ pub struct ShardFailed {
     pub reason: String,
 }
 
+/// The connection to a learner group's aggregator (on another node) ended: the group's rounds
+/// are gone with it, and the run stops.
+#[derive(Message, Clone, Debug)]
+#[rtype(result = "()")]
+pub struct AggregatorLost {
+    /// The group.
+    pub group: u32,
+    /// How its connection ended.
+    pub why: String,
+}
+
 /// The transport lost its connection to a learner.
 #[derive(Message, Clone, Copy, Debug)]
 #[rtype(result = "()")]

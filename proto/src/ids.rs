@@ -147,6 +147,9 @@ pub enum Role {
     Shard,
     /// Computes gradients.
     Learner,
+    /// Stands for a learner group before every shard: the group's rounds
+    /// (`docs/src/algorithms.md` §4.3).
+    Aggregator,
 }
 
 impl Role {
@@ -157,6 +160,7 @@ impl Role {
             Self::Scheduler => "scheduler",
             Self::Shard => "shard",
             Self::Learner => "learner",
+            Self::Aggregator => "aggregator",
         }
     }
 
@@ -164,7 +168,9 @@ impl Role {
     #[must_use]
     pub fn of_name(name: &str) -> Option<Self> {
         let prefix = name.split_once('-').map_or(name, |(p, _)| p);
-        [Self::Scheduler, Self::Shard, Self::Learner].into_iter().find(|r| r.as_str() == prefix)
+        [Self::Scheduler, Self::Shard, Self::Learner, Self::Aggregator]
+            .into_iter()
+            .find(|r| r.as_str() == prefix)
     }
 }
 

@@ -1,9 +1,10 @@
 //! Learner groups (Rudra-adv trees) through `rudra-node`: the bytes into a shard per update,
-//! reported in `summary.json`, and where groups are refused.
+//! reported in `summary.json`; hierarchical groups across processes, each on an aggregator
+//! node; and where groups are refused.
 
 mod common;
 
-use common::{node, short_run, summary};
+use common::{node, short_run, short_run_with, summary};
 
 #[test]
 fn two_groups_of_two_halve_the_bytes_each_update_brings_the_shard() {
@@ -35,6 +36,39 @@ fn hierarchical_groups_train_and_each_group_round_is_one_gradient() {
     // 4,000 examples over λ = 4 at μ = 32 is 31 steps a learner, 2 epochs: 62 rounds a group.
     assert_eq!(s["gradients_applied"], 2 * 62, "{s}");
     assert_eq!(s["updates"], 2 * 62, "async between groups: every group's round an update");
+}
+
+/// Hierarchical groups across processes (`local --transport quic`: every node, each group's
+/// aggregator too, on QUIC with mutual TLS) train exactly as in one process: under hardsync
+/// both are sequential SGD with a batch of μλ (`tests/cluster.rs`), so the final loss is the
+/// same to the last bit; under async every group round is one gradient at each shard.
+#[test]
+fn hierarchical_groups_across_processes_train_exactly_as_in_one_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    let groups = ["cluster.groups=2", "cluster.hierarchical=true", "cluster.shards=2", "cluster.learners=5"];
+    let hardsync = [&groups[..], &["protocol.kind=hardsync"]].concat();
+    let (one, quic) = (tmp.path().join("one"), tmp.path().join("quic"));
+    short_run(&one, &hardsync);
+    short_run_with(&quic, &["--transport", "quic"], &hardsync);
+    let (one, quic) = (summary(&one), summary(&quic));
+    for key in ["final_train_loss", "final_test_accuracy", "gradients_applied", "updates"] {
+        assert_eq!(one[key], quic[key], "{key}: {one} against {quic}");
+    }
+    // 4,000 examples at μλ = 160: 25 rounds an epoch, one gradient a group each, at each shard.
+    assert_eq!(quic["updates"], 50, "{quic}");
+    assert_eq!(quic["gradients_applied"], 2 * 2 * 50, "{quic}");
+    assert_eq!(quic["staleness"]["max"], 0, "{quic}");
+
+    let dir = tmp.path().join("async");
+    let asynchronous =
+        ["cluster.groups=2", "cluster.hierarchical=true", "cluster.shards=2", "cluster.learners=4"];
+    short_run_with(&dir, &["--transport", "quic"], &[&asynchronous[..], &["protocol.kind=async"]].concat());
+    let s = summary(&dir);
+    assert!(s["final_test_accuracy"].as_f64().unwrap() > 0.8, "{s}");
+    // 31 steps a learner, 2 epochs: 62 rounds a group, each an update, at each of 2 shards.
+    assert_eq!(s["gradients_applied"], 2 * 2 * 62, "{s}");
+    assert_eq!(s["updates"], 2 * 62, "{s}");
+    assert_eq!(s["staleness"]["applied"], 2 * 2 * 62, "σ is counted per group gradient: {s}");
 }
 
 #[test]

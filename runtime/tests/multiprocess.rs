@@ -363,3 +363,79 @@ fn a_killed_shard_process_resumes_from_its_checkpoint_and_a_restarted_learner_re
     assert!(lost <= 50, "{lost} updates lost; the checkpoint interval is 50");
     assert!(dir.join("checkpoints/shard-0.safetensors").is_file());
 }
+
+/// Hierarchical groups with each group's rounds on an aggregator process: 1 shard, 4 learners
+/// in 2 groups, 2 aggregators, every one a process of its own. The run trains, each group round
+/// one gradient at the shard; then, in a second run, an aggregator killed mid-run stops the run
+/// with its group named (its rounds are gone with it).
+#[test]
+fn aggregator_processes_run_their_groups_and_a_killed_one_stops_the_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/mnist");
+    let nodes =
+        ["shard-0", "aggregator-0", "aggregator-1", "learner-0", "learner-1", "learner-2", "learner-3"];
+    issue_certs(dir, &[&["scheduler"][..], &nodes].concat());
+    let data_dir = format!("training.data_dir={}", data.display());
+    let run = |out: &str, examples: &str, epochs: &str| {
+        let addr = format!("127.0.0.1:{}", free_port());
+        let mut children: Vec<(String, Child)> = Vec::new();
+        for name in nodes {
+            let role = name.split('-').next().unwrap();
+            let args = ["--role", role, "--name", name, "--scheduler", &addr, "--certs", "certs"];
+            let child = node(dir, &args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+            children.push((name.to_owned(), child));
+        }
+        let log = std::fs::File::create(dir.join(format!("{out}.log"))).unwrap();
+        let sched_args = [
+            &["--role", "scheduler", "--listen", &addr, "--certs", "certs", "--out", out][..],
+            &["--set", "cluster.learners=4", "--set", "cluster.shards=1", "--set", "protocol.kind=async"],
+            &["--set", "cluster.groups=2", "--set", "cluster.hierarchical=true"],
+            &[
+                "--set",
+                examples,
+                "--set",
+                epochs,
+                "--set",
+                &data_dir,
+                "--set",
+                "cluster.failure_timeout_ms=1000",
+            ],
+        ]
+        .concat();
+        let scheduler =
+            node(dir, &sched_args).env("RUST_LOG", "info").stdout(Stdio::null()).stderr(log).spawn().unwrap();
+        children.push(("scheduler".into(), scheduler));
+        children
+    };
+
+    let mut children = run("groups", "training.train_examples=4000", "training.epochs=2");
+    wait_all(&mut children, Duration::from_secs(300), None);
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("groups/summary.json")).unwrap()).unwrap();
+    assert!(summary["final_test_accuracy"].as_f64().unwrap() > 0.8, "{summary}");
+    // 31 steps a learner, 2 epochs: 62 rounds a group, each one gradient and one update.
+    assert_eq!(summary["gradients_applied"], 2 * 62, "{summary}");
+    assert_eq!(summary["updates"], 2 * 62, "{summary}");
+
+    let mut children = run("killed", "training.train_examples=60000", "training.epochs=20");
+    wait_for_log(&dir.join("killed.log"), "evaluated", Duration::from_secs(120));
+    let (_, killed) = &mut children[2];
+    killed.kill().unwrap();
+    killed.wait().unwrap();
+    let (_, scheduler) = children.last_mut().unwrap();
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = scheduler.try_wait().unwrap() {
+            break status;
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "the run did not stop");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let log = std::fs::read_to_string(dir.join("killed.log")).unwrap();
+    assert!(!status.success() && log.contains("aggregator of learner group 1 was lost"), "{log}");
+    for (_, c) in &mut children {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}

@@ -69,7 +69,12 @@ impl EnrolRequest {
         let role = match field("role")?.as_str() {
             "shard" => Role::Shard,
             "learner" => Role::Learner,
-            other => return Err(format!("a request to enrol as {other:?}: only shards and learners enrol")),
+            "aggregator" => Role::Aggregator,
+            other => {
+                return Err(format!(
+                    "a request to enrol as {other:?}: only shards, learners and aggregators enrol"
+                ));
+            }
         };
         let name = Some(field("name")?).filter(|n| !n.is_empty());
         let token = field("token")?;
@@ -218,7 +223,11 @@ mod tests {
         assert_eq!(EnrolRequest::decode(&named.encode()), Ok(named));
         assert!(EnrolRequest::decode("hello").unwrap_err().contains("blank line"));
         let as_scheduler = r.encode().replace("role learner", "role scheduler");
-        assert!(EnrolRequest::decode(&as_scheduler).unwrap_err().contains("only shards and learners"));
+        assert!(
+            EnrolRequest::decode(&as_scheduler)
+                .unwrap_err()
+                .contains("only shards, learners and aggregators")
+        );
         let no_token = r.encode().replace("token t\n", "");
         assert!(EnrolRequest::decode(&no_token).unwrap_err().contains("token"));
     }

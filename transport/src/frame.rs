@@ -16,7 +16,7 @@ use crate::TransportError;
 /// Bytes that open every frame.
 pub const MAGIC: [u8; 4] = *b"RDRA";
 /// The wire format version this build speaks.
-pub const VERSION: u16 = 9;
+pub const VERSION: u16 = 10;
 /// Length of the header; bodies start 16-byte aligned after it.
 pub const HEADER_LEN: usize = 16;
 

@@ -69,8 +69,8 @@ impl Kind {
     #[must_use]
     pub fn senders(self) -> &'static [Role] {
         match self {
-            Self::Join => &[Role::Shard, Role::Learner],
-            Self::Heartbeat => &[Role::Shard, Role::Learner, Role::Scheduler],
+            Self::Join => &[Role::Shard, Role::Learner, Role::Aggregator],
+            Self::Heartbeat => &[Role::Shard, Role::Learner, Role::Scheduler, Role::Aggregator],
             Self::Welcome
             | Self::Start
             | Self::Stop
@@ -79,15 +79,14 @@ impl Kind {
             | Self::Evaluate
             | Self::Summary
             | Self::BatchSizes => &[Role::Scheduler],
-            Self::Ready
-            | Self::Evaluated
-            | Self::Progress
-            | Self::LearnerDone
-            | Self::Hello
-            | Self::Pull
-            | Self::Push
-            | Self::Exchange => &[Role::Learner],
-            Self::Records | Self::Snapshot | Self::Weights | Self::Center | Self::Resumed => &[Role::Shard],
+            Self::Ready | Self::Evaluated | Self::Progress | Self::LearnerDone | Self::Exchange => {
+                &[Role::Learner]
+            }
+            // An aggregator speaks for its group to the shards.
+            Self::Hello | Self::Pull | Self::Push => &[Role::Learner, Role::Aggregator],
+            Self::Records | Self::Snapshot | Self::Center | Self::Resumed => &[Role::Shard],
+            // An aggregator answers its members with the weights the shard gave the group.
+            Self::Weights => &[Role::Shard, Role::Aggregator],
         }
     }
 }
@@ -105,17 +104,13 @@ impl Kind {
             | Self::Snapshot
             | Self::Resumed
             | Self::Evaluated => &[Role::Scheduler],
-            Self::Heartbeat | Self::Stop => &[Role::Shard, Role::Learner, Role::Scheduler],
-            Self::Welcome | Self::Start => &[Role::Shard, Role::Learner],
-            Self::SnapshotRequest
-            | Self::Hello
-            | Self::Pull
-            | Self::Push
-            | Self::Exchange
-            | Self::Membership => &[Role::Shard],
-            Self::Weights | Self::Center | Self::Evaluate | Self::Summary | Self::BatchSizes => {
-                &[Role::Learner]
-            }
+            Self::Heartbeat | Self::Stop => &[Role::Shard, Role::Learner, Role::Scheduler, Role::Aggregator],
+            Self::Welcome => &[Role::Shard, Role::Learner, Role::Aggregator],
+            Self::Start => &[Role::Shard, Role::Learner],
+            Self::SnapshotRequest | Self::Exchange => &[Role::Shard],
+            Self::Hello | Self::Pull | Self::Push | Self::Membership => &[Role::Shard, Role::Aggregator],
+            Self::Weights => &[Role::Learner, Role::Aggregator],
+            Self::Center | Self::Evaluate | Self::Summary | Self::BatchSizes => &[Role::Learner],
         }
     }
 

@@ -135,9 +135,10 @@ pub fn decode_frame(mut bytes: &[u8], accepts: &Accepts<'_>) -> Result<Inbound, 
     Ok(inbound)
 }
 
-/// The roles of a link as the fuzzer's first input byte names them (`b % 9`: sender `b / 3`,
-/// receiver `b % 3`, each of scheduler, shard, learner), so that the role check is fuzzed too.
-const ROLES: [Role; 3] = [Role::Scheduler, Role::Shard, Role::Learner];
+/// The roles of a link as the fuzzer's first input byte names them (`b % 16`: sender `b / 4`,
+/// receiver `b % 4`, each of scheduler, shard, learner, aggregator), so that the role check is
+/// fuzzed too.
+const ROLES: [Role; 4] = [Role::Scheduler, Role::Shard, Role::Learner, Role::Aggregator];
 
 /// Read a fuzzer's input: one byte naming the link's roles, then one whole frame, through
 /// [`read_frame`] with a 1 MiB limit.
@@ -145,9 +146,9 @@ pub fn decode_fuzz_input(input: &[u8]) -> Result<Inbound, TransportError> {
     let Some((&link, frame)) = input.split_first() else {
         return Err(TransportError::BadFrame("empty input".into()));
     };
-    let link = usize::from(link % 9);
+    let link = usize::from(link % 16);
     let accepts =
-        Accepts { from_name: "fuzz", from: ROLES[link / 3], to: ROLES[link % 3], max_body: 1 << 20 };
+        Accepts { from_name: "fuzz", from: ROLES[link / 4], to: ROLES[link % 4], max_body: 1 << 20 };
     decode_frame(frame, &accepts)
 }
 
@@ -157,7 +158,7 @@ pub fn decode_fuzz_input(input: &[u8]) -> Result<Inbound, TransportError> {
 pub fn fuzz_input(kind: Kind, frame: &[u8]) -> Vec<u8> {
     let Accepts { from, to, .. } = Accepts::for_kind(kind);
     let index = |r| ROLES.iter().position(|&x| x == r).unwrap_or(0) as u8;
-    let mut input = vec![index(from) * 3 + index(to)];
+    let mut input = vec![index(from) * 4 + index(to)];
     input.extend_from_slice(frame);
     input
 }

@@ -175,6 +175,7 @@ pub fn parse(text: &str) -> Result<JoinToken, TokenRefusal> {
     let role = match role {
         "shard" => Role::Shard,
         "learner" => Role::Learner,
+        "aggregator" => Role::Aggregator,
         _ => return Err(TokenRefusal::Malformed),
     };
     let hexish = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());

@@ -144,10 +144,14 @@ pub enum Msg {
         /// The clock of the checkpoint.
         clock: Clock,
     },
-    /// Learner → shard, first on a connection: I am learner `learner`.
+    /// Learner → shard, first on a connection: I am learner `learner`, and take you for shard
+    /// `shard`. (An aggregator serves its group on behalf of every shard, told apart by this;
+    /// an aggregator says hello to a shard as its group's leader.)
     Hello {
         /// The learner id the scheduler assigned.
         learner: LearnerId,
+        /// The shard this connection is for.
+        shard: ShardId,
     },
     /// Learner → shard: send me your weights.
     Pull {
@@ -344,7 +348,7 @@ pub fn samples() -> Vec<Msg> {
         Msg::Heartbeat,
         Msg::Membership { active: vec![LearnerId(0), LearnerId(2), LearnerId(3)] },
         Msg::Resumed { clock: Clock(800) },
-        Msg::Hello { learner: LearnerId(2) },
+        Msg::Hello { learner: LearnerId(2), shard: ShardId(1) },
         Msg::Pull { learner: LearnerId(2), seq: 1, last: false },
         Msg::Weights { shard: ShardId(1), seq: 1, clock: Clock(5), values: vec![0.5; 1000].into() },
         Msg::Center { shard: ShardId(1), clock: Clock(6), values: vec![0.25; 1000].into() },

@@ -39,11 +39,14 @@ async fn messages_arrive_intact_and_control_stays_in_order() {
     let accept = tokio::spawn(async move { shard.accept().await.unwrap().unwrap() });
     let to_shard = learner.connect(addr, "shard-0").await.unwrap();
     assert_eq!(to_shard.name(), "shard-0");
-    to_shard.send(&Msg::Hello { learner: LearnerId(0) }).await.unwrap();
+    to_shard.send(&Msg::Hello { learner: LearnerId(0), shard: ShardId(0) }).await.unwrap();
     let from_learner = accept.await.unwrap();
     assert_eq!(from_learner.name(), "learner-0", "the name comes from the certificate");
     let mut rx = from_learner.incoming(16);
-    assert!(matches!(next(&mut rx).await, Inbound::Control(Msg::Hello { learner: LearnerId(0) })));
+    assert!(matches!(
+        next(&mut rx).await,
+        Inbound::Control(Msg::Hello { learner: LearnerId(0), shard: ShardId(0) })
+    ));
     let grad: Vec<f32> = (0..1 << 20).map(|i| i as f32).collect();
     to_shard
         .send(&Msg::Push {
@@ -74,7 +77,7 @@ async fn messages_arrive_intact_and_control_stays_in_order() {
     }
     // Every frame is counted once on each side, header and body.
     let pulls = 50 * Msg::Pull { learner: LearnerId(0), seq: 1, last: false }.encode().unwrap().len() as u64;
-    let hello = Msg::Hello { learner: LearnerId(0) }.encode().unwrap().len() as u64;
+    let hello = Msg::Hello { learner: LearnerId(0), shard: ShardId(0) }.encode().unwrap().len() as u64;
     let push = Msg::Push {
         learner: LearnerId(0),
         seq: 1,
@@ -105,7 +108,7 @@ async fn a_peer_from_another_ca_is_refused_and_the_node_keeps_serving() {
     let attempt = tokio::spawn(async move {
         let peer = intruder.connect(addr, "shard-0").await?;
         // TLS 1.3 checks the client's certificate after the client's side of the handshake.
-        peer.send(&Msg::Hello { learner: LearnerId(0) }).await?;
+        peer.send(&Msg::Hello { learner: LearnerId(0), shard: ShardId(0) }).await?;
         Ok::<_, rudra_transport::TransportError>(peer.closed().await)
     });
     let outcome = tokio::time::timeout(Duration::from_secs(10), shard.accept()).await.unwrap().unwrap();
@@ -127,7 +130,7 @@ async fn a_peer_from_another_ca_is_refused_and_the_node_keeps_serving() {
         }
     });
     let peer = learner.connect(addr, "shard-0").await.unwrap();
-    peer.send(&Msg::Hello { learner: LearnerId(0) }).await.unwrap();
+    peer.send(&Msg::Hello { learner: LearnerId(0), shard: ShardId(0) }).await.unwrap();
     let mut rx = accept.await.unwrap().incoming(4);
     assert!(matches!(next(&mut rx).await, Inbound::Control(Msg::Hello { .. })));
     assert!(probe.await.unwrap().is_err(), "a client that does not trust our CA fails");
@@ -226,13 +229,16 @@ fn endpoints_outlive_the_runtimes_that_use_them() {
     let (to_shard, from_learner) = runtime().block_on(async {
         let accept = tokio::spawn(async move { shard.accept().await.unwrap().unwrap() });
         let to_shard = learner.connect(addr, "shard-0").await.unwrap();
-        to_shard.send(&Msg::Hello { learner: LearnerId(0) }).await.unwrap();
+        to_shard.send(&Msg::Hello { learner: LearnerId(0), shard: ShardId(0) }).await.unwrap();
         (to_shard, accept.await.unwrap())
     });
     // The runtime that connected is gone; a new one sends and receives on the same connection.
     runtime().block_on(async {
         let mut rx = from_learner.incoming(4);
-        assert!(matches!(next(&mut rx).await, Inbound::Control(Msg::Hello { learner: LearnerId(0) })));
+        assert!(matches!(
+            next(&mut rx).await,
+            Inbound::Control(Msg::Hello { learner: LearnerId(0), shard: ShardId(0) })
+        ));
         to_shard
             .send(&Msg::Push {
                 learner: LearnerId(0),
@@ -263,7 +269,7 @@ async fn an_aborted_endpoint_goes_silent_like_a_crashed_node() {
     let addr = shard.local_addr().unwrap();
     let accept = tokio::spawn(async move { (shard.accept().await.unwrap().unwrap(), shard) });
     let to_shard = learner.connect(addr, "shard-0").await.unwrap();
-    to_shard.send(&Msg::Hello { learner: LearnerId(0) }).await.unwrap();
+    to_shard.send(&Msg::Hello { learner: LearnerId(0), shard: ShardId(0) }).await.unwrap();
     let (from_learner, _shard) = accept.await.unwrap();
     let _rx = to_shard.incoming(4);
     learner.abort();
@@ -282,7 +288,7 @@ async fn a_goodbye_reaches_the_peer_with_its_reason() {
     let addr = shard.local_addr().unwrap();
     let accept = tokio::spawn(async move { (shard.accept().await.unwrap().unwrap(), shard) });
     let to_shard = learner.connect(addr, "shard-0").await.unwrap();
-    to_shard.send(&Msg::Hello { learner: LearnerId(0) }).await.unwrap();
+    to_shard.send(&Msg::Hello { learner: LearnerId(0), shard: ShardId(0) }).await.unwrap();
     let (from_learner, _shard) = accept.await.unwrap();
     learner.say_goodbye(Goodbye::Failed, "training.data_dir: no such directory");
     let ended = tokio::time::timeout(Duration::from_secs(5), from_learner.ended()).await.expect("at once");

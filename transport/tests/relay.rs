@@ -9,6 +9,7 @@ use rudra_transport::quic::{QuicEndpoint, QuicSettings};
 use rudra_transport::tls::CertDir;
 use rudra_transport::{
     Clock, FaultWindow, Inbound, LearnerId, LinkFaults, Msg, Relay, RelayHandle, RelayLimits, RelayRules,
+    ShardId,
 };
 use tokio::net::UdpSocket;
 use tokio::time::{Instant, timeout};
@@ -219,7 +220,7 @@ async fn quic_works_through_a_lossy_relay() {
     let accept = tokio::spawn(async move { shard.accept().await.unwrap().unwrap() });
     let to_shard = timeout(Duration::from_secs(20), learner.connect(via, "shard-0")).await.unwrap().unwrap();
     let grad: Vec<f32> = (0..1 << 18).map(|i| i as f32).collect();
-    to_shard.send(&Msg::Hello { learner: LearnerId(0) }).await.unwrap();
+    to_shard.send(&Msg::Hello { learner: LearnerId(0), shard: ShardId(0) }).await.unwrap();
     to_shard
         .send(&Msg::Push {
             learner: LearnerId(0),
@@ -241,7 +242,7 @@ async fn quic_works_through_a_lossy_relay() {
     let (mut pulls, mut pushed) = (Vec::new(), None);
     for _ in 0..22 {
         match timeout(Duration::from_secs(20), rx.recv()).await.unwrap().unwrap() {
-            Inbound::Control(Msg::Hello { learner: LearnerId(0) }) => {}
+            Inbound::Control(Msg::Hello { learner: LearnerId(0), shard: ShardId(0) }) => {}
             Inbound::Control(Msg::Pull { learner, .. }) => pulls.push(learner),
             Inbound::Push { values, .. } => pushed = Some(values),
             other => panic!("unexpected {other:?}"),

@@ -7,6 +7,8 @@
 //!   snapshot requests, membership and the stop from the scheduler.
 //! - [`RemoteLearner`] takes what a learner takes: a shard's weights and centers; the start and
 //!   the stop.
+//! - [`RemoteAggregator`] takes what a learner group's aggregator takes from the scheduler:
+//!   membership.
 //! - [`RemoteScheduler`] takes what the scheduler takes: a shard's records, snapshots and
 //!   resumption, a learner's progress, end and heartbeats. It keeps them while the scheduler is
 //!   away.
@@ -175,6 +177,27 @@ impl Handler<SnapshotReply> for RemoteShard {
         }
     }
 }
+
+/// A learner group's aggregator on another node: told who is active, as the shards are.
+pub struct RemoteAggregator {
+    out: Outbox,
+}
+
+impl RemoteAggregator {
+    /// The aggregator behind `peer`.
+    #[must_use]
+    pub fn new(peer: Peer) -> Self {
+        Self { out: Outbox::to(peer) }
+    }
+}
+
+impl StandIn for RemoteAggregator {
+    fn outbox(&mut self) -> &mut Outbox {
+        &mut self.out
+    }
+}
+
+stand_in!(RemoteAggregator, forwards: Membership);
 
 /// A learner on another node.
 pub struct RemoteLearner {

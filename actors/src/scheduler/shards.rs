@@ -1,12 +1,12 @@
 //! The scheduler's side of the shards' lives: lost, alive again, failed, restarted from a
-//! checkpoint.
+//! checkpoint; and of the learner groups' aggregators on other nodes: lost.
 
 use actix::prelude::*;
 use rudra_transport::ShardId;
 
 use super::SchedulerActor;
 use crate::ActorError;
-use crate::messages::{Membership, ShardAlive, ShardFailed, ShardLost, ShardRestarted};
+use crate::messages::{AggregatorLost, Membership, ShardAlive, ShardFailed, ShardLost, ShardRestarted};
 
 impl Handler<ShardLost> for SchedulerActor {
     type Result = ();
@@ -30,6 +30,17 @@ impl Handler<ShardFailed> for SchedulerActor {
             tracing::error!(shard = %msg.shard, "shard failed: {}", msg.reason);
             self.note("detected", format!("{} failed: {}", msg.shard, msg.reason));
             self.finish(Err(ActorError::ShardFailed(msg.shard, msg.reason)), ctx);
+        }
+    }
+}
+
+impl Handler<AggregatorLost> for SchedulerActor {
+    type Result = ();
+    fn handle(&mut self, msg: AggregatorLost, ctx: &mut Context<Self>) {
+        if self.report.is_some() {
+            tracing::error!(group = msg.group, "aggregator lost: {}", msg.why);
+            self.note("detected", format!("the aggregator of group {} lost: {}", msg.group, msg.why));
+            self.finish(Err(ActorError::AggregatorLost(msg.group, msg.why)), ctx);
         }
     }
 }

@@ -426,17 +426,20 @@ impl Config {
         ))
     }
 
-    /// Refuse learner groups across processes, where an aggregator would be a node of its own:
-    /// they run in one process (`rudra-node run`, `local`, studies) and in the simulator.
+    /// Refuse aggregation-tree groups across processes: they run in one process (`rudra-node
+    /// run`, `local`, studies) and in the simulator. Hierarchical groups run across processes
+    /// too, each on an aggregator node.
     pub fn refuse_groups(&self) -> Result<(), RuntimeError> {
-        if self.cluster.groups <= 1 {
+        if self.cluster.groups <= 1 || self.cluster.hierarchical {
             return Ok(());
         }
         Err(invalid(
             "cluster.groups",
             format!(
-                "is {}; learner groups run in one process (`rudra-node run`, `local`) and in `rudra-node \
-                 simulate`; across processes, where an aggregator would be a node of its own, use 1",
+                "is {} with an aggregation tree, which runs in one process (`rudra-node run`, `local`) and in \
+                 `rudra-node simulate`; across processes a group's aggregator is a node of its own \
+                 (`--role aggregator`) that runs the group's own rounds: set `cluster.hierarchical = true`, \
+                 or use 1",
                 self.cluster.groups
             ),
         ))

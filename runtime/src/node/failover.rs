@@ -208,7 +208,12 @@ impl Invitation {
     pub(super) fn seat_of(&self, j: &Joiner) -> Result<(Role, u32), (Goodbye, String)> {
         let (names, role) = match j.peer.role() {
             Role::Shard => (&self.shard_names, "shard"),
-            _ => (&self.learner_names, "learner"),
+            Role::Learner => (&self.learner_names, "learner"),
+            // A group's rounds lived in its aggregator: it does not take a seat again.
+            other => {
+                let why = format!("a {} does not rejoin a running job", other.as_str());
+                return Err((Goodbye::Refused, why));
+            }
         };
         let name = j.peer.name();
         let Some(id) = names.iter().position(|n| n == name) else {
@@ -249,6 +254,9 @@ mod tests {
             shard_names: vec!["shard-0".into()],
             learner_names: vec!["learner-0".into(), "learner-1".into()],
             job: "0123456789abcdef".into(),
+            groups: Vec::new(),
+            aggregator_addrs: Vec::new(),
+            aggregator_names: Vec::new(),
         };
         let scheduler = SchedulerState {
             core: SchedulerCore::new(2, 1, 100, 1),

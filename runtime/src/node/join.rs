@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use rudra_transport::quic::{Ended, Goodbye, Peer, QuicEndpoint};
-use rudra_transport::{Inbound, Msg, Role, TransportError};
+use rudra_transport::{Inbound, LearnerId, Msg, Role, TransportError};
 use tokio::sync::mpsc;
 
 use super::{NodeOptions, advertised, connect_with_retry, expect, net, scheduler_addr};
@@ -37,21 +37,35 @@ pub(super) async fn read_join(peer: &Peer) -> Option<(mpsc::Receiver<Inbound>, S
     }
 }
 
-/// Wait for `config`'s shards and learners to join; returns them ordered by name.
+/// The nodes of a job, each kind ordered by name.
+pub(super) struct Gathered {
+    pub(super) shards: Vec<Joiner>,
+    pub(super) learners: Vec<Joiner>,
+    /// One per group of `cluster.hierarchical` groups, else none.
+    pub(super) aggregators: Vec<Joiner>,
+}
+
+/// Wait for `config`'s shards, learners and aggregators to join.
 pub(super) async fn gather(
     ep: &QuicEndpoint,
     config: &Config,
     within: Duration,
-) -> Result<(Vec<Joiner>, Vec<Joiner>), RuntimeError> {
-    let (want_shards, want_learners) = (config.cluster.shards as usize, config.cluster.learners as usize);
-    let (mut shards, mut learners) = (BTreeMap::new(), BTreeMap::new());
+) -> Result<Gathered, RuntimeError> {
+    let spec = &config.cluster;
+    let want_shards = spec.shards as usize;
+    let want_learners = spec.learners as usize;
+    let want_aggregators = if spec.hierarchical { spec.groups as usize } else { 0 };
+    let (mut shards, mut learners, mut aggregators) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
     let deadline = tokio::time::Instant::now() + within;
-    while shards.len() < want_shards || learners.len() < want_learners {
+    while shards.len() < want_shards || learners.len() < want_learners || aggregators.len() < want_aggregators
+    {
         let Ok(next) = tokio::time::timeout_at(deadline, ep.accept()).await else {
             return Err(net(format!(
-                "only {} of {want_shards} shards and {} of {want_learners} learners joined within {within:?}",
+                "only {} of {want_shards} shards, {} of {want_learners} learners and {} of {want_aggregators} \
+                 aggregators joined within {within:?}",
                 shards.len(),
-                learners.len()
+                learners.len(),
+                aggregators.len()
             )));
         };
         let peer = match next {
@@ -66,8 +80,9 @@ pub(super) async fn gather(
         let (slots, want) = match peer.role() {
             Role::Shard => (&mut shards, want_shards),
             Role::Learner => (&mut learners, want_learners),
+            Role::Aggregator => (&mut aggregators, want_aggregators),
             Role::Scheduler => {
-                peer.say_goodbye(Goodbye::Refused, "only shards and learners join");
+                peer.say_goodbye(Goodbye::Refused, "only shards, learners and aggregators join");
                 continue;
             }
         };
@@ -86,7 +101,11 @@ pub(super) async fn gather(
         tracing::info!(peer = peer.name(), "joined");
         slots.insert(peer.name().to_owned(), Joiner { peer, rx, data_addr });
     }
-    Ok((shards.into_values().collect(), learners.into_values().collect()))
+    Ok(Gathered {
+        shards: shards.into_values().collect(),
+        learners: learners.into_values().collect(),
+        aggregators: aggregators.into_values().collect(),
+    })
 }
 
 /// What every node is told when it joins; only the id and the incarnation differ.
@@ -99,17 +118,48 @@ pub(super) struct Invitation {
     pub(super) learner_names: Vec<String>,
     /// The run's identity.
     pub(super) job: String,
+    /// With hierarchical groups: each group's members, and its aggregator's data address and
+    /// certificate name.
+    #[serde(default)]
+    pub(super) groups: Vec<Vec<LearnerId>>,
+    #[serde(default)]
+    pub(super) aggregator_addrs: Vec<String>,
+    #[serde(default)]
+    pub(super) aggregator_names: Vec<String>,
 }
 
 impl Invitation {
-    pub(super) fn welcome(&self, id: usize, incarnation: u32) -> Msg {
+    /// The welcome of node `id` of `role`. Where groups have aggregators, a member is given its
+    /// group's aggregator in place of every shard, and a shard takes its pushes and pulls for
+    /// a group from the group's aggregator, as the group's leader, and from no member.
+    pub(super) fn welcome(&self, (role, id): (Role, usize), incarnation: u32) -> Msg {
+        let (mut shard_addrs, mut shard_names) = (self.shard_addrs.clone(), self.shard_names.clone());
+        let mut learner_names = self.learner_names.clone();
+        let group_of = |l: usize| self.groups.iter().position(|g| g.iter().any(|m| m.index() == l));
+        match role {
+            Role::Learner => {
+                if let Some(g) = group_of(id) {
+                    shard_addrs.fill(self.aggregator_addrs[g].clone());
+                    shard_names.fill(self.aggregator_names[g].clone());
+                }
+            }
+            Role::Shard => {
+                for (l, name) in learner_names.iter_mut().enumerate() {
+                    if let Some(g) = group_of(l) {
+                        let leads = self.groups[g].first().is_some_and(|m| m.index() == l);
+                        *name = if leads { self.aggregator_names[g].clone() } else { String::new() };
+                    }
+                }
+            }
+            Role::Aggregator | Role::Scheduler => {}
+        }
         Msg::Welcome {
             id: id as u32,
             config_toml: self.config_toml.clone(),
             train_examples: self.train_examples,
-            shard_addrs: self.shard_addrs.clone(),
-            shard_names: self.shard_names.clone(),
-            learner_names: self.learner_names.clone(),
+            shard_addrs,
+            shard_names,
+            learner_names,
             job: self.job.clone(),
             incarnation,
         }
@@ -230,7 +280,7 @@ async fn join_once(
     let addr = scheduler_addr(opts)?;
     let sched = connect_with_retry(ep, addr, "scheduler", opts.connect_timeout).await?;
     let mut rx = sched.incoming(256);
-    let data_addr = if role == Role::Shard { advertised(opts, ep).await? } else { String::new() };
+    let data_addr = if role == Role::Learner { String::new() } else { advertised(opts, ep).await? };
     let name = ep.identity().name().to_owned();
     sched.send(&Msg::Join { role, name, data_addr }).await?;
     let answer = match tokio::time::timeout(opts.connect_timeout, rx.recv()).await {

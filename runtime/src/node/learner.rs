@@ -2,27 +2,28 @@
 //! over stand-ins for them, train when told, stop when told. A lost connection to a shard or to
 //! the scheduler is made again (within `--connect-timeout`).
 
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
 
 use actix::prelude::*;
 use rudra_actors::faults::Node;
-use rudra_actors::links::{self, ShardLink};
+use rudra_actors::links;
 use rudra_actors::messages::{StartLearner, StopLearner};
+use rudra_actors::remote::AnswerEvaluate;
 use rudra_actors::remote::codec::{self, ToLearner};
-use rudra_actors::remote::{AnswerEvaluate, OnRefused, Rebind, RemoteShard, drive_link};
-use rudra_actors::roles::{
-    AnswerRoute, LearnerPeers, LearnerRun, StartedLearner, inject_panic, start_learner,
-};
+use rudra_actors::roles::{LearnerPeers, LearnerRun, inject_panic, start_learner};
 use rudra_actors::{InvalidSetting, Models, TrainingData};
 use rudra_compute::Device;
-use rudra_transport::quic::{Ended, Goodbye, Peer, QuicEndpoint};
-use rudra_transport::{Codec, LearnerId, Msg, Role, ShardId};
+use rudra_transport::quic::{Ended, Goodbye, QuicEndpoint};
+use rudra_transport::{LearnerId, Msg, Role};
 use tokio::sync::mpsc;
 
 use super::join::{Welcome, join};
 use super::link::UpLink;
 use super::scheduler::{serve_metrics, set_ready};
-use super::{NodeOptions, connect_with_retry, endpoint, leave, scheduler_gone};
+use super::shards::{connect_shards, keep_shard};
+use super::{NodeOptions, endpoint, leave, scheduler_gone};
 use crate::exporter::{MetricsEndpoint, Serving};
 use crate::{Config, RuntimeError, Summary};
 
@@ -102,7 +103,7 @@ async fn learn(
     let spec = &config.cluster;
     // The scheduler may stop the run while this learner reaches the shards (one failed).
     let (links, connections) = tokio::select! {
-        connected = connect_shards(ep, opts, welcome, &models) => connected?,
+        connected = connect_shards(ep, opts, welcome, (LearnerId(welcome.id), models.param_count())) => connected?,
         ended = link.peer().ended() => return match ended {
             // The run ended before this learner took part (it joined late): a stop.
             Ended::Closed { goodbye: Some(Goodbye::Stopped), .. } => stopped(link, ep, opts).await,
@@ -124,9 +125,14 @@ async fn learn(
     let learner = start_learner((spec, &models, data.train), me, peers, &run, &arbiter.handle())?;
     let answers = learner.answer_routes().await?;
     let (lost_tx, mut lost_rx) = mpsc::channel(1);
+    // Cleared as the learner stops, before its connections close: none is made again then.
+    let training = Arc::new(AtomicBool::new(true));
     for (c, answer) in connections.into_iter().zip(answers) {
-        let watch = (learner.clone(), lost_tx.clone());
-        actix::spawn(keep_shard(c, answer, ep.clone(), me, opts.connect_timeout, watch));
+        let running = {
+            let (learner, training) = (learner.clone(), Arc::clone(&training));
+            move || training.load(Ordering::Relaxed) && learner.connected()
+        };
+        actix::spawn(keep_shard(c, (answer, ep.clone(), opts.connect_timeout), running, lost_tx.clone()));
     }
     if let Some(at) = config.faults.panic_of(Node::Learner(me)).filter(|_| incarnation == 0) {
         inject_panic(at, learner.panic());
@@ -176,6 +182,7 @@ async fn learn(
             }
         }
     };
+    training.store(false, Ordering::Relaxed);
     learner.handle().stop.do_send(StopLearner::default());
     arbiter.stop();
     result
@@ -210,85 +217,5 @@ async fn interrupted(opts: &NodeOptions) {
     match &opts.interrupt {
         Some(n) => n.notified().await,
         None => std::future::pending().await,
-    }
-}
-
-/// Connect to every shard of `welcome` and say hello: each shard's link, and its connection.
-async fn connect_shards(
-    ep: &QuicEndpoint,
-    opts: &NodeOptions,
-    welcome: &Welcome,
-    models: &Models,
-) -> Result<(Vec<ShardLink>, Vec<ShardConnection>), RuntimeError> {
-    let spec = &welcome.config.cluster;
-    let (mut links, mut connections) = (Vec::new(), Vec::new());
-    for (s, ((addr, name), range)) in
-        welcome.shards.iter().zip(spec.shard_ranges(models.param_count())).enumerate()
-    {
-        let peer = connect_with_retry(ep, addr, name, opts.connect_timeout).await?;
-        peer.send(&Msg::Hello { learner: LearnerId(welcome.id) }).await?;
-        let remote = RemoteShard::new(ShardId(s as u32), peer.clone()).start();
-        links.push(ShardLink::of(range, &remote));
-        let weights = spec.codecs.weights.codec;
-        connections.push(ShardConnection { peer, addr: addr.clone(), name: name.clone(), remote, weights });
-    }
-    Ok((links, connections))
-}
-
-/// A learner's connection to one shard.
-struct ShardConnection {
-    peer: Peer,
-    /// `HOST:PORT`, looked up again at every reconnection.
-    addr: String,
-    name: String,
-    /// The shard's stand-in: the learner's pulls and pushes leave through it.
-    remote: Addr<RemoteShard>,
-    /// The job's weights codec: answers in another are refused.
-    weights: Codec,
-}
-
-/// Hand the shard's answers to the learner (at `answer`, where the learner takes them from this
-/// shard, as its protocol family takes them); when the connection is lost (the shard restarted, or the network failed for longer
-/// than the idle timeout), connect again and go on. A shard not reachable within `timeout` is
-/// an error on `lost`.
-async fn keep_shard(
-    mut c: ShardConnection,
-    answer: AnswerRoute,
-    ep: QuicEndpoint,
-    me: LearnerId,
-    timeout: Duration,
-    (learner, lost): (StartedLearner, mpsc::Sender<RuntimeError>),
-) {
-    loop {
-        let mut inbox = c.peer.incoming(8);
-        let handle = |m| answer.deliver(codec::answer(m, c.weights)?);
-        let ended = drive_link(&c.peer, Vec::new(), &mut inbox, handle, OnRefused::Log).await;
-        if !learner.connected() {
-            return; // The learner stopped: the run is over.
-        }
-        match ended {
-            // A shard that failed may be started again in its place.
-            Ended::Closed { goodbye: Some(Goodbye::Failed), reason } => {
-                tracing::warn!("{} failed ({reason}); connecting again", c.name);
-            }
-            why @ Ended::Closed { .. } => return tracing::info!("{} closed the connection ({why})", c.name),
-            Ended::Lost(why) => tracing::warn!("lost {} ({why}); connecting again", c.name),
-        }
-        let again = async {
-            let peer = connect_with_retry(&ep, &c.addr, &c.name, timeout).await?;
-            peer.send(&Msg::Hello { learner: me }).await?;
-            Ok::<_, RuntimeError>(peer)
-        };
-        match again.await {
-            Ok(peer) => {
-                tracing::info!("connected to {} again", c.name);
-                c.remote.do_send(Rebind(peer.clone()));
-                c.peer = peer;
-            }
-            Err(e) => {
-                let _ = lost.send(e).await;
-                return;
-            }
-        }
     }
 }

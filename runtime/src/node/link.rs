@@ -1,4 +1,4 @@
-//! A shard's or a learner's uplink to the scheduler: its connection and messages, the
+//! A shard's, a learner's or an aggregator's uplink to the scheduler: its connection and messages, the
 //! scheduler's silence against the failure timeout, and joining again when the scheduler is
 //! lost (the node's reports wait in its [`RemoteScheduler`] meanwhile and follow on the new
 //! connection).
@@ -70,7 +70,7 @@ impl UpLink {
     /// The scheduler's next message. A lost connection, or a scheduler silent for longer than
     /// the failure timeout, is joined again here; an error ends the node's run: the run failed
     /// or this node was refused, or the scheduler was not back within `--connect-timeout`. A
-    /// shard sends its heartbeat on every tick (a learner's come from its actor).
+    /// shard or an aggregator sends its heartbeat on every tick (a learner's come from its actor).
     pub(super) async fn next(
         &mut self,
         ep: &QuicEndpoint,
@@ -96,7 +96,7 @@ impl UpLink {
                 _ = self.tick.tick() => match self.heard.map(|t| t.elapsed()).filter(|&d| d > self.timeout) {
                     Some(silent) => format!("the scheduler was silent for {silent:.1?}"),
                     None => {
-                        if self.role == Role::Shard {
+                        if self.role != Role::Learner {
                             let _ = self.peer.send(&Msg::Heartbeat).await;
                         }
                         continue;

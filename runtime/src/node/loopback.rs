@@ -7,12 +7,12 @@ use std::path::Path;
 use rudra_actors::{RunReport, TrainingData};
 use rudra_transport::tls::CertDir;
 
-use super::{NodeOptions, net, run_learner, run_scheduler, run_shard};
+use super::{NodeOptions, net, run_aggregator, run_learner, run_scheduler, run_shard};
 use crate::local::ProgressMode;
 use crate::{Config, RuntimeError};
 
 /// `rudra-node local --transport quic`: the cluster of `config` in this process with every
-/// node on its own thread, talking QUIC with mutual TLS over loopback exactly as separate
+/// node (and with hierarchical groups, each group's aggregator) on its own thread, talking QUIC with mutual TLS over loopback exactly as separate
 /// processes would (fresh certificates in a temporary directory). The shards write their
 /// checkpoints into `run_dir` (see [`Config::checkpoints`]); the scheduler serves its metrics
 /// at `metrics_addr`, if given.
@@ -33,7 +33,10 @@ pub fn run_loopback(
     let names = |role: &str, n: u32| (0..n).map(|i| format!("{role}-{i}")).collect::<Vec<_>>();
     let shards = names("shard", config.cluster.shards);
     let learners = names("learner", config.cluster.learners);
-    for name in std::iter::once("scheduler").chain(shards.iter().chain(&learners).map(String::as_str)) {
+    let aggregators =
+        names("aggregator", if config.cluster.hierarchical { config.cluster.groups } else { 0 });
+    let nodes = shards.iter().chain(&learners).chain(&aggregators);
+    for name in std::iter::once("scheduler").chain(nodes.map(String::as_str)) {
         certs.issue(name)?;
     }
     // The scheduler's port is fixed before anyone starts; the others listen on any port.
@@ -51,6 +54,10 @@ pub fn run_loopback(
     for name in &shards {
         let o = opts(name, any);
         nodes.push(std::thread::spawn(move || run_shard(&o, None)));
+    }
+    for name in &aggregators {
+        let o = opts(name, any);
+        nodes.push(std::thread::spawn(move || run_aggregator(&o)));
     }
     for name in &learners {
         let (o, d) = (opts(name, any), data.clone());

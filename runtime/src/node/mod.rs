@@ -15,20 +15,25 @@
 //! - `scheduler`, `shard`, `learner`: one file per role.
 //! - `loopback`: every role on its own thread in one process, over loopback QUIC.
 
+mod aggregator;
 mod enrol;
 mod failover;
 mod join;
 mod learner;
 mod link;
 mod loopback;
+mod roster;
 mod scheduler;
+mod serve;
 mod shard;
+mod shards;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub use aggregator::run_aggregator;
 pub use failover::{STATE_FILE, recorded_so_far, resumed_config};
 pub use learner::run_learner;
 pub use loopback::run_loopback;
@@ -137,8 +142,9 @@ async fn endpoint(opts: &NodeOptions, role: Role) -> Result<QuicEndpoint, Runtim
         (Some(listen), _) => listen,
         (None, Role::Scheduler) => SocketAddr::from(([0, 0, 0, 0], 7070)),
         (None, Role::Learner) => SocketAddr::from(([0, 0, 0, 0], 0)),
-        // A shard listens on the interface that reaches the scheduler, on any port.
-        (None, Role::Shard) => {
+        // A shard or an aggregator listens on the interface that reaches the scheduler, on any
+        // port.
+        (None, Role::Shard | Role::Aggregator) => {
             let target = scheduler_addr(opts)?;
             let sched = retry(target, opts.connect_timeout, || async { resolve(target).await }).await?;
             SocketAddr::new(local_ip_towards(sched), 0)

@@ -4,27 +4,26 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use actix::prelude::*;
 use rudra_actors::Models;
 use rudra_actors::checkpoint::Checkpoints;
 use rudra_actors::faults::{Crash, Node};
-use rudra_actors::messages::{Exchange, Pull, Push, Resumed, Snapshot, StopShard};
-use rudra_actors::metrics::Metrics;
-use rudra_actors::remote::codec::{self, DataPolicy, LearnerData, ToShard};
-use rudra_actors::remote::{AnswerSnapshot, OnRefused, RemoteLearner, RemoteScheduler, drive_link};
+use rudra_actors::messages::{Resumed, Snapshot, StopShard};
+use rudra_actors::remote::codec::{self, DataPolicy, ToShard};
+use rudra_actors::remote::{AnswerSnapshot, RemoteScheduler};
 use rudra_actors::roles::{ShardStart, crash_and_restart, inject_panic, start_shard};
 use rudra_actors::shard::ShardActor;
 use rudra_compute::{CpuBackend, Device};
 use rudra_transport::quic::{Peer, QuicEndpoint};
-use rudra_transport::{Inbound, LearnerId, Msg, Role, ShardId};
+use rudra_transport::{Inbound, Role, ShardId};
 use tokio::sync::mpsc;
 
 use super::join::{Welcome, join};
 use super::link::UpLink;
 use super::scheduler::{serve_metrics, set_ready};
-use super::{NodeOptions, endpoint, expect, leave, net};
+use super::serve::{Desk, LearnerPolicy, accept_learners};
+use super::{NodeOptions, endpoint, leave, net};
 use crate::exporter::{MetricsEndpoint, Serving};
 use crate::{Config, RuntimeError};
 
@@ -74,16 +73,13 @@ async fn serve(
     if let Some(clock) = resumed {
         tracker.do_send(Resumed(clock));
     }
+    let range_len = config.cluster.shard_ranges(models.param_count())[id.index()].len();
     let policy = LearnerPolicy {
         names: Arc::new(welcome.learners.clone()),
-        data: DataPolicy {
-            range_len: config.cluster.shard_ranges(models.param_count())[id.index()].len(),
-            push: config.cluster.codecs.gradients.codec,
-            exchange: config.cluster.exchange_encoding().codec,
-        },
+        desks: Arc::new(vec![desk(id, &shard, data_policy(config, range_len))]),
         metrics,
     };
-    actix::spawn(accept_learners(ep.clone(), shard.clone(), policy));
+    actix::spawn(accept_learners(ep.clone(), policy));
     set_ready(serving);
     if let Some(at) = config.faults.panic_of(Node::Shard(id)).filter(|_| !resume) {
         inject_panic(at, shard.clone().recipient());
@@ -155,6 +151,22 @@ async fn injected_crash(
     }
 }
 
+/// Shard `id`'s own desk: it takes every message a learner sends it.
+fn desk(id: ShardId, shard: &Addr<ShardActor>, data: DataPolicy) -> Desk {
+    let (pull, push, exchange) =
+        (shard.clone().recipient(), shard.clone().recipient(), Some(shard.clone().recipient()));
+    Desk { shard: id, data, pull, push, exchange }
+}
+
+/// What a learner may send a shard of `range_len` values in the job of `config`.
+pub(super) fn data_policy(config: &Config, range_len: usize) -> DataPolicy {
+    DataPolicy {
+        range_len,
+        push: config.cluster.codecs.gradients.codec,
+        exchange: config.cluster.exchange_encoding().codec,
+    }
+}
+
 /// Where a shard process of the run `job` keeps its checkpoints: `--resume DIR`, else the
 /// directory it was given, else `checkpoint.dir`, else `checkpoints/`; none when
 /// `checkpoint.every_updates` is 0.
@@ -165,96 +177,11 @@ fn shard_checkpoints(opts: &NodeOptions, config: &Config, job: &str) -> Option<C
     config.checkpoints_in(dir, job)
 }
 
-/// What a shard accepts from learners, checked at the boundary before the shard sees anything.
-#[derive(Clone)]
-struct LearnerPolicy {
-    /// `names[l]`: the certificate learner `l` must connect with.
-    names: Arc<Vec<String>>,
-    /// What a learner may send: payloads of this shard's length, in the job's codecs.
-    data: DataPolicy,
-    /// Where connected learners are counted.
-    metrics: Option<Arc<Metrics>>,
-}
-
-async fn accept_learners(ep: QuicEndpoint, shard: Addr<ShardActor>, policy: LearnerPolicy) {
-    while let Some(next) = ep.accept().await {
-        match next {
-            Ok(peer) if peer.role() == Role::Learner => {
-                actix::spawn(serve_learner(peer, shard.clone(), policy.clone()));
-            }
-            Ok(peer) => peer.close("only learners connect to a shard"),
-            Err(e) => tracing::warn!("refused a connection: {e}"),
-        }
-    }
-}
-
-/// Payloads a learner's connection may bring before its hello: each travels on a stream of its
-/// own, so a learner's first exchange (or a push) may overtake the hello on the control stream.
-const BEFORE_HELLO: usize = 4;
-
-/// The hello a learner's connection must bring first, as the learner its certificate names,
-/// with the payloads that overtook it; `None` (logged) for anything else.
-async fn read_hello(
-    peer: &Peer,
-    rx: &mut mpsc::Receiver<Inbound>,
-    policy: &LearnerPolicy,
-) -> Option<(LearnerId, Vec<Inbound>)> {
-    let mut early = Vec::new();
-    loop {
-        match expect(rx, "a hello", Duration::from_secs(10)).await {
-            Ok(Inbound::Control(Msg::Hello { learner }))
-                if policy.names.get(learner.index()).is_some_and(|n| n == peer.name()) =>
-            {
-                return Some((learner, early));
-            }
-            Ok(m) if early.len() < BEFORE_HELLO && !matches!(m, Inbound::Control(_)) => early.push(m),
-            other => {
-                tracing::warn!(
-                    peer = peer.name(),
-                    "refused: expected a hello as the learner this certificate names, got {other:?}"
-                );
-                return None;
-            }
-        }
-    }
-}
-
-/// Serve one learner's connection. Anything but its own pulls, pushes and exchanges of the
-/// right length closes the connection; the shard never sees it.
-async fn serve_learner(peer: Peer, shard: Addr<ShardActor>, policy: LearnerPolicy) {
-    let mut rx = peer.incoming(64);
-    let Some((learner, early)) = read_hello(&peer, &mut rx, &policy).await else {
-        peer.close("expected a hello matching the certificate");
-        return;
-    };
-    let _alive = policy.metrics.as_ref().map(Metrics::learner_connected);
-    let remote = RemoteLearner::new(learner, peer.clone()).start();
-    let (reply, center) = (remote.clone().recipient(), remote.recipient());
-    // A push travels on its own stream with the pull it carries, and a lone pull (a learner's
-    // first, or a retry) on the control stream, so a pull may overtake the push before it: the
-    // shard orders them by their sequence numbers.
-    let handle = |m| {
-        match codec::from_learner_data(learner, &policy.data, m)? {
-            LearnerData::Pull { seq, last } => {
-                shard.do_send(Pull { learner, seq, last, reply_to: reply.clone() });
-            }
-            LearnerData::Push { seq, computed_on, values, examples, next } => {
-                let then = Pull { learner, seq: next.seq, last: next.last, reply_to: reply.clone() };
-                shard.do_send(Push { learner, seq, computed_on, values: values.into(), examples, then });
-            }
-            LearnerData::Exchange(values) => {
-                shard.do_send(Exchange { learner, values: values.into(), reply_to: center.clone() });
-            }
-        }
-        Ok(())
-    };
-    drive_link(&peer, early, &mut rx, handle, OnRefused::Close).await;
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeSet;
     use std::net::SocketAddr;
+    use std::time::Duration;
 
     use rudra_actors::messages::GetStats;
     use rudra_actors::roles::start_tracker;
@@ -264,7 +191,7 @@ mod tests {
     use rudra_proto::{DropReason, LeaderGroups};
     use rudra_transport::quic::QuicSettings;
     use rudra_transport::tls::CertDir;
-    use rudra_transport::{Clock, Codec, Encoding};
+    use rudra_transport::{Clock, Codec, Encoding, Inbound, LearnerId, Msg};
 
     use super::*;
 
@@ -280,7 +207,7 @@ mod tests {
     async fn hello(certs: &CertDir, name: &str, id: u32, shard: SocketAddr) -> (QuicEndpoint, Peer) {
         let ep = learner_endpoint(certs, name);
         let peer = ep.connect(shard, "shard-0").await.expect("connected");
-        peer.send(&Msg::Hello { learner: LearnerId(id) }).await.expect("sent");
+        peer.send(&Msg::Hello { learner: LearnerId(id), shard: ShardId(0) }).await.expect("sent");
         (ep, peer)
     }
 
@@ -310,12 +237,13 @@ mod tests {
         let tracker = start_tracker(None, LeaderGroups::default());
         let shard =
             ShardActor::new(core, tracker.clone().recipient(), None, None, Encoding::default()).start();
+        let data = DataPolicy { range_len: 4, push: Codec::F32, exchange: Codec::F32 };
         let policy = LearnerPolicy {
             names: Arc::new(vec!["learner-0".into(), "learner-1".into()]),
-            data: DataPolicy { range_len: 4, push: Codec::F32, exchange: Codec::F32 },
+            desks: Arc::new(vec![desk(ShardId(0), &shard, data)]),
             metrics: None,
         };
-        actix::spawn(accept_learners(ep.clone(), shard.clone(), policy));
+        actix::spawn(accept_learners(ep.clone(), policy));
         (ep, addr, shard, tracker)
     }
 

@@ -18,13 +18,18 @@ pub fn node(args: &[&str]) -> Output {
 /// A `local` run of 2 epochs over 4,000 MNIST training and 1,000 test examples with an MLP
 /// of 32 hidden units, changed by `settings`, into `dir`.
 pub fn short_run(dir: &Path, settings: &[&str]) {
+    short_run_with(dir, &[], settings);
+}
+
+/// [`short_run`] with more arguments of `rudra-node local` (`--transport quic`).
+pub fn short_run_with(dir: &Path, local: &[&str], settings: &[&str]) {
     let base = [
         "training.train_examples=4000",
         "training.test_examples=1000",
         "training.epochs=2",
         "training.hidden=[32]",
     ];
-    let mut args = vec!["local", "--out", dir.to_str().unwrap()];
+    let mut args = [&["local", "--out", dir.to_str().unwrap()][..], local].concat();
     for s in base.iter().chain(settings) {
         args.extend(["--set", s]);
     }

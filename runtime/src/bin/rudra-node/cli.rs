@@ -14,7 +14,8 @@ use clap::{Parser, Subcommand, ValueEnum};
         rudra-node --role scheduler --config FILE --listen 0.0.0.0:7070 --certs certs [--out DIR] [--metrics-addr ADDR]\n  \
         rudra-node --role scheduler --resume RUN_DIR --listen 0.0.0.0:7070 --certs certs   (take a job back)\n  \
         rudra-node --role shard --scheduler HOST:7070 --certs certs [--name shard-0] [--listen ADDR] [--advertise HOST:PORT] [--resume DIR]\n  \
-        rudra-node --role learner --scheduler HOST:7070 --certs certs [--name learner-0] [--token TOKEN --ca ca.pem]\n\n\
+        rudra-node --role learner --scheduler HOST:7070 --certs certs [--name learner-0] [--token TOKEN --ca ca.pem]\n  \
+        rudra-node --role aggregator --scheduler HOST:7070 --certs certs [--name aggregator-0] [--listen ADDR] [--advertise HOST:PORT]\n\n\
         Every node flag can also come from a RUDRA_* variable (shown with each flag). Without --name a shard or\n\
         learner takes its ordinal: JOB_COMPLETION_INDEX (an Indexed Job) or a host name ending in -N (a StatefulSet pod).\n\n\
         Exit codes: 0 finished; 2 bad configuration, flags, input or join token (permanent: do not restart);\n\
@@ -36,15 +37,16 @@ pub(crate) struct Cli {
     #[arg(long, default_value = "certs", env = "RUDRA_CERTS")]
     pub(crate) certs: PathBuf,
     /// Address to listen on (default: 0.0.0.0:7070 for the scheduler, UDP for nodes and TCP
-    /// for enrolment; for a shard the interface that reaches the scheduler, any port).
+    /// for enrolment; for a shard or an aggregator the interface that reaches the scheduler,
+    /// any port).
     #[arg(long, env = "RUDRA_LISTEN")]
     pub(crate) listen: Option<SocketAddr>,
-    /// The scheduler's address, HOST:PORT (shards and learners); a DNS name is looked up at
+    /// The scheduler's address, HOST:PORT (every node but the scheduler); a DNS name is looked up at
     /// every attempt until --connect-timeout.
     #[arg(long, env = "RUDRA_SCHEDULER", value_name = "HOST:PORT")]
     pub(crate) scheduler: Option<String>,
-    /// A shard: the address learners reach it at, HOST:PORT (e.g. a stable DNS name); default
-    /// its listen address.
+    /// A shard or an aggregator: the address learners reach it at, HOST:PORT (e.g. a stable
+    /// DNS name); default its listen address.
     #[arg(long, env = "RUDRA_ADVERTISE", value_name = "HOST:PORT")]
     pub(crate) advertise: Option<String>,
     /// How long to keep trying to reach peers and to wait for nodes to join, e.g. 60s, 5m.
@@ -84,6 +86,7 @@ pub(crate) enum RoleArg {
     Scheduler,
     Shard,
     Learner,
+    Aggregator,
 }
 
 impl From<RoleArg> for rudra_transport::Role {
@@ -92,6 +95,7 @@ impl From<RoleArg> for rudra_transport::Role {
             RoleArg::Scheduler => Self::Scheduler,
             RoleArg::Shard => Self::Shard,
             RoleArg::Learner => Self::Learner,
+            RoleArg::Aggregator => Self::Aggregator,
         }
     }
 }
@@ -306,7 +310,7 @@ pub(crate) enum CertAction {
         dir: PathBuf,
     },
     /// Issue NAME.pem and NAME.key, signed by the CA in DIR. NAME starts with the node's
-    /// role: scheduler, shard-N, learner-N.
+    /// role: scheduler, shard-N, learner-N, aggregator-N.
     Issue {
         /// Certificate directory.
         #[arg(long)]
@@ -321,7 +325,7 @@ pub(crate) enum CertAction {
         /// Certificate directory holding the CA's key.
         #[arg(long)]
         dir: PathBuf,
-        /// The role it admits: shard or learner.
+        /// The role it admits: shard, learner or aggregator.
         #[arg(long, value_enum)]
         role: RoleArg,
         /// How long it is valid, e.g. 1h, 30m.

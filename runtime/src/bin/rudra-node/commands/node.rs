@@ -3,7 +3,8 @@
 use rudra_actors::InvalidSetting;
 use rudra_runtime::local::ProgressMode;
 use rudra_runtime::node::{
-    NodeOptions, STATE_FILE, recorded_so_far, resumed_config, run_learner, run_scheduler, run_shard,
+    NodeOptions, STATE_FILE, recorded_so_far, resumed_config, run_aggregator, run_learner, run_scheduler,
+    run_shard,
 };
 use rudra_runtime::{Config, RunDir, RunLock, RuntimeError};
 use rudra_transport::Role;
@@ -29,7 +30,7 @@ fn node_options(role: RoleArg, cli: &Cli) -> NodeOptions {
     let ordinal = || ordinal().map(|n| format!("{}-{n}", Role::from(role).as_str()));
     let name = match role {
         RoleArg::Scheduler => cli.name.clone(),
-        RoleArg::Shard | RoleArg::Learner => cli.name.clone().or_else(ordinal),
+        RoleArg::Shard | RoleArg::Learner | RoleArg::Aggregator => cli.name.clone().or_else(ordinal),
     };
     NodeOptions {
         listen: cli.listen,
@@ -48,14 +49,17 @@ fn node_options(role: RoleArg, cli: &Cli) -> NodeOptions {
 pub(crate) fn run_node(role: RoleArg, cli: &Cli) -> Result<(), RuntimeError> {
     let mut opts = node_options(role, cli);
     let (config, out) = (&cli.config, cli.out.clone());
-    if role == RoleArg::Learner && opts.resume.is_some() {
+    if matches!(role, RoleArg::Learner | RoleArg::Aggregator) && opts.resume.is_some() {
         return Err(RuntimeError::Invalid(InvalidSetting::new(
             "--resume",
             "only a shard or the scheduler takes it",
         )));
     }
-    if role != RoleArg::Shard && opts.advertise.is_some() {
-        return Err(RuntimeError::Invalid(InvalidSetting::new("--advertise", "only a shard takes it")));
+    if !matches!(role, RoleArg::Shard | RoleArg::Aggregator) && opts.advertise.is_some() {
+        return Err(RuntimeError::Invalid(InvalidSetting::new(
+            "--advertise",
+            "only a shard or an aggregator takes it",
+        )));
     }
     match role {
         RoleArg::Scheduler => {
@@ -102,6 +106,7 @@ pub(crate) fn run_node(role: RoleArg, cli: &Cli) -> Result<(), RuntimeError> {
             ended
         }
         RoleArg::Shard => run_shard(&opts, None),
+        RoleArg::Aggregator => run_aggregator(&opts),
         // The run's summary is the scheduler's to write.
         RoleArg::Learner => run_learner(&opts, None, None).map(drop),
     }

@@ -1,0 +1,109 @@
+//! An aggregator's process: the rounds of one learner group in front of every shard
+//! (hierarchical groups, `docs/src/algorithms.md` §4.3). It joins the scheduler as group `g`,
+//! connects to every shard as the group's leader, serves the group's members on behalf of each
+//! shard (a member's hello says which), pushes each round's mean to the shard as the group's
+//! gradient, and answers the members with the weights the shard gives the group. It stops when
+//! told; the members and the shards never talk to each other.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use actix::prelude::*;
+use rudra_actors::InvalidSetting;
+use rudra_actors::group_leader::GroupLeaderActor;
+use rudra_actors::remote::codec::{self, ToShard};
+use rudra_actors::roles::AnswerRoute;
+use rudra_transport::quic::{Peer, QuicEndpoint};
+use rudra_transport::{Inbound, Role, ShardId};
+use tokio::sync::mpsc;
+
+use super::join::{Welcome, join};
+use super::link::UpLink;
+use super::scheduler::{serve_metrics, set_ready};
+use super::serve::{Desk, LearnerPolicy, accept_learners};
+use super::shard::data_policy;
+use super::shards::{connect_shards, keep_shard};
+use super::{NodeOptions, endpoint, leave};
+use crate::RuntimeError;
+use crate::exporter::{MetricsEndpoint, Serving};
+
+/// Run an aggregator: join, connect to the shards, serve the group's members, stop when told.
+pub fn run_aggregator(opts: &NodeOptions) -> Result<(), RuntimeError> {
+    let opts = opts.clone();
+    let exporter = MetricsEndpoint::bind_if(opts.metrics_addr)?;
+    actix::System::new().block_on(async move {
+        let ep = endpoint(&opts, Role::Aggregator).await?;
+        let serving = serve_metrics(exporter, &ep)?;
+        let joined = join(&ep, &opts, Role::Aggregator).await?;
+        let result = aggregate(&ep, &opts, joined, serving.as_ref()).await;
+        leave(&ep, &result).await;
+        result?;
+        tracing::info!("stopped by the scheduler");
+        Ok(())
+    })
+}
+
+/// The aggregator's work once it joined as group `welcome.id`.
+async fn aggregate(
+    ep: &QuicEndpoint,
+    opts: &NodeOptions,
+    (sched, rx, welcome): (Peer, mpsc::Receiver<Inbound>, Welcome),
+    serving: Option<&Serving>,
+) -> Result<(), RuntimeError> {
+    let (config, spec) = (&welcome.config, &welcome.config.cluster);
+    let groups = spec.learner_groups();
+    let Some(members) = groups.get(welcome.id as usize).filter(|_| spec.hierarchical) else {
+        let why = "an aggregator serves a group of `cluster.hierarchical` groups; this job has none for it";
+        return Err(InvalidSetting::new("--role aggregator", why).into());
+    };
+    let Some(&leader) = members.first() else {
+        return Err(InvalidSetting::new("cluster.groups", "a group without members").into());
+    };
+    let mut link = UpLink::new((sched, rx), (Role::Aggregator, &welcome.job), config.liveness);
+    let (links, connections) =
+        connect_shards(ep, opts, &welcome, (leader, config.model.param_count())).await?;
+    let running = Arc::new(AtomicBool::new(true));
+    let (lost_tx, mut lost) = mpsc::channel(1);
+    let (mut desks, mut rounds) = (Vec::new(), Vec::new());
+    for (s, (shard, c)) in links.into_iter().zip(connections).enumerate() {
+        let group = (leader, members.clone(), spec.group_n);
+        let to = (shard.push.clone(), shard.pull.clone());
+        let round = GroupLeaderActor::new(group, to, spec.codecs.gradients).start();
+        let answer = AnswerRoute::Weights(round.clone().recipient());
+        let still = Arc::clone(&running);
+        let running = move || still.load(Ordering::Relaxed);
+        actix::spawn(keep_shard(c, (answer, ep.clone(), opts.connect_timeout), running, lost_tx.clone()));
+        desks.push(Desk {
+            shard: ShardId(s as u32),
+            data: data_policy(config, shard.range.len()),
+            pull: round.clone().recipient(),
+            push: round.clone().recipient(),
+            exchange: None,
+        });
+        rounds.push(round);
+    }
+    // Only the group's members are served, each as its own certificate.
+    let names = (welcome.learners.iter().enumerate())
+        .map(|(l, name)| if members.iter().any(|m| m.index() == l) { name.clone() } else { String::new() })
+        .collect();
+    let metrics = serving.map(|s| Arc::clone(s.metrics()));
+    let policy = LearnerPolicy { names: Arc::new(names), desks: Arc::new(desks), metrics };
+    actix::spawn(accept_learners(ep.clone(), policy));
+    set_ready(serving);
+    tracing::info!(group = welcome.id, members = members.len(), "serving the group");
+    let result = loop {
+        tokio::select! {
+            m = link.next(ep, opts) => match m.map(codec::to_shard) {
+                Ok(Ok(ToShard::Membership(m))) => rounds.iter().for_each(|r| r.do_send(m.clone())),
+                Ok(Ok(ToShard::Heartbeat)) => {}
+                Ok(Ok(ToShard::Stop)) => break Ok(()),
+                Ok(Ok(ToShard::SnapshotRequest(_))) => tracing::warn!("a snapshot request: an aggregator holds no weights"),
+                Ok(Err(e)) => tracing::warn!("from the scheduler: {e}"),
+                Err(e) => break Err(e),
+            },
+            Some(e) = lost.recv() => break Err(e),
+        }
+    };
+    running.store(false, Ordering::Relaxed);
+    result
+}
