@@ -14,7 +14,7 @@ fn main() -> std::io::Result<()> {
         let values: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 1.0).collect();
         frames.push(Msg::Push { learner: LearnerId(0), seq: 1, computed_on: Clock(0), values: values.clone().into(), examples: 1, next_seq: 0, last: false });
         frames.push(Msg::Exchange { learner: LearnerId(0), values: values.clone().into() });
-        frames.push(Msg::Weights { shard: ShardId(0), seq: 1, clock: Clock(3), values: values.clone().into() });
+        frames.push(Msg::Weights { shard: ShardId(0), learner: LearnerId(0), seq: 1, clock: Clock(3), values: values.clone().into() });
         frames.push(Msg::Center { shard: ShardId(0), clock: Clock(3), values: values.into() });
     }
     frames.push(Msg::Push {

@@ -163,7 +163,7 @@ impl AnswerRoute {
     /// Hand `answer` to the learner, if it is what its protocol family takes.
     pub fn deliver(&self, answer: Answer) -> Result<(), Unexpected> {
         match (answer, self) {
-            (Answer::Weights(w), Self::Weights(to)) => to.do_send(w),
+            (Answer::Weights { served, .. }, Self::Weights(to)) => to.do_send(served),
             (Answer::Center(c), Self::Centers(to)) => to.do_send(c),
             (other, _) => {
                 return Err(Unexpected { what: format!("{other:?} answers nothing this learner asks") });

@@ -75,7 +75,7 @@ fuzz_target!(|input: Input| {
             last: false,
         },
         Kind::Exchange => Msg::Exchange { learner: LearnerId(learner), values },
-        Kind::Weights => Msg::Weights { shard: ShardId(learner), seq, clock: Clock(clock), values },
+        Kind::Weights => Msg::Weights { shard: ShardId(learner), learner: LearnerId(learner), seq, clock: Clock(clock), values },
         Kind::Center => Msg::Center { shard: ShardId(learner), clock: Clock(clock), values },
     };
     let Ok(frame) = msg.encode() else { return };
@@ -92,7 +92,7 @@ fuzz_target!(|input: Input| {
         return;
     }
     let policy = DataPolicy { range_len: RANGE, push: codec, exchange: codec };
-    let Ok(data) = codec::from_learner_data(LearnerId(0), &policy, inbound) else { return };
+    let Ok(data) = codec::from_learner_data(&[LearnerId(0)], &policy, inbound) else { return };
     let one: BTreeSet<LearnerId> = [LearnerId(0)].into();
     match data {
         LearnerData::Push { seq, computed_on, values, examples, .. } => {
@@ -119,6 +119,6 @@ fuzz_target!(|input: Input| {
             let _ = center.on_exchange(LearnerId(0), &values);
             assert!(center.snapshot().values.iter().all(|v| v.is_finite()), "an exchange moved the center to NaN or ±Inf");
         }
-        LearnerData::Pull { .. } => {}
+        LearnerData::Pull { .. } | LearnerData::Aggregate { .. } => {}
     }
 });

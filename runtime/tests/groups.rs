@@ -1,10 +1,13 @@
 //! Learner groups (Rudra-adv trees) through `rudra-node`: the bytes into a shard per update,
-//! reported in `summary.json`; hierarchical groups across processes, each on an aggregator
-//! node; and where groups are refused.
+//! reported in `summary.json`; groups across processes, each group's aggregator a node of its
+//! own; and where groups are refused.
 
 mod common;
 
-use common::{node, short_run, short_run_with, summary};
+use std::path::Path;
+
+use common::{node, short_run, short_run_with, summary, tensors};
+use serde_json::Value;
 
 #[test]
 fn two_groups_of_two_halve_the_bytes_each_update_brings_the_shard() {
@@ -38,22 +41,50 @@ fn hierarchical_groups_train_and_each_group_round_is_one_gradient() {
     assert_eq!(s["updates"], 2 * 62, "async between groups: every group's round an update");
 }
 
-/// Hierarchical groups across processes (`local --transport quic`: every node, each group's
-/// aggregator too, on QUIC with mutual TLS) train exactly as in one process: under hardsync
-/// both are sequential SGD with a batch of μλ (`tests/cluster.rs`), so the final loss is the
-/// same to the last bit; under async every group round is one gradient at each shard.
+/// Under hardsync, `settings` over `local --transport quic` (every node, each group's
+/// aggregator too, on QUIC with mutual TLS) end on exactly the weights they end on in one
+/// process; the two runs' summaries.
+fn hardsync_across_processes_as_in_one(dir: &Path, settings: &[&str]) -> (Value, Value) {
+    let hardsync = [settings, &["protocol.kind=hardsync"]].concat();
+    let (one, quic) = (dir.join("one"), dir.join("quic"));
+    short_run(&one, &hardsync);
+    short_run_with(&quic, &["--transport", "quic"], &hardsync);
+    let weights = |run: &Path| tensors(&run.join("checkpoint.safetensors"));
+    assert_eq!(weights(&one), weights(&quic), "{settings:?}");
+    let (one, quic) = (summary(&one), summary(&quic));
+    for key in ["final_test_accuracy", "gradients_applied", "updates", "shard_payload_in_per_update"] {
+        assert_eq!(one[key], quic[key], "{key}: {one} against {quic}");
+    }
+    (one, quic)
+}
+
+/// An aggregation tree across processes, each group's aggregator a node of its own: hardsync
+/// ends on the weights of one process (sequential SGD with a batch of μλ, `tests/cluster.rs`),
+/// and λ = 4 learners in 2 groups bring each shard half the bytes per update of 4 alone.
+#[test]
+fn an_aggregation_tree_across_processes_trains_exactly_as_in_one_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tree = ["cluster.shards=2", "cluster.learners=4"];
+    let (_, alone) = hardsync_across_processes_as_in_one(&tmp.path().join("1"), &tree);
+    let (_, grouped) = hardsync_across_processes_as_in_one(
+        &tmp.path().join("2"),
+        &[&tree[..], &["cluster.groups=2"]].concat(),
+    );
+    // 4,000 examples at μλ = 128: 31 rounds an epoch, 2 epochs; each of 2 shards takes every
+    // learner's gradient, through its group's aggregate or alone.
+    assert_eq!(grouped["updates"], 62, "{grouped}");
+    assert_eq!(grouped["gradients_applied"], 2 * 4 * 62, "{grouped}");
+    let per_update = |s: &Value| s["shard_payload_in_per_update"].as_f64().unwrap();
+    assert_eq!(per_update(&grouped) * 2.0, per_update(&alone), "{grouped} against {alone}");
+}
+
+/// Hierarchical groups across processes train exactly as in one process; under async every
+/// group round is one gradient at each shard.
 #[test]
 fn hierarchical_groups_across_processes_train_exactly_as_in_one_process() {
     let tmp = tempfile::tempdir().unwrap();
     let groups = ["cluster.groups=2", "cluster.hierarchical=true", "cluster.shards=2", "cluster.learners=5"];
-    let hardsync = [&groups[..], &["protocol.kind=hardsync"]].concat();
-    let (one, quic) = (tmp.path().join("one"), tmp.path().join("quic"));
-    short_run(&one, &hardsync);
-    short_run_with(&quic, &["--transport", "quic"], &hardsync);
-    let (one, quic) = (summary(&one), summary(&quic));
-    for key in ["final_train_loss", "final_test_accuracy", "gradients_applied", "updates"] {
-        assert_eq!(one[key], quic[key], "{key}: {one} against {quic}");
-    }
+    let (_, quic) = hardsync_across_processes_as_in_one(tmp.path(), &groups);
     // 4,000 examples at μλ = 160: 25 rounds an epoch, one gradient a group each, at each shard.
     assert_eq!(quic["updates"], 50, "{quic}");
     assert_eq!(quic["gradients_applied"], 2 * 2 * 50, "{quic}");
@@ -72,17 +103,13 @@ fn hierarchical_groups_across_processes_train_exactly_as_in_one_process() {
 }
 
 #[test]
-fn groups_are_refused_across_processes_and_beside_what_would_hold_a_push() {
+fn groups_are_refused_beside_what_would_hold_a_push() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().to_str().unwrap();
-    for (command, set) in [
-        (&["local", "--transport", "quic", "--out", out][..], "cluster.groups=2"),
-        (&["local", "--out", out][..], "cluster.groups=5"),
-    ] {
-        let o = node(&[command, &["--set", set, "--set", "cluster.learners=4"]].concat());
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert!(!o.status.success() && err.contains("cluster.groups"), "{command:?} {set}: {err}");
-    }
+    // More groups than learners.
+    let o = node(&["local", "--out", out, "--set", "cluster.groups=5", "--set", "cluster.learners=4"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("cluster.groups"), "{err}");
     // Rounds of their own need groups, and the shards count groups.
     for (set, also) in [("cluster.groups=1", "protocol.n=1"), ("cluster.groups=2", "protocol.n=3")] {
         let args = ["--set", set, "--set", "cluster.hierarchical=true", "--set", also];

@@ -2,12 +2,14 @@
 //! processes on 127.0.0.1, mutual TLS with fresh certificates, real MNIST; and the same run in
 //! one process, in memory and over loopback QUIC.
 
+mod common;
 mod scrape;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::tensors;
 use scrape::{scrape_until, value};
 
 fn node(dir: &Path, args: &[&str]) -> Command {
@@ -73,20 +75,6 @@ fn wait_all(children: &mut [(String, Child)], limit: Duration, logs: Option<&Pat
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-}
-
-fn tensors(path: &Path) -> Vec<(String, Vec<f32>)> {
-    let bytes = std::fs::read(path).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut out: Vec<(String, Vec<f32>)> = st
-        .tensors()
-        .into_iter()
-        .map(|(name, t)| {
-            (name, t.data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect())
-        })
-        .collect();
-    out.sort_by(|a, b| a.0.cmp(&b.0));
-    out
 }
 
 #[test]
@@ -364,10 +352,10 @@ fn a_killed_shard_process_resumes_from_its_checkpoint_and_a_restarted_learner_re
     assert!(dir.join("checkpoints/shard-0.safetensors").is_file());
 }
 
-/// Hierarchical groups with each group's rounds on an aggregator process: 1 shard, 4 learners
-/// in 2 groups, 2 aggregators, every one a process of its own. The run trains, each group round
-/// one gradient at the shard; then, in a second run, an aggregator killed mid-run stops the run
-/// with its group named (its rounds are gone with it).
+/// Learner groups with each group's aggregator a process of its own: 1 shard, 4 learners in 2
+/// groups, 2 aggregators. Hierarchical groups train, each group round one gradient at the
+/// shard; an aggregation tree trains, every member's gradient counted at the shard; then an
+/// aggregator killed mid-run stops the run with its group named (its rounds are gone with it).
 #[test]
 fn aggregator_processes_run_their_groups_and_a_killed_one_stops_the_run() {
     let tmp = tempfile::tempdir().unwrap();
@@ -377,7 +365,7 @@ fn aggregator_processes_run_their_groups_and_a_killed_one_stops_the_run() {
         ["shard-0", "aggregator-0", "aggregator-1", "learner-0", "learner-1", "learner-2", "learner-3"];
     issue_certs(dir, &[&["scheduler"][..], &nodes].concat());
     let data_dir = format!("training.data_dir={}", data.display());
-    let run = |out: &str, examples: &str, epochs: &str| {
+    let run = |out: &str, settings: &[&str]| {
         let addr = format!("127.0.0.1:{}", free_port());
         let mut children: Vec<(String, Child)> = Vec::new();
         for name in nodes {
@@ -390,17 +378,8 @@ fn aggregator_processes_run_their_groups_and_a_killed_one_stops_the_run() {
         let sched_args = [
             &["--role", "scheduler", "--listen", &addr, "--certs", "certs", "--out", out][..],
             &["--set", "cluster.learners=4", "--set", "cluster.shards=1", "--set", "protocol.kind=async"],
-            &["--set", "cluster.groups=2", "--set", "cluster.hierarchical=true"],
-            &[
-                "--set",
-                examples,
-                "--set",
-                epochs,
-                "--set",
-                &data_dir,
-                "--set",
-                "cluster.failure_timeout_ms=1000",
-            ],
+            &["--set", "cluster.groups=2", "--set", &data_dir, "--set", "cluster.failure_timeout_ms=1000"],
+            &settings.iter().flat_map(|s| ["--set", s]).collect::<Vec<_>>(),
         ]
         .concat();
         let scheduler =
@@ -409,16 +388,23 @@ fn aggregator_processes_run_their_groups_and_a_killed_one_stops_the_run() {
         children
     };
 
-    let mut children = run("groups", "training.train_examples=4000", "training.epochs=2");
-    wait_all(&mut children, Duration::from_secs(300), None);
-    let summary: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("groups/summary.json")).unwrap()).unwrap();
-    assert!(summary["final_test_accuracy"].as_f64().unwrap() > 0.8, "{summary}");
-    // 31 steps a learner, 2 epochs: 62 rounds a group, each one gradient and one update.
-    assert_eq!(summary["gradients_applied"], 2 * 62, "{summary}");
-    assert_eq!(summary["updates"], 2 * 62, "{summary}");
+    let short = ["training.train_examples=4000", "training.epochs=2"];
+    // 31 steps a learner, 2 epochs: 62 rounds a group, each one gradient and one update with
+    // hierarchical groups; each of the 4 members' 62 gradients one update with a tree.
+    for (out, hierarchical, applied) in [("hierarchical", "true", 2 * 62), ("tree", "false", 4 * 62)] {
+        let kind = format!("cluster.hierarchical={hierarchical}");
+        let mut children = run(out, &[&short[..], &[kind.as_str()]].concat());
+        wait_all(&mut children, Duration::from_secs(300), None);
+        let summary: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join(out).join("summary.json")).unwrap())
+                .unwrap();
+        assert!(summary["final_test_accuracy"].as_f64().unwrap() > 0.8, "{summary}");
+        assert_eq!(summary["gradients_applied"], applied, "{out}: {summary}");
+        assert_eq!(summary["updates"], applied, "{out}: {summary}");
+    }
 
-    let mut children = run("killed", "training.train_examples=60000", "training.epochs=20");
+    let long = ["training.train_examples=60000", "training.epochs=20", "cluster.hierarchical=true"];
+    let mut children = run("killed", &long);
     wait_for_log(&dir.join("killed.log"), "evaluated", Duration::from_secs(120));
     let (_, killed) = &mut children[2];
     killed.kill().unwrap();

@@ -30,9 +30,10 @@ pub enum Kind {
     Evaluated,
     Summary,
     BatchSizes,
+    Aggregate,
 }
 
-const KINDS: [Kind; 23] = [
+const KINDS: [Kind; 24] = [
     Kind::Join,
     Kind::Welcome,
     Kind::Ready,
@@ -56,6 +57,7 @@ const KINDS: [Kind; 23] = [
     Kind::Evaluated,
     Kind::Summary,
     Kind::BatchSizes,
+    Kind::Aggregate,
 ];
 
 impl Kind {
@@ -84,6 +86,7 @@ impl Kind {
             }
             // An aggregator speaks for its group to the shards.
             Self::Hello | Self::Pull | Self::Push => &[Role::Learner, Role::Aggregator],
+            Self::Aggregate => &[Role::Aggregator],
             Self::Records | Self::Snapshot | Self::Center | Self::Resumed => &[Role::Shard],
             // An aggregator answers its members with the weights the shard gave the group.
             Self::Weights => &[Role::Shard, Role::Aggregator],
@@ -107,7 +110,7 @@ impl Kind {
             Self::Heartbeat | Self::Stop => &[Role::Shard, Role::Learner, Role::Scheduler, Role::Aggregator],
             Self::Welcome => &[Role::Shard, Role::Learner, Role::Aggregator],
             Self::Start => &[Role::Shard, Role::Learner],
-            Self::SnapshotRequest | Self::Exchange => &[Role::Shard],
+            Self::SnapshotRequest | Self::Exchange | Self::Aggregate => &[Role::Shard],
             Self::Hello | Self::Pull | Self::Push | Self::Membership => &[Role::Shard, Role::Aggregator],
             Self::Weights => &[Role::Learner, Role::Aggregator],
             Self::Center | Self::Evaluate | Self::Summary | Self::BatchSizes => &[Role::Learner],
@@ -119,6 +122,6 @@ impl Kind {
     /// the staleness records they must follow.)
     #[must_use]
     pub fn is_payload(self) -> bool {
-        matches!(self, Self::Weights | Self::Center | Self::Push | Self::Exchange)
+        matches!(self, Self::Weights | Self::Center | Self::Push | Self::Aggregate | Self::Exchange)
     }
 }

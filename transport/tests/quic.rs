@@ -177,11 +177,17 @@ async fn bad_frames_close_their_stream_only() {
         // A learner may not send weights, and a shard does not accept them.
         (
             "wrong kind for the role",
-            Msg::Weights { shard: ShardId(0), seq: 1, clock: Clock(0), values: vec![0.0; 4].into() }
-                .encode()
-                .unwrap()
-                .to_bytes()
-                .to_vec(),
+            Msg::Weights {
+                shard: ShardId(0),
+                learner: LearnerId(0),
+                seq: 1,
+                clock: Clock(0),
+                values: vec![0.0; 4].into(),
+            }
+            .encode()
+            .unwrap()
+            .to_bytes()
+            .to_vec(),
         ),
     ];
     for (what, bytes) in bad {

@@ -3,14 +3,14 @@
 //! validated [`Inbound`] message from each kind of peer. Past this module only actor messages
 //! flow; a message a receiver does not take is [`Unexpected`], naming what it was.
 
-use rudra_transport::wire::{GradientReport, UpdateReport};
+use rudra_transport::wire::{AggregateMember, GradientReport, UpdateReport};
 use rudra_transport::{Clock, Codec, Floats, Inbound, Kind, LearnerId, Msg, ShardId};
 
 use std::sync::Arc;
 
 use crate::messages::{
-    BatchSizes, Center, Evaluate, Exchange, Heartbeat, LearnerDone, Measured, Membership, Progress, Pull,
-    Push, Records, Resumed, Served, StartLearner,
+    Aggregate, BatchSizes, Center, Evaluate, Exchange, Heartbeat, LearnerDone, Measured, Membership,
+    Progress, Pull, Push, Records, Resumed, Served, StartLearner,
 };
 use rudra_proto::{GradientRecord, NextPull, UpdateRecord, Weights};
 
@@ -140,11 +140,27 @@ impl ToWire for Exchange {
     }
 }
 
-impl ToWire for Served {
+impl ToWire for Aggregate {
     fn to_wire(self) -> Msg {
-        let Self { shard, clock, seq, values } = self;
-        Msg::Weights { shard, seq, clock, values }
+        let Self { members, computed_on, values, then } = self;
+        let members = (members.iter().zip(&then))
+            .map(|(c, pull)| AggregateMember {
+                learner: c.learner,
+                seq: c.seq,
+                examples: c.examples,
+                next_seq: pull.seq,
+                last: pull.last,
+            })
+            .collect();
+        Msg::Aggregate { members, computed_on, values }
     }
+}
+
+/// The weights `served` answering learner `learner`'s pull, as they travel.
+#[must_use]
+pub fn weights(learner: LearnerId, served: Served) -> Msg {
+    let Served { shard, clock, seq, values } = served;
+    Msg::Weights { shard, learner, seq, clock, values }
 }
 
 impl ToWire for Center {
@@ -293,6 +309,8 @@ pub fn to_shard(m: Inbound) -> Result<ToShard, Unexpected> {
 pub enum LearnerData {
     /// A pull (its `reply_to` is the learner's stand-in, added by the receiver).
     Pull {
+        /// Whose.
+        learner: LearnerId,
         /// The learner's step.
         seq: u64,
         /// After its last push.
@@ -300,6 +318,8 @@ pub enum LearnerData {
     },
     /// A gradient, and the pull it carries (whose answer goes to the learner's stand-in).
     Push {
+        /// Whose.
+        learner: LearnerId,
         /// The learner's step.
         seq: u64,
         /// The clock of the weights it was computed on.
@@ -310,6 +330,15 @@ pub enum LearnerData {
         examples: u32,
         /// The pull it carries.
         next: NextPull,
+    },
+    /// A learner group's gradients combined by its aggregator, with its members' pulls.
+    Aggregate {
+        /// The members, each at most once: their steps, examples and next pulls.
+        members: Vec<AggregateMember>,
+        /// The clock of the weights they were computed on.
+        computed_on: Clock,
+        /// The combined gradient, decoded.
+        values: Floats,
     },
     /// An elastic exchange's values (the center goes back to the learner's stand-in).
     Exchange(Floats),
@@ -328,43 +357,65 @@ pub struct DataPolicy {
     pub exchange: Codec,
 }
 
-/// Decode a message from learner `learner` (the one its connection said hello as) to a shard:
-/// anything but its own pulls, and its own pushes and exchanges of exactly the shard's length in
-/// the job's codec (`policy`), is refused before the shard sees it.
+/// Decode a message to a shard from a connection that speaks for the learners `speaks` (the
+/// learner it said hello as; for a group's aggregator, the group's members): anything but
+/// their own pulls, and their own pushes, aggregates and exchanges of exactly the shard's
+/// length in the job's codec (`policy`), is refused before the shard sees it. An aggregate
+/// comes only from an aggregator, names each member once, and an exchange only from a learner.
 pub fn from_learner_data(
-    learner: LearnerId,
+    speaks: &[LearnerId],
     policy: &DataPolicy,
     m: Inbound,
 ) -> Result<LearnerData, Unexpected> {
     let kind = m.kind();
     let refuse = |what: String| Err(Unexpected { what: format!("{kind:?} {what}") });
+    let theirs = |l: &LearnerId| speaks.contains(l);
+    let whose = || speaks.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
     match m {
-        Inbound::Control(Msg::Pull { learner: l, seq, last }) if l == learner => {
-            Ok(LearnerData::Pull { seq, last })
+        Inbound::Control(Msg::Pull { learner, seq, last }) if theirs(&learner) => {
+            Ok(LearnerData::Pull { learner, seq, last })
         }
-        Inbound::Push { learner: l, .. } | Inbound::Exchange { learner: l, .. } if l != learner => {
-            refuse(format!("that is not {learner}'s own"))
+        Inbound::Push { learner: l, .. } if !theirs(&l) => refuse(format!("that is not {}'s own", whose())),
+        Inbound::Exchange { learner: l, .. } if speaks != [l] => {
+            refuse(format!("that is not {}'s own", whose()))
         }
-        Inbound::Push { ref values, .. } | Inbound::Exchange { ref values, .. }
+        Inbound::Aggregate { ref members, .. }
+            if speaks.len() < 2
+                || members.is_empty()
+                || !members.iter().all(|m| theirs(&m.learner))
+                || (1..members.len())
+                    .any(|i| members[..i].iter().any(|m| m.learner == members[i].learner)) =>
+        {
+            refuse(format!("that is not a group's, each of {} at most once", whose()))
+        }
+        Inbound::Push { ref values, .. }
+        | Inbound::Exchange { ref values, .. }
+        | Inbound::Aggregate { ref values, .. }
             if values.len() != policy.range_len =>
         {
             refuse(format!("of {} values to a shard of {}", values.len(), policy.range_len))
         }
-        Inbound::Push { codec, .. } if codec != policy.push => {
+        Inbound::Push { codec, .. } | Inbound::Aggregate { codec, .. } if codec != policy.push => {
             refuse(format!("in {codec}; this job sends gradients in {}", policy.push))
         }
         Inbound::Exchange { codec, .. } if codec != policy.exchange => {
             refuse(format!("in {codec}; this job sends exchanges in {}", policy.exchange))
         }
-        Inbound::Push { seq, computed_on, values, examples, next_seq, last, .. } => Ok(LearnerData::Push {
-            seq,
-            computed_on,
-            values,
-            examples,
-            next: NextPull { seq: next_seq, last },
-        }),
+        Inbound::Push { learner, seq, computed_on, values, examples, next_seq, last, .. } => {
+            Ok(LearnerData::Push {
+                learner,
+                seq,
+                computed_on,
+                values,
+                examples,
+                next: NextPull { seq: next_seq, last },
+            })
+        }
+        Inbound::Aggregate { members, computed_on, values, .. } => {
+            Ok(LearnerData::Aggregate { members, computed_on, values })
+        }
         Inbound::Exchange { values, .. } => Ok(LearnerData::Exchange(values)),
-        _ => refuse(format!("that is not {learner}'s own")),
+        _ => refuse(format!("that is not {}'s own", whose())),
     }
 }
 
@@ -413,8 +464,13 @@ pub fn to_learner(m: Inbound) -> Result<ToLearner, Unexpected> {
 /// What a shard's connection brings a learner: the answer to a pull or to an exchange.
 #[derive(Debug)]
 pub enum Answer {
-    /// Weights, answering a pull.
-    Weights(Served),
+    /// Weights, answering learner `to`'s pull.
+    Weights {
+        /// Whose pull.
+        to: LearnerId,
+        /// The weights.
+        served: Served,
+    },
     /// The center, answering an exchange.
     Center(Center),
 }
@@ -425,8 +481,8 @@ pub fn answer(m: Inbound, codec: Codec) -> Result<Answer, Unexpected> {
         Inbound::Weights { codec: c, .. } | Inbound::Center { codec: c, .. } if c != codec => {
             Err(Unexpected { what: format!("weights in {c}; this job sends weights in {codec}") })
         }
-        Inbound::Weights { shard, seq, clock, values, .. } => {
-            Ok(Answer::Weights(Served { shard, clock, seq, values: values.into() }))
+        Inbound::Weights { shard, learner, seq, clock, values, .. } => {
+            Ok(Answer::Weights { to: learner, served: Served { shard, clock, seq, values: values.into() } })
         }
         Inbound::Center { shard, clock, values, .. } => {
             Ok(Answer::Center(Center { shard, clock, values: values.into() }))
@@ -485,11 +541,46 @@ mod tests {
             last: true,
         };
         let policy = DataPolicy { range_len: 4, push: Codec::F32, exchange: Codec::Bf16 };
-        let data = |m| from_learner_data(me, &policy, over_the_wire(m));
+        let data = |m| from_learner_data(&[me], &policy, over_the_wire(m));
         assert!(matches!(
             data(push(me, 4)),
             Ok(LearnerData::Push { seq: 1, next: NextPull { seq: 2, last: true }, .. })
         ));
+        // A group's aggregator speaks for its members: their pushes and aggregates, each member
+        // once; a learner sends no aggregate, an aggregator no exchange.
+        let group = [LearnerId(0), LearnerId(1)];
+        let member = |l, seq| AggregateMember {
+            learner: LearnerId(l),
+            seq,
+            examples: 32,
+            next_seq: seq + 1,
+            last: false,
+        };
+        let aggregate = |members: Vec<AggregateMember>, n| Msg::Aggregate {
+            members,
+            computed_on: Clock(0),
+            values: vec![1.0; n].into(),
+        };
+        let from_group = |m| from_learner_data(&group, &policy, over_the_wire(m));
+        assert!(matches!(
+            from_group(aggregate(vec![member(0, 3), member(1, 2)], 4)),
+            Ok(LearnerData::Aggregate { ref members, computed_on: Clock(0), .. }) if members.len() == 2
+        ));
+        assert!(matches!(
+            from_group(push(LearnerId(1), 4)),
+            Ok(LearnerData::Push { learner: LearnerId(1), .. })
+        ));
+        for (what, m) in [
+            ("a member twice", aggregate(vec![member(0, 3), member(0, 4)], 4)),
+            ("another group's member", aggregate(vec![member(0, 3), member(2, 1)], 4)),
+            ("no member", aggregate(Vec::new(), 4)),
+        ] {
+            assert!(from_group(m).unwrap_err().what.contains("not a group's"), "{what}");
+        }
+        assert!(from_group(aggregate(vec![member(1, 1)], 3)).unwrap_err().what.contains("3 values"));
+        assert!(data(aggregate(vec![member(0, 1)], 4)).unwrap_err().what.contains("not a group's"));
+        let exchange = Msg::Exchange { learner: me, values: vec![1.0; 4].into() };
+        assert!(from_group(exchange).unwrap_err().what.contains("not learner-0, learner-1's own"));
         assert!(data(push(me, 3)).unwrap_err().what.contains("3 values"));
         assert!(data(push(LearnerId(1), 4)).unwrap_err().what.contains("not learner-0's own"));
         let bf16 = |values: Vec<f32>| {
@@ -511,10 +602,16 @@ mod tests {
             last: false,
         };
         assert!(data(bf16_push).unwrap_err().what.contains("in bf16; this job sends gradients in f32"));
-        let weights = |values| Msg::Weights { shard: ShardId(0), seq: 1, clock: Clock(3), values };
+        let weights = |values| Msg::Weights {
+            shard: ShardId(0),
+            learner: LearnerId(0),
+            seq: 1,
+            clock: Clock(3),
+            values,
+        };
         assert!(matches!(
             answer(over_the_wire(weights(vec![1.0; 4].into())), Codec::F32),
-            Ok(Answer::Weights(_))
+            Ok(Answer::Weights { .. })
         ));
         assert!(
             answer(over_the_wire(weights(bf16(vec![1.0; 4]))), Codec::F32).unwrap_err().what.contains("bf16")

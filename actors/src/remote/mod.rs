@@ -3,7 +3,7 @@
 //! the node is decoded by [`codec`] into actor messages for the actor it is meant for. Shards,
 //! learners and the scheduler hold the same `Recipient`s whether their peers live in this
 //! process or not. There is one stand-in per role, holding its node's real id:
-//! - [`RemoteShard`] takes what a shard takes: pulls, pushes and exchanges from a learner;
+//! - [`RemoteShard`] takes what a shard takes: pulls, pushes and exchanges from a learner, aggregates from a group's aggregator;
 //!   snapshot requests, membership and the stop from the scheduler.
 //! - [`RemoteLearner`] takes what a learner takes: a shard's weights and centers; the start and
 //!   the stop.
@@ -37,8 +37,8 @@ use rudra_transport::{Clock, Floats, LearnerId, Msg, ShardId};
 use tokio::sync::oneshot;
 
 use crate::messages::{
-    BatchSizes, Center, Evaluate, Exchange, Heartbeat, LearnerDone, Measured, Membership, Progress, Pull,
-    Push, Records, Resumed, Served, Snapshot, StartLearner, StopLearner, StopShard,
+    Aggregate, BatchSizes, Center, Evaluate, Exchange, Heartbeat, LearnerDone, Measured, Membership,
+    Progress, Pull, Push, Records, Resumed, Served, Snapshot, StartLearner, StopLearner, StopShard,
 };
 use rudra_proto::Weights;
 
@@ -143,7 +143,7 @@ impl StandIn for RemoteShard {
     }
 }
 
-stand_in!(RemoteShard, forwards: Pull, Push, Exchange, Membership);
+stand_in!(RemoteShard, forwards: Pull, Push, Aggregate, Exchange, Membership);
 
 impl Handler<StopShard> for RemoteShard {
     type Result = ();
@@ -235,7 +235,14 @@ impl StandIn for RemoteLearner {
     }
 }
 
-stand_in!(RemoteLearner, forwards: Served, Center, StartLearner, BatchSizes);
+stand_in!(RemoteLearner, forwards: Center, StartLearner, BatchSizes);
+
+impl Handler<Served> for RemoteLearner {
+    type Result = ();
+    fn handle(&mut self, m: Served, ctx: &mut Context<Self>) {
+        send(self, codec::weights(self.id, m), ctx);
+    }
+}
 
 impl Handler<StopLearner> for RemoteLearner {
     type Result = ();

@@ -269,9 +269,14 @@ pub fn run(frames: usize, repeats: usize) -> Result<Vec<BenchRow>, RuntimeError>
     // The pushes go out as the transport sends them, chunks and all; TCP, memcpy and the cipher
     // move the same bytes in one buffer.
     let bytes = push.to_bytes();
-    let weights =
-        Msg::Weights { shard: ShardId(0), seq: 1, clock: Clock(0), values: vec![0.5; FLOATS].into() }
-            .encode()?;
+    let weights = Msg::Weights {
+        shard: ShardId(0),
+        learner: LearnerId(0),
+        seq: 1,
+        clock: Clock(0),
+        values: vec![0.5; FLOATS].into(),
+    }
+    .encode()?;
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(io)?;
     let mut m: [Vec<f64>; 9] = Default::default();

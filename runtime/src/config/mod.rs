@@ -426,25 +426,6 @@ impl Config {
         ))
     }
 
-    /// Refuse aggregation-tree groups across processes: they run in one process (`rudra-node
-    /// run`, `local`, studies) and in the simulator. Hierarchical groups run across processes
-    /// too, each on an aggregator node.
-    pub fn refuse_groups(&self) -> Result<(), RuntimeError> {
-        if self.cluster.groups <= 1 || self.cluster.hierarchical {
-            return Ok(());
-        }
-        Err(invalid(
-            "cluster.groups",
-            format!(
-                "is {} with an aggregation tree, which runs in one process (`rudra-node run`, `local`) and in \
-                 `rudra-node simulate`; across processes a group's aggregator is a node of its own \
-                 (`--role aggregator`) that runs the group's own rounds: set `cluster.hierarchical = true`, \
-                 or use 1",
-                self.cluster.groups
-            ),
-        ))
-    }
-
     /// Refuse `[[faults.panic]]` in a run of one process: a panic ends the process, so it is
     /// for the shard and learner processes of a distributed run.
     pub fn refuse_panics(&self) -> Result<(), RuntimeError> {

@@ -1,18 +1,22 @@
-//! An aggregator's process: the rounds of one learner group in front of every shard
-//! (hierarchical groups, `docs/src/algorithms.md` §4.3). It joins the scheduler as group `g`,
-//! connects to every shard as the group's leader, serves the group's members on behalf of each
-//! shard (a member's hello says which), pushes each round's mean to the shard as the group's
-//! gradient, and answers the members with the weights the shard gives the group. It stops when
-//! told; the members and the shards never talk to each other.
+//! An aggregator's process: one learner group in front of every shard. It joins the scheduler
+//! as group `g`, connects to every shard, serves the group's members on behalf of each shard (a
+//! member's hello says which), and stops when told; the members and the shards never talk to
+//! each other. Per shard it runs the actor a cluster in one process puts there:
+//! - an aggregation tree (`docs/src/algorithms.md` §4.2): an [`Aggregator`] sends the shard
+//!   each round's aggregate, the members' pulls riding on it, and the shard's answers go to the
+//!   member whose pull they answer;
+//! - hierarchical groups (§4.3): a [`GroupLeaderActor`] pushes each round's mean to the shard
+//!   as the group's gradient, as the group's leader, and answers the members with the weights
+//!   the shard gives the group.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use actix::prelude::*;
 use rudra_actors::InvalidSetting;
+use rudra_actors::aggregator::Aggregator;
 use rudra_actors::group_leader::GroupLeaderActor;
-use rudra_actors::remote::codec::{self, ToShard};
-use rudra_actors::roles::AnswerRoute;
+use rudra_actors::remote::codec::{self, Answer, ToShard, Unexpected};
 use rudra_transport::quic::{Peer, QuicEndpoint};
 use rudra_transport::{Inbound, Role, ShardId};
 use tokio::sync::mpsc;
@@ -20,7 +24,7 @@ use tokio::sync::mpsc;
 use super::join::{Welcome, join};
 use super::link::UpLink;
 use super::scheduler::{serve_metrics, set_ready};
-use super::serve::{Desk, LearnerPolicy, accept_learners};
+use super::serve::{Desk, LearnerPolicy, Members, accept_learners};
 use super::shard::data_policy;
 use super::shards::{connect_shards, keep_shard};
 use super::{NodeOptions, endpoint, leave};
@@ -52,35 +56,62 @@ async fn aggregate(
 ) -> Result<(), RuntimeError> {
     let (config, spec) = (&welcome.config, &welcome.config.cluster);
     let groups = spec.learner_groups();
-    let Some(members) = groups.get(welcome.id as usize).filter(|_| spec.hierarchical) else {
-        let why = "an aggregator serves a group of `cluster.hierarchical` groups; this job has none for it";
+    let Some(members) = groups.get(welcome.id as usize).filter(|_| spec.groups > 1) else {
+        let why = "an aggregator serves a learner group; this job has none for it (`cluster.groups`)";
         return Err(InvalidSetting::new("--role aggregator", why).into());
     };
     let Some(&leader) = members.first() else {
         return Err(InvalidSetting::new("cluster.groups", "a group without members").into());
     };
     let mut link = UpLink::new((sched, rx), (Role::Aggregator, &welcome.job), config.liveness);
+    // With hierarchical groups the group speaks to the shards as its leader; with a tree each
+    // member's pulls and contributions are its own.
     let (links, connections) =
         connect_shards(ep, opts, &welcome, (leader, config.model.param_count())).await?;
     let running = Arc::new(AtomicBool::new(true));
     let (lost_tx, mut lost) = mpsc::channel(1);
     let (mut desks, mut rounds) = (Vec::new(), Vec::new());
     for (s, (shard, c)) in links.into_iter().zip(connections).enumerate() {
-        let group = (leader, members.clone(), spec.group_n);
-        let to = (shard.push.clone(), shard.pull.clone());
-        let round = GroupLeaderActor::new(group, to, spec.codecs.gradients).start();
-        let answer = AnswerRoute::Weights(round.clone().recipient());
+        let (desk, membership, deliver) = if spec.hierarchical {
+            let round = GroupLeaderActor::new(
+                (leader, members.clone(), spec.group_n),
+                (shard.push.clone(), shard.pull.clone()),
+                spec.codecs.gradients,
+            )
+            .start();
+            let answers = round.clone().recipient();
+            let deliver: Deliver = Box::new(move |a| to_group(&answers, a));
+            ((round.clone().recipient(), round.clone().recipient(), None), round.recipient(), deliver)
+        } else {
+            let hardsync = spec.protocol.waits_for_all();
+            let to = (c.remote().clone().recipient(), shard.pull.clone());
+            let round = Aggregator::new((members.clone(), hardsync), to, spec.codecs.gradients).start();
+            let answers = Members::default();
+            let deliver: Deliver = {
+                let answers = Arc::clone(&answers);
+                Box::new(move |a| to_member(&answers, a))
+            };
+            (
+                (round.clone().recipient(), round.clone().recipient(), Some(answers)),
+                round.recipient(),
+                deliver,
+            )
+        };
         let still = Arc::clone(&running);
         let running = move || still.load(Ordering::Relaxed);
-        actix::spawn(keep_shard(c, (answer, ep.clone(), opts.connect_timeout), running, lost_tx.clone()));
+        actix::spawn(keep_shard(c, (deliver, ep.clone(), opts.connect_timeout), running, lost_tx.clone()));
+        let (pull, push, answers) = desk;
+        let data = data_policy(config, shard.range.len());
         desks.push(Desk {
             shard: ShardId(s as u32),
-            data: data_policy(config, shard.range.len()),
-            pull: round.clone().recipient(),
-            push: round.clone().recipient(),
+            data,
+            pull,
+            push,
             exchange: None,
+            aggregate: None,
+            members: answers,
         });
-        rounds.push(round);
+        rounds.push(membership);
     }
     // Only the group's members are served, each as its own certificate.
     let names = (welcome.learners.iter().enumerate())
@@ -106,4 +137,33 @@ async fn aggregate(
     };
     running.store(false, Ordering::Relaxed);
     result
+}
+
+/// Where one shard's answers go at an aggregator.
+type Deliver = Box<dyn Fn(Answer) -> Result<(), Unexpected>>;
+
+/// A group's rounds take every answer: each is to the group's own pull.
+fn to_group(round: &Recipient<rudra_actors::messages::Served>, a: Answer) -> Result<(), Unexpected> {
+    match a {
+        Answer::Weights { served, .. } => {
+            round.do_send(served);
+            Ok(())
+        }
+        Answer::Center(_) => Err(Unexpected { what: "a center, answering nothing a group asks".into() }),
+    }
+}
+
+/// An aggregation tree's answers go to the member whose pull they answer, on its connection.
+fn to_member(members: &Members, a: Answer) -> Result<(), Unexpected> {
+    match a {
+        Answer::Weights { to, served } => {
+            match members.get(&to) {
+                Some(member) => member.do_send(served),
+                // A member not connected now asks again when it is back.
+                None => tracing::debug!(learner = %to, "weights for a member not connected"),
+            }
+            Ok(())
+        }
+        Answer::Center(_) => Err(Unexpected { what: "a center, answering nothing a group asks".into() }),
+    }
 }

@@ -255,6 +255,7 @@ mod tests {
             learner_names: vec!["learner-0".into(), "learner-1".into()],
             job: "0123456789abcdef".into(),
             groups: Vec::new(),
+            hierarchical: false,
             aggregator_addrs: Vec::new(),
             aggregator_names: Vec::new(),
         };

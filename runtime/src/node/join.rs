@@ -41,7 +41,7 @@ pub(super) async fn read_join(peer: &Peer) -> Option<(mpsc::Receiver<Inbound>, S
 pub(super) struct Gathered {
     pub(super) shards: Vec<Joiner>,
     pub(super) learners: Vec<Joiner>,
-    /// One per group of `cluster.hierarchical` groups, else none.
+    /// One per learner group, else none.
     pub(super) aggregators: Vec<Joiner>,
 }
 
@@ -54,7 +54,7 @@ pub(super) async fn gather(
     let spec = &config.cluster;
     let want_shards = spec.shards as usize;
     let want_learners = spec.learners as usize;
-    let want_aggregators = if spec.hierarchical { spec.groups as usize } else { 0 };
+    let want_aggregators = if spec.groups > 1 { spec.groups as usize } else { 0 };
     let (mut shards, mut learners, mut aggregators) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
     let deadline = tokio::time::Instant::now() + within;
     while shards.len() < want_shards || learners.len() < want_learners || aggregators.len() < want_aggregators
@@ -118,10 +118,12 @@ pub(super) struct Invitation {
     pub(super) learner_names: Vec<String>,
     /// The run's identity.
     pub(super) job: String,
-    /// With hierarchical groups: each group's members, and its aggregator's data address and
-    /// certificate name.
+    /// With learner groups: each group's members, whether the groups are hierarchical, and
+    /// each group's aggregator's data address and certificate name.
     #[serde(default)]
     pub(super) groups: Vec<Vec<LearnerId>>,
+    #[serde(default)]
+    pub(super) hierarchical: bool,
     #[serde(default)]
     pub(super) aggregator_addrs: Vec<String>,
     #[serde(default)]
@@ -130,8 +132,9 @@ pub(super) struct Invitation {
 
 impl Invitation {
     /// The welcome of node `id` of `role`. Where groups have aggregators, a member is given its
-    /// group's aggregator in place of every shard, and a shard takes its pushes and pulls for
-    /// a group from the group's aggregator, as the group's leader, and from no member.
+    /// group's aggregator in place of every shard, and a shard takes a group's messages from
+    /// its aggregator and from no member: every member's with an aggregation tree, the
+    /// leader's alone with hierarchical groups (the group speaks as its leader).
     pub(super) fn welcome(&self, (role, id): (Role, usize), incarnation: u32) -> Msg {
         let (mut shard_addrs, mut shard_names) = (self.shard_addrs.clone(), self.shard_names.clone());
         let mut learner_names = self.learner_names.clone();
@@ -147,7 +150,8 @@ impl Invitation {
                 for (l, name) in learner_names.iter_mut().enumerate() {
                     if let Some(g) = group_of(l) {
                         let leads = self.groups[g].first().is_some_and(|m| m.index() == l);
-                        *name = if leads { self.aggregator_names[g].clone() } else { String::new() };
+                        let speaks = leads || !self.hierarchical;
+                        *name = if speaks { self.aggregator_names[g].clone() } else { String::new() };
                     }
                 }
             }

@@ -132,7 +132,8 @@ async fn learn(
             let (learner, training) = (learner.clone(), Arc::clone(&training));
             move || training.load(Ordering::Relaxed) && learner.connected()
         };
-        actix::spawn(keep_shard(c, (answer, ep.clone(), opts.connect_timeout), running, lost_tx.clone()));
+        let deliver = move |a| answer.deliver(a);
+        actix::spawn(keep_shard(c, (deliver, ep.clone(), opts.connect_timeout), running, lost_tx.clone()));
     }
     if let Some(at) = config.faults.panic_of(Node::Learner(me)).filter(|_| incarnation == 0) {
         inject_panic(at, learner.panic());

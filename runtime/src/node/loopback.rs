@@ -12,9 +12,9 @@ use crate::local::ProgressMode;
 use crate::{Config, RuntimeError};
 
 /// `rudra-node local --transport quic`: the cluster of `config` in this process with every
-/// node (and with hierarchical groups, each group's aggregator) on its own thread, talking QUIC with mutual TLS over loopback exactly as separate
-/// processes would (fresh certificates in a temporary directory). The shards write their
-/// checkpoints into `run_dir` (see [`Config::checkpoints`]); the scheduler serves its metrics
+/// node (and with learner groups, each group's aggregator) on its own thread, talking QUIC
+/// with mutual TLS over loopback exactly as separate processes would (fresh certificates in a
+/// temporary directory). The shards write their checkpoints into `run_dir` (see [`Config::checkpoints`]); the scheduler serves its metrics
 /// at `metrics_addr`, if given.
 pub fn run_loopback(
     config: &Config,
@@ -24,7 +24,6 @@ pub fn run_loopback(
     metrics_addr: Option<SocketAddr>,
 ) -> Result<RunReport, RuntimeError> {
     config.refuse_kills()?;
-    config.refuse_groups()?;
     config.refuse_panics()?;
     let dir =
         tempfile::tempdir().map_err(|source| RuntimeError::Io { path: std::env::temp_dir(), source })?;
@@ -33,8 +32,8 @@ pub fn run_loopback(
     let names = |role: &str, n: u32| (0..n).map(|i| format!("{role}-{i}")).collect::<Vec<_>>();
     let shards = names("shard", config.cluster.shards);
     let learners = names("learner", config.cluster.learners);
-    let aggregators =
-        names("aggregator", if config.cluster.hierarchical { config.cluster.groups } else { 0 });
+    let groups = config.cluster.groups;
+    let aggregators = names("aggregator", if groups > 1 { groups } else { 0 });
     let nodes = shards.iter().chain(&learners).chain(&aggregators);
     for name in std::iter::once("scheduler").chain(nodes.map(String::as_str)) {
         certs.issue(name)?;

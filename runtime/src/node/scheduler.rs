@@ -37,7 +37,6 @@ pub fn run_scheduler(
     progress: ProgressMode,
 ) -> Result<RunReport, RuntimeError> {
     config.refuse_kills()?;
-    config.refuse_groups()?;
     let config = config.clone();
     let opts = opts.clone();
     let models = models.unwrap_or_else(|| config.models(Device::Cpu(CpuBackend)));
@@ -100,6 +99,7 @@ async fn open_job(
         learner_names: names(&learners),
         job: rudra_actors::checkpoint::new_job_id(),
         groups: if aggregators.is_empty() { Vec::new() } else { config.cluster.learner_groups() },
+        hierarchical: config.cluster.hierarchical,
         aggregator_addrs: addrs(&aggregators),
         aggregator_names: names(&aggregators),
     };

@@ -1,17 +1,20 @@
-//! Serving learners' data connections: a shard serves every learner for its own range; an
-//! aggregator serves its group's members on behalf of every shard. Either way a connection says
-//! hello as the learner its certificate names and as meant for one shard, and then brings only
-//! that learner's pulls, pushes and exchanges of that shard's length: anything else closes it
-//! before the actors behind see it.
+//! Serving learners' data connections: a shard serves every learner for its own range (and a
+//! group's aggregator speaking for the group); an aggregator serves its group's members on
+//! behalf of every shard. Either way a connection says hello as a learner its certificate may
+//! speak for and as meant for one shard, and then brings only those learners' pulls, pushes,
+//! aggregates and exchanges of that shard's length: anything else closes it before the actors
+//! behind see it.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
-use rudra_actors::messages::{Exchange, Pull, Push};
+use dashmap::DashMap;
+use rudra_actors::messages::{Aggregate, Exchange, Pull, Push, Served};
 use rudra_actors::metrics::Metrics;
 use rudra_actors::remote::codec::{self, DataPolicy, LearnerData, Unexpected};
 use rudra_actors::remote::{OnRefused, RemoteLearner, drive_link};
+use rudra_proto::Contribution;
 use rudra_transport::quic::{Peer, QuicEndpoint};
 use rudra_transport::{Inbound, LearnerId, Msg, Role, ShardId};
 use tokio::sync::mpsc;
@@ -30,14 +33,22 @@ pub(super) struct Desk {
     pub(super) push: Recipient<Push>,
     /// Where exchanges go; `None` where none is taken (a group's rounds).
     pub(super) exchange: Option<Recipient<Exchange>>,
+    /// Where a group aggregator's aggregates go; `None` where none is taken (at an aggregator).
+    pub(super) aggregate: Option<Recipient<Aggregate>>,
+    /// At an aggregator: where each member connected for this shard is answered, for the
+    /// shard's answers to its pulls to reach it.
+    pub(super) members: Option<Members>,
 }
+
+/// Each member's stand-in, by learner, for one shard.
+pub(super) type Members = Arc<DashMap<LearnerId, Recipient<Served>>>;
 
 /// What a node accepts from learners, checked at the boundary before its actors see anything.
 #[derive(Clone)]
 pub(super) struct LearnerPolicy {
-    /// `names[l]`: the certificate learner `l` must connect with (at a shard serving
-    /// hierarchical groups, a group leader's is its aggregator's); empty where learner `l` is
-    /// not served here.
+    /// `names[l]`: the certificate that speaks for learner `l` (at a shard serving groups, a
+    /// group member's is its aggregator's: every member's with an aggregation tree, the
+    /// leader's alone with hierarchical groups); empty where learner `l` is not served here.
     pub(super) names: Arc<Vec<String>>,
     /// The shards served, each at its desk.
     pub(super) desks: Arc<Vec<Desk>>,
@@ -62,8 +73,8 @@ pub(super) async fn accept_learners(ep: QuicEndpoint, policy: LearnerPolicy) {
 /// own, so a learner's first exchange (or a push) may overtake the hello on the control stream.
 const BEFORE_HELLO: usize = 4;
 
-/// The hello a learner's connection must bring first, as the learner its certificate names and
-/// for a shard served here, with the payloads that overtook it; `None` (logged) for anything
+/// The hello a learner's connection must bring first, as a learner its certificate speaks for
+/// and for a shard served here, with the payloads that overtook it; `None` (logged) for anything
 /// else.
 async fn read_hello(
     peer: &Peer,
@@ -97,8 +108,9 @@ async fn read_hello(
     }
 }
 
-/// Serve one learner's connection. Anything but its own pulls, pushes and exchanges of the
-/// right length closes the connection; the actors behind never see it.
+/// Serve one learner's connection (or a group aggregator's, speaking for every learner its
+/// certificate speaks for). Anything but those learners' own pulls, pushes, aggregates and
+/// exchanges of the right length closes the connection; the actors behind never see it.
 async fn serve_learner(peer: Peer, policy: LearnerPolicy) {
     let mut rx = peer.incoming(64);
     let Some((learner, desk, early)) = read_hello(&peer, &mut rx, &policy).await else {
@@ -106,19 +118,47 @@ async fn serve_learner(peer: Peer, policy: LearnerPolicy) {
         return;
     };
     let _alive = policy.metrics.as_ref().map(Metrics::learner_connected);
-    let remote = RemoteLearner::new(learner, peer.clone()).start();
-    let (reply, center) = (remote.clone().recipient(), remote.recipient());
+    let speaks: Vec<LearnerId> = (policy.names.iter().enumerate())
+        .filter(|(_, n)| *n == peer.name())
+        .map(|(l, _)| LearnerId(l as u32))
+        .collect();
+    // One stand-in per learner spoken for: the shard's answers say whose pull they answer.
+    let remotes: Vec<Addr<RemoteLearner>> =
+        speaks.iter().map(|&l| RemoteLearner::new(l, peer.clone()).start()).collect();
+    // Every learner named in a message is one of `speaks` (the codec checks it first).
+    let remote = |l: LearnerId| remotes[speaks.iter().position(|&s| s == l).unwrap_or_default()].clone();
+    if let Some(members) = &desk.members {
+        members.insert(learner, remote(learner).recipient());
+    }
     // A push travels on its own stream with the pull it carries, and a lone pull (a learner's
     // first, or a retry) on the control stream, so a pull may overtake the push before it: the
     // shard orders them by their sequence numbers.
     let handle = |m| {
-        match codec::from_learner_data(learner, &desk.data, m)? {
-            LearnerData::Pull { seq, last } => {
-                desk.pull.do_send(Pull { learner, seq, last, reply_to: reply.clone() });
+        match codec::from_learner_data(&speaks, &desk.data, m)? {
+            LearnerData::Pull { learner, seq, last } => {
+                desk.pull.do_send(Pull { learner, seq, last, reply_to: remote(learner).recipient() });
             }
-            LearnerData::Push { seq, computed_on, values, examples, next } => {
-                let then = Pull { learner, seq: next.seq, last: next.last, reply_to: reply.clone() };
+            LearnerData::Push { learner, seq, computed_on, values, examples, next } => {
+                let reply_to = remote(learner).recipient();
+                let then = Pull { learner, seq: next.seq, last: next.last, reply_to };
                 desk.push.do_send(Push { learner, seq, computed_on, values: values.into(), examples, then });
+            }
+            LearnerData::Aggregate { members, computed_on, values } => {
+                let Some(aggregate) = &desk.aggregate else {
+                    return Err(Unexpected { what: "an aggregate, which only a shard takes".into() });
+                };
+                let then = (members.iter())
+                    .map(|m| Pull {
+                        learner: m.learner,
+                        seq: m.next_seq,
+                        last: m.last,
+                        reply_to: remote(m.learner).recipient(),
+                    })
+                    .collect();
+                let members = (members.iter())
+                    .map(|m| Contribution { learner: m.learner, seq: m.seq, examples: m.examples })
+                    .collect();
+                aggregate.do_send(Aggregate { members, computed_on, values: values.into(), then });
             }
             LearnerData::Exchange(values) => {
                 let Some(exchange) = &desk.exchange else {
@@ -126,7 +166,11 @@ async fn serve_learner(peer: Peer, policy: LearnerPolicy) {
                         what: "an exchange, which a group's rounds do not take".into(),
                     });
                 };
-                exchange.do_send(Exchange { learner, values: values.into(), reply_to: center.clone() });
+                exchange.do_send(Exchange {
+                    learner,
+                    values: values.into(),
+                    reply_to: remote(learner).recipient(),
+                });
             }
         }
         Ok(())

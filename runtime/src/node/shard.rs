@@ -151,11 +151,11 @@ async fn injected_crash(
     }
 }
 
-/// Shard `id`'s own desk: it takes every message a learner sends it.
+/// Shard `id`'s own desk: it takes every message a learner (or a group's aggregator) sends it.
 fn desk(id: ShardId, shard: &Addr<ShardActor>, data: DataPolicy) -> Desk {
-    let (pull, push, exchange) =
-        (shard.clone().recipient(), shard.clone().recipient(), Some(shard.clone().recipient()));
-    Desk { shard: id, data, pull, push, exchange }
+    let (pull, push) = (shard.clone().recipient(), shard.clone().recipient());
+    let (exchange, aggregate) = (Some(shard.clone().recipient()), Some(shard.clone().recipient()));
+    Desk { shard: id, data, pull, push, exchange, aggregate, members: None }
 }
 
 /// What a learner may send a shard of `range_len` values in the job of `config`.

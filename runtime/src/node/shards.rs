@@ -7,9 +7,8 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use rudra_actors::links::ShardLink;
-use rudra_actors::remote::codec;
+use rudra_actors::remote::codec::{self, Answer, Unexpected};
 use rudra_actors::remote::{OnRefused, Rebind, RemoteShard, drive_link};
-use rudra_actors::roles::AnswerRoute;
 use rudra_transport::quic::{Ended, Goodbye, Peer, QuicEndpoint};
 use rudra_transport::{Codec, LearnerId, Msg, ShardId};
 use tokio::sync::mpsc;
@@ -56,19 +55,26 @@ pub(super) struct ShardConnection {
     weights: Codec,
 }
 
-/// Hand the shard's answers to `answer` (where the node takes them from this shard, as its
-/// protocol family takes them); when the connection is lost, connect again and go on, while
-/// `running` says the node still runs. A shard not reachable within `timeout` is an error on
-/// `lost`.
+impl ShardConnection {
+    /// The shard's stand-in.
+    pub(super) fn remote(&self) -> &Addr<RemoteShard> {
+        &self.remote
+    }
+}
+
+/// Hand the shard's answers to `deliver` (where the node takes them from this shard: as its
+/// protocol family takes them, or to the member whose pull they answer); when the connection is
+/// lost, connect again and go on, while `running` says the node still runs. A shard not
+/// reachable within `timeout` is an error on `lost`.
 pub(super) async fn keep_shard(
     mut c: ShardConnection,
-    (answer, ep, timeout): (AnswerRoute, QuicEndpoint, Duration),
+    (deliver, ep, timeout): (impl Fn(Answer) -> Result<(), Unexpected>, QuicEndpoint, Duration),
     running: impl Fn() -> bool,
     lost: mpsc::Sender<RuntimeError>,
 ) {
     loop {
         let mut inbox = c.peer.incoming(8);
-        let handle = |m| answer.deliver(codec::answer(m, c.weights)?);
+        let handle = |m| deliver(codec::answer(m, c.weights)?);
         let ended = drive_link(&c.peer, Vec::new(), &mut inbox, handle, OnRefused::Log).await;
         if !running() {
             return; // The node stopped: the run is over.

@@ -160,6 +160,7 @@ impl Network {
                 .len();
                 let down = Msg::Weights {
                     shard: ShardId(0),
+                    learner: LearnerId(0),
                     seq: 1,
                     clock: Clock(0),
                     values: vec![0.0; len].into(),

@@ -13,9 +13,13 @@ use rkyv::{Archive, Deserialize, Serialize};
 
 use rudra_proto::floats::AsFloatVec;
 
+mod samples;
+
+pub use samples::{compressed_samples, samples};
+
 use crate::frame::{BodyWriter, Frame};
-use crate::payload::{Codec, Encoding, Payload, in_frame};
-use crate::{Clock, DropReason, Floats, Kind, LearnerId, Outcome, Role, ShardId, Staleness, TransportError};
+use crate::payload::{Codec, Payload, in_frame};
+use crate::{Clock, Floats, Kind, LearnerId, Outcome, Role, ShardId, Staleness, TransportError};
 
 /// One gradient's fate, as a shard reports it to the scheduler's tracker.
 #[derive(Archive, Serialize, Deserialize, Clone, Copy, Debug, PartialEq)]
@@ -41,6 +45,23 @@ pub struct UpdateReport {
     pub gradients: u32,
     /// Payload bytes the shard received since its previous update.
     pub payload_in: u64,
+}
+
+/// One member's part of an [`Msg::Aggregate`]: its gradient's step and examples, and the pull
+/// that rides on it.
+#[derive(Archive, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub struct AggregateMember {
+    /// The member.
+    pub learner: LearnerId,
+    /// Its step.
+    pub seq: u64,
+    /// The examples its gradient is the mean over.
+    pub examples: u32,
+    /// The step of the pull it carries …
+    pub next_seq: u64,
+    /// … and whether that pull is its last.
+    pub last: bool,
 }
 
 /// Every message of the wire protocol.
@@ -166,6 +187,8 @@ pub enum Msg {
     Weights {
         /// From which shard.
         shard: ShardId,
+        /// Whose pull it answers (an aggregator's connection carries its members' pulls).
+        learner: LearnerId,
         /// The pull answered.
         seq: u64,
         /// Their clock.
@@ -190,6 +213,17 @@ pub enum Msg {
         next_seq: u64,
         /// … and whether it is the learner's last.
         last: bool,
+    },
+    /// Aggregator → shard: a learner group's gradients on one clock combined, the mean over
+    /// all the members' examples, with every member's next pull riding on it.
+    Aggregate {
+        /// Whose gradients, at which of their steps, over how many examples each, and their
+        /// next pulls.
+        members: Vec<AggregateMember>,
+        /// The clock of the weights they were all computed on.
+        computed_on: Clock,
+        /// The values, encoded with the job's gradients codec.
+        values: Payload,
     },
     /// Learner → center shard (EASGD family): x^i, DOWNPOUR's accumulated update, or
     /// MDOWNPOUR's gradient for the shard's range; answered with `Center`.
@@ -263,6 +297,7 @@ impl Msg {
             Self::Pull { .. } => Kind::Pull,
             Self::Weights { .. } => Kind::Weights,
             Self::Push { .. } => Kind::Push,
+            Self::Aggregate { .. } => Kind::Aggregate,
             Self::Exchange { .. } => Kind::Exchange,
             Self::Center { .. } => Kind::Center,
             Self::Evaluate { .. } => Kind::Evaluate,
@@ -288,128 +323,12 @@ impl Msg {
             Self::Weights { values, .. }
             | Self::Center { values, .. }
             | Self::Push { values, .. }
+            | Self::Aggregate { values, .. }
             | Self::Exchange { values, .. } => vec![values.values_bytes()],
             Self::Snapshot { values, .. } | Self::Evaluate { values, .. } => vec![values.as_bytes()],
             _ => Vec::new(),
         }
     }
-}
-
-/// One message of every kind, with representative values: the cases of the wire tests and
-/// the seeds of the fuzzer.
-#[must_use]
-pub fn samples() -> Vec<Msg> {
-    vec![
-        Msg::Join { role: Role::Shard, name: "shard-0".into(), data_addr: "127.0.0.1:7071".into() },
-        Msg::Welcome {
-            id: 3,
-            config_toml: "[cluster]\nlearners = 4\n".into(),
-            train_examples: 60_000,
-            shard_addrs: vec!["a:1".into()],
-            shard_names: vec!["shard-0".into()],
-            learner_names: vec!["learner-0".into(), "learner-1".into()],
-            job: "0123456789abcdef".into(),
-            incarnation: 1,
-        },
-        Msg::Ready,
-        Msg::Start,
-        Msg::Stop,
-        Msg::Progress {
-            learner: LearnerId(1),
-            session: 0x5eed,
-            samples: 256,
-            steps: 8,
-            loss_sum: 3.5,
-            payload_up: 1 << 18,
-            payload_down: 1 << 20,
-            compute_seconds: 1.25,
-            wire_bytes: 1 << 21,
-        },
-        Msg::LearnerDone { error: Some("out of memory".into()) },
-        Msg::Records {
-            gradients: vec![
-                GradientReport {
-                    learner: LearnerId(1),
-                    computed_on: Clock(3),
-                    staleness: Staleness(2),
-                    outcome: Outcome::Applied { alpha: 0.5 },
-                },
-                GradientReport {
-                    learner: LearnerId(0),
-                    computed_on: Clock(1),
-                    staleness: Staleness(6),
-                    outcome: Outcome::Dropped(DropReason::TooStale),
-                },
-            ],
-            updates: vec![UpdateReport { clock: Clock(7), gradients: 2, payload_in: 4096 }],
-        },
-        Msg::SnapshotRequest { request: 9 },
-        Msg::Snapshot { request: 9, clock: Clock(4), values: vec![1.0, 2.0].into() },
-        Msg::Heartbeat,
-        Msg::Membership { active: vec![LearnerId(0), LearnerId(2), LearnerId(3)] },
-        Msg::Resumed { clock: Clock(800) },
-        Msg::Hello { learner: LearnerId(2), shard: ShardId(1) },
-        Msg::Pull { learner: LearnerId(2), seq: 1, last: false },
-        Msg::Weights { shard: ShardId(1), seq: 1, clock: Clock(5), values: vec![0.5; 1000].into() },
-        Msg::Center { shard: ShardId(1), clock: Clock(6), values: vec![0.25; 1000].into() },
-        Msg::Evaluate { request: 2, last: true, values: vec![0.75; 300].into() },
-        Msg::Evaluated { request: 2, measured: Some((0.125, 0.97)) },
-        Msg::Summary { json: r#"{"outcome":"completed"}"#.into() },
-        Msg::BatchSizes { sizes: vec![vec![16, 16], vec![26, 6]] },
-        Msg::Push {
-            learner: LearnerId(2),
-            seq: 9,
-            computed_on: Clock(5),
-            values: (0..777).map(|i| i as f32).collect::<Vec<f32>>().into(),
-            examples: 1,
-            next_seq: 10,
-            last: false,
-        },
-        Msg::Exchange { learner: LearnerId(3), values: vec![0.25; 333].into() },
-    ]
-}
-
-/// Payload messages with every codec: the compressed cases of the wire tests and the fuzzer's
-/// seeds.
-#[must_use]
-pub fn compressed_samples() -> Vec<Msg> {
-    let values: Floats = (0..700).map(|i| (i as f32 - 350.0) * 0.01).collect::<Vec<f32>>().into();
-    let enc = |codec| Encoding { codec, block: 64, keep: 4 }.encode(&values, None);
-    vec![
-        Msg::Push {
-            learner: LearnerId(1),
-            seq: 4,
-            computed_on: Clock(2),
-            values: enc(Codec::Int8),
-            examples: 1,
-            next_seq: 5,
-            last: false,
-        },
-        Msg::Push {
-            learner: LearnerId(1),
-            seq: 5,
-            computed_on: Clock(3),
-            values: enc(Codec::Fp16),
-            examples: 1,
-            next_seq: 6,
-            last: true,
-        },
-        Msg::Weights { shard: ShardId(0), seq: 2, clock: Clock(9), values: enc(Codec::Bf16) },
-        Msg::Center { shard: ShardId(0), clock: Clock(9), values: enc(Codec::Bf16) },
-        Msg::Weights { shard: ShardId(1), seq: 3, clock: Clock(9), values: enc(Codec::Int8) },
-        Msg::Exchange { learner: LearnerId(2), values: enc(Codec::Fp16) },
-        Msg::Exchange { learner: LearnerId(2), values: enc(Codec::Bf16) },
-        Msg::Push {
-            learner: LearnerId(1),
-            seq: 6,
-            computed_on: Clock(4),
-            values: enc(Codec::TopK),
-            examples: 1,
-            next_seq: 7,
-            last: false,
-        },
-        Msg::Exchange { learner: LearnerId(2), values: enc(Codec::TopK) },
-    ]
 }
 
 /// A validated incoming message: small messages owned, payloads viewed in place.
@@ -421,6 +340,8 @@ pub enum Inbound {
     Weights {
         /// The shard.
         shard: ShardId,
+        /// Whose pull they answer.
+        learner: LearnerId,
         /// The pull answered.
         seq: u64,
         /// Their clock.
@@ -448,6 +369,17 @@ pub enum Inbound {
         next_seq: u64,
         /// Whether that pull is the learner's last.
         last: bool,
+    },
+    /// A learner group's combined gradients from its aggregator, and its members' pulls.
+    Aggregate {
+        /// The members, their steps, examples and next pulls.
+        members: Vec<AggregateMember>,
+        /// The clock they were computed on.
+        computed_on: Clock,
+        /// The values, decoded.
+        values: Floats,
+        /// The codec they travelled with.
+        codec: Codec,
     },
     /// A center shard's center for a learner.
     Center {
@@ -494,8 +426,9 @@ impl Inbound {
         let archived = rkyv::access::<ArchivedMsg, BoxedError>(buf)
             .map_err(|e| TransportError::BadFrame(format!("{kind:?} body failed validation: {e}")))?;
         let inbound = match archived {
-            ArchivedMsg::Weights { shard, seq, clock, values } => Self::Weights {
+            ArchivedMsg::Weights { shard, learner, seq, clock, values } => Self::Weights {
                 shard: ShardId(shard.0.to_native()),
+                learner: LearnerId(learner.0.to_native()),
                 seq: seq.to_native(),
                 clock: Clock(clock.0.to_native()),
                 codec: values.codec(),
@@ -516,6 +449,20 @@ impl Inbound {
                 examples: examples.to_native(),
                 next_seq: next_seq.to_native(),
                 last: *last,
+            },
+            ArchivedMsg::Aggregate { members, computed_on, values } => Self::Aggregate {
+                members: (members.iter())
+                    .map(|m| AggregateMember {
+                        learner: LearnerId(m.learner.0.to_native()),
+                        seq: m.seq.to_native(),
+                        examples: m.examples.to_native(),
+                        next_seq: m.next_seq.to_native(),
+                        last: m.last,
+                    })
+                    .collect(),
+                computed_on: Clock(computed_on.0.to_native()),
+                codec: values.codec(),
+                values: values.decode_in(buf, max_len)?,
             },
             ArchivedMsg::Exchange { learner, values } => Self::Exchange {
                 learner: LearnerId(learner.0.to_native()),
@@ -549,6 +496,7 @@ impl Inbound {
             Self::Weights { .. } => Kind::Weights,
             Self::Center { .. } => Kind::Center,
             Self::Push { .. } => Kind::Push,
+            Self::Aggregate { .. } => Kind::Aggregate,
             Self::Exchange { .. } => Kind::Exchange,
             Self::Snapshot { .. } => Kind::Snapshot,
         }
@@ -559,6 +507,7 @@ impl Inbound {
 mod tests {
     use super::*;
     use crate::frame::{HEADER_LEN, MAGIC, VERSION};
+    use crate::payload::Encoding;
     use crate::reader::Accepts;
 
     const MAX: u32 = 64 << 20;
@@ -603,11 +552,19 @@ mod tests {
             match (&back, &msg) {
                 (Inbound::Control(m), _) => assert_eq!(m, &msg),
                 (
-                    Inbound::Weights { shard, seq, clock, values, codec },
-                    Msg::Weights { shard: s, seq: q, clock: c, values: v },
+                    Inbound::Weights { shard, learner, seq, clock, values, codec },
+                    Msg::Weights { shard: s, learner: l, seq: q, clock: c, values: v },
                 ) => {
                     assert_eq!(*codec, v.codec());
-                    assert_eq!((shard, seq, clock, &values[..]), (s, q, c, &v.clone().decode().unwrap()[..]));
+                    let sent = (s, l, q, c, &v.clone().decode().unwrap()[..]);
+                    assert_eq!((shard, learner, seq, clock, &values[..]), sent);
+                }
+                (
+                    Inbound::Aggregate { members, computed_on, values, codec },
+                    Msg::Aggregate { members: m, computed_on: c, values: v },
+                ) => {
+                    assert_eq!(*codec, v.codec());
+                    assert_eq!((members, computed_on, &values[..]), (m, c, &v.clone().decode().unwrap()[..]));
                 }
                 (
                     Inbound::Push { learner, seq, computed_on, values, codec, examples, next_seq, last },
@@ -785,11 +742,17 @@ mod tests {
     fn random_bytes_never_panic() {
         use rand::{Rng, SeedableRng};
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
-        let good = Msg::Weights { shard: ShardId(0), seq: 1, clock: Clock(1), values: vec![1.0; 16].into() }
-            .encode()
-            .unwrap()
-            .to_bytes()
-            .to_vec();
+        let good = Msg::Weights {
+            shard: ShardId(0),
+            learner: LearnerId(0),
+            seq: 1,
+            clock: Clock(1),
+            values: vec![1.0; 16].into(),
+        }
+        .encode()
+        .unwrap()
+        .to_bytes()
+        .to_vec();
         for i in 0..20_000 {
             let mut bytes: Vec<u8> = if i % 2 == 0 {
                 (0..rng.random_range(0..200)).map(|_| rng.random()).collect()
