@@ -94,7 +94,7 @@ pub fn run(
         (clean, in_process(config, data, &out.join("faulty"), bounds.limit, "the run with faults")?)
     } else {
         let c = &config.cluster;
-        issue_certs(&out.join("certs"), &names(c.shards, c.learners))?;
+        issue_certs(&out.join("certs"), &names((c.shards, c.learners, c.groups)))?;
         let clean = as_processes(&clean_config, &[], out, "clean", bounds)?;
         (clean, as_processes(&config.without_kills()?, &config.kills, out, "faulty", bounds)?)
     };
@@ -177,7 +177,7 @@ fn as_processes(
         logs: &logs,
         run_dir: &run_dir,
         config: (Some(&logs.join("job.toml")), &sets),
-        nodes: (c.shards, c.learners),
+        nodes: (c.shards, c.learners, c.groups),
         connect_timeout: bounds.connect_timeout,
         log_filter: "info",
         shard_front: None,

@@ -1,7 +1,7 @@
 //! A run as `rudra-node` processes on this host, over loopback QUIC with mutual TLS: the
-//! scheduler, shards and learners of its configuration, each logging to `LOGS/NAME.log`, any of
-//! which can be killed (SIGKILL) and started again with the command it had. The cluster
-//! benchmark and `rudra-node experiment` run on it.
+//! scheduler, shards, aggregators and learners of its configuration, each logging to
+//! `LOGS/NAME.log`, any of which can be killed (SIGKILL) and started again with the command it
+//! had. The cluster benchmark and `rudra-node experiment` run on it.
 
 use std::ffi::OsString;
 use std::fs::OpenOptions;
@@ -11,6 +11,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use rudra_actors::TimelineEntry;
+use rudra_transport::Role;
 use rudra_transport::tls::CertDir;
 
 use crate::RuntimeError;
@@ -27,8 +28,8 @@ pub struct Launch<'a> {
     pub run_dir: &'a Path,
     /// The scheduler's `--config` file, if any, and its `--set` assignments.
     pub config: (Option<&'a Path>, &'a [String]),
-    /// How many shards and learners.
-    pub nodes: (u32, u32),
+    /// How many shards, learners and learner groups (each group beyond one has an aggregator).
+    pub nodes: (u32, u32, u32),
     /// Every process's `--connect-timeout`.
     pub connect_timeout: Duration,
     /// `RUST_LOG` of every process.
@@ -41,11 +42,14 @@ pub struct Launch<'a> {
 /// Puts something in front of a shard listening at an address, and says where to reach it.
 pub type ShardFront<'a> = dyn Fn(SocketAddr) -> Result<SocketAddr, RuntimeError> + 'a;
 
-/// The names of a run's processes: shards, then learners, then the scheduler.
+/// The names of a run's processes: shards, then the groups' aggregators (with more than one
+/// group), then learners, then the scheduler.
 #[must_use]
-pub fn names(shards: u32, learners: u32) -> Vec<String> {
+pub fn names((shards, learners, groups): (u32, u32, u32)) -> Vec<String> {
+    let aggregators = if groups > 1 { groups } else { 0 };
     (0..shards)
         .map(|s| format!("shard-{s}"))
+        .chain((0..aggregators).map(|g| format!("aggregator-{g}")))
         .chain((0..learners).map(|l| format!("learner-{l}")))
         .chain(std::iter::once("scheduler".to_owned()))
         .collect()
@@ -116,8 +120,8 @@ fn free_port() -> Result<u16, RuntimeError> {
 }
 
 impl Processes {
-    /// Start the shards and learners, then the scheduler (this binary, `rudra-node`). Shards
-    /// listen at fixed ports, so that one started again is where the learners know it.
+    /// Start the shards, aggregators and learners, then the scheduler (this binary,
+    /// `rudra-node`). Shards listen at fixed ports, so that one started again is where the learners know it.
     pub fn start(launch: &Launch) -> Result<Self, RuntimeError> {
         let exe = std::env::current_exe().map_err(process_error)?;
         std::fs::create_dir_all(launch.logs)
@@ -132,9 +136,8 @@ impl Processes {
             args.push(launch.certs.into());
             args
         };
-        let (shards, learners) = launch.nodes;
         let mut procs = Vec::new();
-        for name in names(shards, learners) {
+        for name in names(launch.nodes) {
             let mut args = common(&name);
             if name == "scheduler" {
                 args.extend(["--role", "scheduler", "--listen", &scheduler].map(OsString::from));
@@ -146,7 +149,7 @@ impl Processes {
                     args.extend(["--set", s].map(OsString::from));
                 }
             } else {
-                let role = if name.starts_with("shard") { "shard" } else { "learner" };
+                let role = Role::of_name(&name).map_or("learner", Role::as_str);
                 args.extend(["--role", role, "--scheduler", &scheduler].map(OsString::from));
                 if role == "shard" {
                     let listen = SocketAddr::from(([127, 0, 0, 1], free_port()?));

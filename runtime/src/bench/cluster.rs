@@ -35,6 +35,9 @@ const WORKLOAD: [&str; 13] = [
     "checkpoint.every_updates=0",
 ];
 
+/// The workload's processes: one shard, two learners, no groups.
+pub(super) const NODES: (u32, u32, u32) = (1, 2, 1);
+
 /// The codecs compared across processes: (gradients, weights).
 const CODECS: [(&str, &str); 4] = [("f32", "f32"), ("bf16", "bf16"), ("int8", "bf16"), ("topk", "bf16")];
 
@@ -66,12 +69,12 @@ fn in_memory(config: &Config, data: &TrainingData, dir: &Path) -> Result<Measure
     Ok(measured(&RecordedRun::of(dir, config, &report)))
 }
 
-/// The workload as four processes over loopback QUIC (the shard behind `front`, if given):
-/// the run as recorded in `dir/run`.
+/// The workload as processes over loopback QUIC, `nodes` shards, learners and groups (the
+/// shard behind `front`, if given): the run as recorded in `dir/run`.
 pub(super) fn processes(
     (file, sets): (Option<&Path>, &[String]),
-    certs: &Path,
-    dir: &Path,
+    nodes: (u32, u32, u32),
+    (certs, dir): (&Path, &Path),
     front: Option<&ShardFront<'_>>,
 ) -> Result<RecordedRun, RuntimeError> {
     let run = dir.join("run");
@@ -80,7 +83,7 @@ pub(super) fn processes(
         logs: dir,
         run_dir: &run,
         config: (file, sets),
-        nodes: (1, 2),
+        nodes,
         connect_timeout: Duration::from_secs(60),
         log_filter: "warn",
         shard_front: front,
@@ -95,7 +98,7 @@ pub fn run(file: Option<&Path>, base: &[String], repeats: usize) -> Result<Vec<B
     let data = memory_config.data.load()?;
     let tmp = tempfile::tempdir().map_err(bench_error)?;
     let cert_dir = tmp.path().join("certs");
-    issue_certs(&cert_dir, &names(1, 2))?;
+    issue_certs(&cert_dir, &names(NODES))?;
     let over_quic = CODECS
         .iter()
         .map(|&(g, w)| (format!("4 processes over QUIC, gradients {g}, weights {w}"), Some(((g, w), 0))))
@@ -112,7 +115,7 @@ pub fn run(file: Option<&Path>, base: &[String], repeats: usize) -> Result<Vec<B
         let [sps, to_target] = match setting {
             None => in_memory(&memory_config, &data, dir)?,
             Some((codec, k)) => {
-                measured(&processes((file, &workload(base, *codec, *k)), &cert_dir, dir, None)?)
+                measured(&processes((file, &workload(base, *codec, *k)), NODES, (&cert_dir, dir), None)?)
             }
         };
         tracing::info!("{name}: {sps:.0} samples/s, {to_target:.2} s to 96%");

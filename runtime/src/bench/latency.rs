@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use rudra_transport::{LinkFaults, Relay, RelayHandle, RelayRules};
 
-use super::cluster::{processes, workload};
+use super::cluster::{NODES, processes, workload};
 use super::{BenchRow, interleaved, throughput_rows};
 use crate::RuntimeError;
 use crate::processes::{issue_certs, names};
@@ -49,7 +49,7 @@ impl Fronts<'_> {
 pub fn run(file: Option<&Path>, base: &[String], repeats: usize) -> Result<Vec<BenchRow>, RuntimeError> {
     let tmp = tempfile::tempdir().map_err(bench_error)?;
     let certs = tmp.path().join("certs");
-    issue_certs(&certs, &names(1, 2))?;
+    issue_certs(&certs, &names(NODES))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -69,7 +69,7 @@ pub fn run(file: Option<&Path>, base: &[String], repeats: usize) -> Result<Vec<B
             running: RefCell::new(Vec::new()),
         });
         let front = |shard| fronts.as_ref().map_or(Ok(shard), |f| f.front(shard));
-        let run = processes((file, &sets), &certs, dir, rtt.map(|_| &front as _))?;
+        let run = processes((file, &sets), NODES, (&certs, dir), rtt.map(|_| &front as _))?;
         drop(fronts);
         let s = &run.summary;
         let (sps, sigma, accuracy) = (s.samples_per_second, s.staleness.mean, s.final_test_accuracy);

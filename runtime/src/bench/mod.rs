@@ -10,6 +10,8 @@
 //!   against the same run in memory.
 //! - [`latency`]: the same workload as processes with the learners' links through a delaying
 //!   relay at several round trips, against the direct link.
+//! - [`groups`]: learner groups across processes, each group's aggregator a process, against
+//!   the same processes without groups.
 //! - [`simulator`]: events per second of the simulator with 10,000 virtual learners.
 //! - [`transport`]: QUIC push and pull of 4 MiB payloads against TCP loopback and memcpy,
 //!   and validate-and-view of a received frame against copying it.
@@ -17,6 +19,7 @@
 pub mod agreement;
 pub mod cluster;
 pub mod compute;
+pub mod groups;
 pub mod latency;
 pub mod protocols;
 pub mod simulator;

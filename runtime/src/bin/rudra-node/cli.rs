@@ -110,6 +110,7 @@ pub(crate) enum Suite {
     Compute,
     Cluster,
     Latency,
+    Groups,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -211,7 +212,8 @@ pub(crate) enum Command {
     /// (`--suite protocols`), or the peers' workload as processes over loopback QUIC per
     /// payload codec against the same run in memory (`--suite cluster`), or with the
     /// learners' links through a relay at round trips of 0, 1, 5 and 20 ms against the direct
-    /// link (`--suite latency`).
+    /// link (`--suite latency`), or 4 learners as processes in 2 groups of either kind, each
+    /// group's aggregator a process, against no groups (`--suite groups`).
     Bench {
         #[command(flatten)]
         config: ConfigArgs,

@@ -28,6 +28,7 @@ pub(crate) fn run(
         Suite::Agreement => bench::agreement::run(file, set, repeats)?,
         Suite::Cluster => bench::cluster::run(file, set, repeats)?,
         Suite::Latency => bench::latency::run(file, set, repeats)?,
+        Suite::Groups => bench::groups::run(file, set, repeats)?,
         Suite::Compute => bench::compute::run(&load()?.data.load()?, repeats.max(1))?,
     };
     bench::print(&rows);
