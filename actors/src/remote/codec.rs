@@ -382,6 +382,7 @@ pub fn from_learner_data(
         Inbound::Aggregate { ref members, .. }
             if speaks.len() < 2
                 || members.is_empty()
+                || members.len() > speaks.len()
                 || !members.iter().all(|m| theirs(&m.learner))
                 || (1..members.len())
                     .any(|i| members[..i].iter().any(|m| m.learner == members[i].learner)) =>
@@ -574,6 +575,7 @@ mod tests {
             ("a member twice", aggregate(vec![member(0, 3), member(0, 4)], 4)),
             ("another group's member", aggregate(vec![member(0, 3), member(2, 1)], 4)),
             ("no member", aggregate(Vec::new(), 4)),
+            ("more members than the group", aggregate(vec![member(0, 3); 1000], 4)),
         ] {
             assert!(from_group(m).unwrap_err().what.contains("not a group's"), "{what}");
         }

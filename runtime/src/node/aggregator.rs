@@ -13,12 +13,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use actix::prelude::*;
-use rudra_actors::InvalidSetting;
 use rudra_actors::aggregator::Aggregator;
 use rudra_actors::group_leader::GroupLeaderActor;
+use rudra_actors::links::ShardLink;
+use rudra_actors::messages::{Membership, Pull, Push, Served};
 use rudra_actors::remote::codec::{self, Answer, ToShard, Unexpected};
+use rudra_actors::{ClusterSpec, InvalidSetting};
 use rudra_transport::quic::{Peer, QuicEndpoint};
-use rudra_transport::{Inbound, Role, ShardId};
+use rudra_transport::{Inbound, LearnerId, Role, ShardId};
 use tokio::sync::mpsc;
 
 use super::join::{Welcome, join};
@@ -26,7 +28,7 @@ use super::link::UpLink;
 use super::scheduler::{serve_metrics, set_ready};
 use super::serve::{Desk, LearnerPolicy, Members, accept_learners};
 use super::shard::data_policy;
-use super::shards::{connect_shards, keep_shard};
+use super::shards::{ShardConnection, connect_shards, keep_shard};
 use super::{NodeOptions, endpoint, leave};
 use crate::RuntimeError;
 use crate::exporter::{MetricsEndpoint, Serving};
@@ -72,46 +74,21 @@ async fn aggregate(
     let (lost_tx, mut lost) = mpsc::channel(1);
     let (mut desks, mut rounds) = (Vec::new(), Vec::new());
     for (s, (shard, c)) in links.into_iter().zip(connections).enumerate() {
-        let (desk, membership, deliver) = if spec.hierarchical {
-            let round = GroupLeaderActor::new(
-                (leader, members.clone(), spec.group_n),
-                (shard.push.clone(), shard.pull.clone()),
-                spec.codecs.gradients,
-            )
-            .start();
-            let answers = round.clone().recipient();
-            let deliver: Deliver = Box::new(move |a| to_group(&answers, a));
-            ((round.clone().recipient(), round.clone().recipient(), None), round.recipient(), deliver)
-        } else {
-            let hardsync = spec.protocol.waits_for_all();
-            let to = (c.remote().clone().recipient(), shard.pull.clone());
-            let round = Aggregator::new((members.clone(), hardsync), to, spec.codecs.gradients).start();
-            let answers = Members::default();
-            let deliver: Deliver = {
-                let answers = Arc::clone(&answers);
-                Box::new(move |a| to_member(&answers, a))
-            };
-            (
-                (round.clone().recipient(), round.clone().recipient(), Some(answers)),
-                round.recipient(),
-                deliver,
-            )
-        };
+        let round = Round::start(spec, (leader, members), (&shard, &c));
         let still = Arc::clone(&running);
         let running = move || still.load(Ordering::Relaxed);
-        actix::spawn(keep_shard(c, (deliver, ep.clone(), opts.connect_timeout), running, lost_tx.clone()));
-        let (pull, push, answers) = desk;
-        let data = data_policy(config, shard.range.len());
+        let deliver = (round.deliver, ep.clone(), opts.connect_timeout);
+        actix::spawn(keep_shard(c, deliver, running, lost_tx.clone()));
         desks.push(Desk {
             shard: ShardId(s as u32),
-            data,
-            pull,
-            push,
+            data: data_policy(config, shard.range.len()),
+            pull: round.pull,
+            push: round.push,
             exchange: None,
             aggregate: None,
-            members: answers,
+            members: round.members,
         });
-        rounds.push(membership);
+        rounds.push(round.membership);
     }
     // Only the group's members are served, each as its own certificate.
     let names = (welcome.learners.iter().enumerate())
@@ -142,8 +119,56 @@ async fn aggregate(
 /// Where one shard's answers go at an aggregator.
 type Deliver = Box<dyn Fn(Answer) -> Result<(), Unexpected>>;
 
+/// The group's actor in front of one shard, and its ends.
+struct Round {
+    /// Where the members' pulls and pushes go.
+    pull: Recipient<Pull>,
+    push: Recipient<Push>,
+    /// Who is active, from the scheduler.
+    membership: Recipient<Membership>,
+    /// Where the shard's answers go.
+    deliver: Deliver,
+    /// With a tree: each member's stand-in, which the shard's answers to it reach.
+    members: Option<Members>,
+}
+
+impl Round {
+    /// The round of the group of `members` (the first of them `leader`) in front of the shard
+    /// reached by `shard` over `c`: hierarchical rounds, or an aggregation tree's.
+    fn start(
+        spec: &ClusterSpec,
+        (leader, members): (LearnerId, &[LearnerId]),
+        (shard, c): (&ShardLink, &ShardConnection),
+    ) -> Self {
+        let encoding = spec.codecs.gradients;
+        if spec.hierarchical {
+            let to = (shard.push.clone(), shard.pull.clone());
+            let round = GroupLeaderActor::new((leader, members.to_vec(), spec.group_n), to, encoding).start();
+            let answers = round.clone().recipient();
+            return Self {
+                pull: round.clone().recipient(),
+                push: round.clone().recipient(),
+                membership: round.recipient(),
+                deliver: Box::new(move |a| to_group(&answers, a)),
+                members: None,
+            };
+        }
+        let to = (c.remote().clone().recipient(), shard.pull.clone());
+        let round = Aggregator::new((members.to_vec(), spec.protocol.waits_for_all()), to, encoding).start();
+        let answers = Members::default();
+        let to_members = Arc::clone(&answers);
+        Self {
+            pull: round.clone().recipient(),
+            push: round.clone().recipient(),
+            membership: round.recipient(),
+            deliver: Box::new(move |a| to_member(&to_members, a)),
+            members: Some(answers),
+        }
+    }
+}
+
 /// A group's rounds take every answer: each is to the group's own pull.
-fn to_group(round: &Recipient<rudra_actors::messages::Served>, a: Answer) -> Result<(), Unexpected> {
+fn to_group(round: &Recipient<Served>, a: Answer) -> Result<(), Unexpected> {
     match a {
         Answer::Weights { served, .. } => {
             round.do_send(served);
