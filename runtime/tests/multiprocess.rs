@@ -378,7 +378,7 @@ fn aggregator_processes_run_their_groups_and_a_killed_one_stops_the_run() {
         let sched_args = [
             &["--role", "scheduler", "--listen", &addr, "--certs", "certs", "--out", out][..],
             &["--set", "cluster.learners=4", "--set", "cluster.shards=1", "--set", "protocol.kind=async"],
-            &["--set", "cluster.groups=2", "--set", &data_dir, "--set", "cluster.failure_timeout_ms=1000"],
+            &["--set", "cluster.groups=2", "--set", &data_dir],
             &settings.iter().flat_map(|s| ["--set", s]).collect::<Vec<_>>(),
         ]
         .concat();
@@ -403,7 +403,12 @@ fn aggregator_processes_run_their_groups_and_a_killed_one_stops_the_run() {
         assert_eq!(summary["updates"], applied, "{out}: {summary}");
     }
 
-    let long = ["training.train_examples=60000", "training.epochs=20", "cluster.hierarchical=true"];
+    let long = [
+        "training.train_examples=60000",
+        "training.epochs=20",
+        "cluster.hierarchical=true",
+        "cluster.failure_timeout_ms=1000",
+    ];
     let mut children = run("killed", &long);
     wait_for_log(&dir.join("killed.log"), "evaluated", Duration::from_secs(120));
     let (_, killed) = &mut children[2];
