@@ -69,6 +69,7 @@ def main():
     e = env_of(c)
     assert e["RUDRA_ROLE"] == "scheduler" and e["RUDRA_CERTS"] == "/etc/rudra/ca"
     assert e["RUDRA__CLUSTER__LEARNERS"] == str(LEARNERS) and e["RUDRA__CLUSTER__SHARDS"] == str(SHARDS)
+    assert e["RUDRA__CLUSTER__GROUPS"] == "1"  # the TOML's: no aggregators
     assert e["RUDRA_CONFIG"] == "/etc/rudra/run/run.toml" and e["RUDRA_OUT"].startswith("/var/lib/rudra/runs/")
     volumes = {v["name"]: v for v in sched["template"]["spec"]["volumes"]}
     assert volumes["ca"]["secret"]["secretName"] == "rudra-ca"
@@ -109,9 +110,21 @@ def main():
     secret_names = {s["metadata"]["name"]: s["stringData"] for s in secrets}
     assert sorted(secret_names) == ["rudra-ca", "rudra-join"], sorted(secret_names)
     assert sorted(secret_names["rudra-ca"]) == ["ca.key", "ca.pem"]
-    assert sorted(secret_names["rudra-join"]) == ["ca.pem", "learner-token", "shard-token"]
+    assert sorted(secret_names["rudra-join"]) == ["aggregator-token", "ca.pem", "learner-token", "shard-token"]
     assert "PRIVATE KEY" not in "".join(secret_names["rudra-join"].values())
-    print(f"{len(docs)} manifests for λ = {LEARNERS} and 2 Secrets valid against Kubernetes {VERSION}")
+    # With 4 learner groups: an aggregator per group, each group's learners reaching it by name.
+    grouped = [d for d in yaml.safe_load_all(render(LEARNERS, SHARDS, "rudra-node:0.1.0", CONFIG, "10m", LEARNERS, 4)) if d]
+    for doc in grouped:
+        validate(doc)
+    by = {(d["kind"], d["metadata"]["name"]): d for d in grouped}
+    assert ("Service", "aggregator") in by and by["Service", "aggregator"]["spec"]["clusterIP"] == "None"
+    agg = by["StatefulSet", "aggregator"]["spec"]
+    assert agg["replicas"] == 4 and agg["serviceName"] == "aggregator"
+    e = env_of(agg["template"]["spec"]["containers"][0])
+    assert e["RUDRA_ROLE"] == "aggregator" and e["RUDRA_ADVERTISE"] == "$(POD_NAME).aggregator:7272"
+    assert e["RUDRA_TOKEN"] == {"secretKeyRef": {"name": "rudra-join", "key": "aggregator-token"}}
+    assert env_of(by["StatefulSet", "scheduler"]["spec"]["template"]["spec"]["containers"][0])["RUDRA__CLUSTER__GROUPS"] == "4"
+    print(f"{len(docs)} manifests for λ = {LEARNERS} (and {len(grouped)} with 4 learner groups) and 2 Secrets valid against Kubernetes {VERSION}")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 //!
 //! Two Secrets, so that only the scheduler sees the CA key: `NAME-ca` holds `ca.pem` and
 //! `ca.key` (mounted by the scheduler as its `--certs`), `NAME-join` holds `ca.pem`,
-//! `shard-token` and `learner-token` (every other node: `--ca` and `RUDRA_TOKEN`).
+//! `shard-token`, `learner-token` and `aggregator-token` (every other node: `--ca` and
+//! `RUDRA_TOKEN`).
 
 use std::time::Duration;
 
@@ -47,13 +48,19 @@ pub fn manifest(
     let ca = authority.ca_pem().to_owned();
     let shard = authority.tokens().mint(Role::Shard, ttl, uses)?;
     let learner = authority.tokens().mint(Role::Learner, ttl, uses)?;
+    let aggregator = authority.tokens().mint(Role::Aggregator, ttl, uses)?;
     Ok(format!(
         "# The cluster CA (scheduler only) and join tokens (every node), from `rudra-node cert secret`.\n{}\n---\n{}",
         secret(&format!("{name}-ca"), namespace, &[("ca.pem", ca.clone()), ("ca.key", ca_key)]),
         secret(
             &format!("{name}-join"),
             namespace,
-            &[("ca.pem", ca), ("shard-token", shard), ("learner-token", learner)]
+            &[
+                ("ca.pem", ca),
+                ("shard-token", shard),
+                ("learner-token", learner),
+                ("aggregator-token", aggregator)
+            ]
         ),
     ))
 }
@@ -76,7 +83,12 @@ mod tests {
         );
         assert!(docs[1].contains("name: rudra-join\n") && !docs[1].contains("PRIVATE KEY"));
         let authority = certs.authority().unwrap();
-        for (key, role) in [("shard-token", Role::Shard), ("learner-token", Role::Learner)] {
+        let tokens = [
+            ("shard-token", Role::Shard),
+            ("learner-token", Role::Learner),
+            ("aggregator-token", Role::Aggregator),
+        ];
+        for (key, role) in tokens {
             let line = docs[1].lines().skip_while(|l| !l.starts_with(&format!("  {key}:"))).nth(1).unwrap();
             let token = authority.tokens().check(line.trim(), role).unwrap();
             assert_eq!(token.uses, 5, "{key}");

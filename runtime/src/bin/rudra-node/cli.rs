@@ -339,7 +339,7 @@ pub(crate) enum CertAction {
         uses: u32,
     },
     /// Write Kubernetes Secret manifests: NAME-ca (ca.pem, ca.key: the scheduler's) and
-    /// NAME-join (ca.pem and a shard and a learner join token: every node's).
+    /// NAME-join (ca.pem and a shard, a learner and an aggregator join token: every node's).
     Secret {
         /// Certificate directory holding the CA.
         #[arg(long)]
