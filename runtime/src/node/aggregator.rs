@@ -16,8 +16,9 @@ use actix::prelude::*;
 use rudra_actors::aggregator::Aggregator;
 use rudra_actors::group_leader::GroupLeaderActor;
 use rudra_actors::links::ShardLink;
-use rudra_actors::messages::{Membership, Pull, Push, Served};
+use rudra_actors::messages::{Membership, Pull, Push};
 use rudra_actors::remote::codec::{self, Answer, ToShard, Unexpected};
+use rudra_actors::roles::AnswerRoute;
 use rudra_actors::{ClusterSpec, InvalidSetting};
 use rudra_transport::quic::{Peer, QuicEndpoint};
 use rudra_transport::{Inbound, LearnerId, Role, ShardId};
@@ -144,12 +145,13 @@ impl Round {
         if spec.hierarchical {
             let to = (shard.push.clone(), shard.pull.clone());
             let round = GroupLeaderActor::new((leader, members.to_vec(), spec.group_n), to, encoding).start();
-            let answers = round.clone().recipient();
+            // Every answer is to the group's own pull.
+            let answers = AnswerRoute::Weights(round.clone().recipient());
             return Self {
                 pull: round.clone().recipient(),
                 push: round.clone().recipient(),
                 membership: round.recipient(),
-                deliver: Box::new(move |a| to_group(&answers, a)),
+                deliver: Box::new(move |a| answers.deliver(a)),
                 members: None,
             };
         }
@@ -164,17 +166,6 @@ impl Round {
             deliver: Box::new(move |a| to_member(&to_members, a)),
             members: Some(answers),
         }
-    }
-}
-
-/// A group's rounds take every answer: each is to the group's own pull.
-fn to_group(round: &Recipient<Served>, a: Answer) -> Result<(), Unexpected> {
-    match a {
-        Answer::Weights { served, .. } => {
-            round.do_send(served);
-            Ok(())
-        }
-        Answer::Center(_) => Err(Unexpected { what: "a center, answering nothing a group asks".into() }),
     }
 }
 
